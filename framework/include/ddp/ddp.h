@@ -1,0 +1,17 @@
+#pragma once
+// Everything a training program needs: #include <ddp/ddp.h>.
+
+#include <ddp/adadelta.h>
+#include <ddp/checkpoint.h>
+#include <ddp/communicator.h>
+#include <ddp/config.h>
+#include <ddp/dataset.h>
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/distributed_sampler.h>
+#include <ddp/mnist.h>
+#include <ddp/mpi_communicator.h>
+#include <ddp/runtime.h>
+#include <ddp/trainer.h>
+#if DDP_WITH_NCCL
+#include <ddp/nccl_bootstrap.h>
+#endif

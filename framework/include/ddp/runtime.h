@@ -1,0 +1,84 @@
+#pragma once
+// The process's place in the job: MPI start-up and shutdown, rank, node and local rank, and the
+// device this rank computes on. Create exactly one, first thing in main().
+//
+// Invariants: the topology never changes after construction; ranks with the same node_rank()
+// share memory (MPI_COMM_TYPE_SHARED), local ranks are numbered 0..local_size()-1 in world-rank
+// order, and nodes are numbered in the order of their lowest world rank.
+
+#include <ddp/mpi_communicator.h>
+
+#include <mpi.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace ddp {
+
+struct RuntimeOptions {
+  // false keeps the rank on the CPU even where CUDA is available (the examples' --no-cuda).
+  bool use_cuda = true;
+};
+
+class Runtime {
+ public:
+  // Initialises MPI with MPI_THREAD_MULTIPLE unless the program already did; then it leaves
+  // MPI_Finalize to the program too.
+  Runtime(int& argc, char**& argv, RuntimeOptions options = {});
+  explicit Runtime(RuntimeOptions options = {});
+  // Finalises MPI if it initialised it. If an exception is unwinding through here the job is
+  // aborted instead: finalising while other ranks wait in a collective would hang them.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  int node_rank() const { return node_rank_; }
+  int num_nodes() const { return num_nodes_; }
+  bool is_main() const { return rank_ == 0; }
+  const std::string& hostname() const { return hostname_; }
+  torch::Device device() const { return device_; }
+  int mpi_thread_level() const { return thread_level_; }
+
+  // "rank 1/4 local 1/2 node 0/2 host n1 device cpu"
+  std::string summary() const;
+
+  // Collectives over all ranks for CPU tensors.
+  MpiCommunicator& cpu_communicator() { return *cpu_comm_; }
+  // The library's own duplicate of MPI_COMM_WORLD, for bootstrap exchanges.
+  MPI_Comm comm() const { return cpu_comm_->comm(); }
+
+  // Prints "ddp: rank R (host): message" to stderr and ends every rank of the job.
+  [[noreturn]] void abort(const std::string& message, int exit_code = 1) const;
+
+ private:
+  void init_topology(RuntimeOptions options);
+
+  bool owns_mpi_ = false;
+  int uncaught_at_construction_ = 0;
+  int thread_level_ = 0;
+  int rank_ = 0, world_size_ = 1;
+  int local_rank_ = 0, local_size_ = 1;
+  int node_rank_ = 0, num_nodes_ = 1;
+  std::string hostname_;
+  torch::Device device_{torch::kCPU};
+  std::unique_ptr<MpiCommunicator> cpu_comm_;
+};
+
+// Runs `body`; an exception escaping it is printed with the rank and host and the whole job is
+// aborted, so one failing rank ends the job quickly instead of leaving the others in a
+// collective. Returns 0 when `body` returns. Typical main():
+//   ddp::Runtime runtime(argc, argv);
+//   return ddp::run_or_abort(runtime, [&] { ... });
+int run_or_abort(const Runtime& runtime, const std::function<void()>& body);
+
+// The CUDA device for a rank, or CPU. Pure, so every environment can be unit-tested.
+torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
+                            int local_size);
+
+}  // namespace ddp

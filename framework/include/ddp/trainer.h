@@ -1,0 +1,91 @@
+#pragma once
+// The training loop for classifiers: each rank trains on its DistributedSampler shard, metrics
+// are reduced over ranks, rank 0 logs in the seed scripts' format, and every epoch reports where
+// the time went (data, forward+backward, gradient sync, optimizer) without an external profiler.
+// The same Trainer runs a single process (world size 1, no DistributedDataParallel).
+
+#include <ddp/dataset.h>
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/runtime.h>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <string>
+
+namespace ddp {
+
+struct TrainerOptions {
+  int64_t batch_size = 64;            // per rank
+  int64_t test_batch_size = 1000;     // per rank
+  int64_t log_interval = 10;          // batches between progress lines; 0: none
+  int64_t limit_train_batches = 0;    // per epoch; 0: the whole shard
+  bool dry_run = false;               // one batch per epoch
+  bool shuffle = true;
+  int64_t seed = 0;                   // seeds the sampler's permutation
+  std::string metrics_file;           // one JSON object per epoch (rank 0); empty: none
+};
+
+// Wall seconds per phase of the training steps, averaged over ranks.
+struct PhaseTimes {
+  double data = 0;              // gathering and normalising the batch
+  double forward_backward = 0;  // excluding the gradient sync that runs inside backward
+  double sync = 0;              // gradient all-reduce
+  double optimizer = 0;         // zero_grad + step
+};
+
+struct EpochResult {
+  int64_t epoch = 0;
+  double train_loss = 0;        // mean over every sample trained on, all ranks
+  int64_t samples = 0;          // all ranks
+  double seconds = 0;           // wall time of the training phase (slowest rank)
+  double samples_per_sec = 0;   // samples / seconds
+  PhaseTimes phases;
+  double test_loss = 0;
+  double test_accuracy = 0;     // fraction 0..1
+};
+
+struct Evaluation {
+  double loss = 0;              // mean negative log-likelihood per sample
+  int64_t correct = 0;
+  int64_t total = 0;
+  double accuracy() const { return total ? double(correct) / double(total) : 0.0; }
+};
+
+class Trainer {
+ public:
+  // `forward` maps a batch of inputs to log-probabilities [B, classes]. `ddp` is the wrapper
+  // around `model` when training data-parallel, or null for a single process.
+  using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+  Trainer(Runtime& runtime, torch::nn::Module& model, Forward forward,
+          torch::optim::Optimizer& optimizer, TrainerOptions options,
+          DistributedDataParallel* ddp = nullptr);
+
+  // One pass over this rank's shard of `train` (collective).
+  EpochResult train_epoch(const ImageDataset& train, int64_t epoch);
+
+  // Exact evaluation over all of `test`: each sample is counted once over all ranks.
+  Evaluation evaluate(const ImageDataset& test);
+
+  // Epochs 1..epochs: train, evaluate, log, write metrics, then scheduler->step() if given.
+  std::vector<EpochResult> fit(const ImageDataset& train, const ImageDataset& test,
+                               int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
+
+ private:
+  void write_metrics(const EpochResult& result);
+
+  Runtime& runtime_;
+  torch::nn::Module& model_;
+  Forward forward_;
+  torch::optim::Optimizer& optimizer_;
+  TrainerOptions options_;
+  DistributedDataParallel* ddp_;
+  std::ofstream metrics_;
+};
+
+}  // namespace ddp

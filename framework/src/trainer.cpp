@@ -1,0 +1,221 @@
+#include <ddp/trainer.h>
+
+#include <ddp/distributed_sampler.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace ddp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string percent(double part, double whole) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+  return text;
+}
+
+}  // namespace
+
+Trainer::Trainer(Runtime& runtime, torch::nn::Module& model, Forward forward,
+                 torch::optim::Optimizer& optimizer, TrainerOptions options,
+                 DistributedDataParallel* ddp)
+    : runtime_(runtime),
+      model_(model),
+      forward_(std::move(forward)),
+      optimizer_(optimizer),
+      options_(std::move(options)),
+      ddp_(ddp) {
+  if (options_.batch_size < 1) throw std::invalid_argument("--batch-size must be >= 1");
+  if (options_.test_batch_size < 1) throw std::invalid_argument("--test-batch-size must be >= 1");
+  if (options_.limit_train_batches < 0) {
+    throw std::invalid_argument("--limit-train-batches must be >= 0");
+  }
+  if (!ddp_ && runtime_.world_size() > 1) {
+    throw std::invalid_argument("Trainer: " + std::to_string(runtime_.world_size()) +
+                                " ranks but no DistributedDataParallel: the replicas would "
+                                "diverge (wrap the model, or run one process)");
+  }
+  if (runtime_.is_main() && !options_.metrics_file.empty()) {
+    metrics_.open(options_.metrics_file, std::ios::trunc);
+    if (!metrics_) {
+      throw std::runtime_error(options_.metrics_file + ": cannot open the metrics file for writing");
+    }
+  }
+}
+
+EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
+  Communicator& comm = runtime_.cpu_communicator();
+  const torch::Device device = runtime_.device();
+  model_.train();
+
+  DistributedSampler sampler(train.size(), runtime_.world_size(), runtime_.rank(),
+                             options_.shuffle, options_.seed);
+  sampler.set_epoch(epoch);
+  const std::vector<int64_t> indices = sampler.indices();
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const int64_t batch_size = options_.batch_size;
+  // Every rank has the same shard size, so every rank runs the same number of steps.
+  const int64_t batches_per_epoch = (n + batch_size - 1) / batch_size;
+  int64_t batches = batches_per_epoch;
+  if (options_.limit_train_batches > 0) batches = std::min(batches, options_.limit_train_batches);
+  if (options_.dry_run) batches = std::min<int64_t>(batches, 1);
+
+  PhaseTimes local;
+  const double sync_at_start = ddp_ ? ddp_->sync_seconds() : 0.0;
+  // Loss stays on the device until logged: no host synchronisation per step.
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  int64_t samples = 0;
+  const auto epoch_start = Clock::now();
+
+  for (int64_t b = 0; b < batches; ++b) {
+    auto t = Clock::now();
+    const int64_t begin = b * batch_size, end = std::min(n, begin + batch_size);
+    Batch batch = train.batch(indices, begin, end, device);
+    local.data += seconds_since(t);
+
+    t = Clock::now();
+    optimizer_.zero_grad();
+    local.optimizer += seconds_since(t);
+
+    t = Clock::now();
+    torch::Tensor loss = torch::nll_loss(forward_(batch.inputs), batch.targets);
+    loss.backward();
+    local.forward_backward += seconds_since(t);
+
+    t = Clock::now();
+    optimizer_.step();
+    local.optimizer += seconds_since(t);
+
+    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(end - begin);
+    samples += end - begin;
+
+    if (options_.log_interval > 0 && b % options_.log_interval == 0) {
+      torch::Tensor mean_loss = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
+      comm.all_reduce(mean_loss, ReduceOp::Avg);
+      if (runtime_.is_main()) {
+        const int64_t seen = b * batch_size * runtime_.world_size();
+        std::printf("Train Epoch: %lld [%lld/%lld (%.0f%%)]\tLoss: %.6f\n",
+                    static_cast<long long>(epoch), static_cast<long long>(seen),
+                    static_cast<long long>(train.size()),
+                    100.0 * static_cast<double>(b) / static_cast<double>(batches_per_epoch),
+                    mean_loss.item<double>());
+        std::fflush(stdout);
+      }
+    }
+  }
+  const double seconds = seconds_since(epoch_start);
+  local.sync = ddp_ ? ddp_->sync_seconds() - sync_at_start : 0.0;
+  local.forward_backward -= local.sync;  // the sync ran inside backward
+
+  torch::Tensor sums = torch::tensor({loss_sum.item<double>(), static_cast<double>(samples),
+                                      local.data, local.forward_backward, local.sync,
+                                      local.optimizer},
+                                     torch::kDouble);
+  comm.all_reduce(sums, ReduceOp::Sum);
+  torch::Tensor slowest = torch::tensor({seconds}, torch::kDouble);
+  comm.all_reduce(slowest, ReduceOp::Max);
+
+  const auto s = sums.accessor<double, 1>();
+  const double ranks = runtime_.world_size();
+  EpochResult result;
+  result.epoch = epoch;
+  result.samples = static_cast<int64_t>(s[1]);
+  result.train_loss = s[1] > 0 ? s[0] / s[1] : 0.0;
+  result.seconds = slowest.item<double>();
+  result.samples_per_sec = result.seconds > 0 ? s[1] / result.seconds : 0.0;
+  result.phases = PhaseTimes{s[2] / ranks, s[3] / ranks, s[4] / ranks, s[5] / ranks};
+  return result;
+}
+
+Evaluation Trainer::evaluate(const ImageDataset& test) {
+  Communicator& comm = runtime_.cpu_communicator();
+  const torch::Device device = runtime_.device();
+  model_.eval();
+  torch::NoGradGuard no_grad;
+
+  const std::vector<int64_t> shard =
+      evaluation_shard(test.size(), runtime_.world_size(), runtime_.rank());
+  const int64_t n = static_cast<int64_t>(shard.size());
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  for (int64_t begin = 0; begin < n; begin += options_.test_batch_size) {
+    const int64_t end = std::min(n, begin + options_.test_batch_size);
+    Batch batch = test.batch(shard, begin, end, device);
+    torch::Tensor log_probs = forward_(batch.inputs);
+    // Per-sample losses summed in double: the total does not depend on how samples are batched.
+    loss_sum += torch::nll_loss(log_probs, batch.targets, {}, torch::Reduction::None)
+                    .to(torch::kDouble)
+                    .sum();
+    correct += log_probs.argmax(1).eq(batch.targets).sum();
+  }
+  torch::Tensor totals =
+      torch::tensor({loss_sum.item<double>(), static_cast<double>(correct.item<int64_t>())},
+                    torch::kDouble);
+  comm.all_reduce(totals, ReduceOp::Sum);
+
+  Evaluation result;
+  result.total = test.size();
+  result.loss = result.total ? totals[0].item<double>() / static_cast<double>(result.total) : 0.0;
+  result.correct = static_cast<int64_t>(totals[1].item<double>());
+  return result;
+}
+
+std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageDataset& test,
+                                      int64_t epochs, torch::optim::LRScheduler* scheduler) {
+  std::vector<EpochResult> results;
+  for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+    EpochResult r = train_epoch(train, epoch);
+    const Evaluation eval = evaluate(test);
+    r.test_loss = eval.loss;
+    r.test_accuracy = eval.accuracy();
+    if (runtime_.is_main()) {
+      std::printf("\nTest set: Average loss: %.4f, Accuracy: %lld/%lld (%.0f%%)\n\n", eval.loss,
+                  static_cast<long long>(eval.correct), static_cast<long long>(eval.total),
+                  100.0 * eval.accuracy());
+      const PhaseTimes& p = r.phases;
+      std::printf("Epoch %lld: %.2f s, %.0f samples/s over %d rank(s) | data %s, forward+backward "
+                  "%s, gradient sync %s, optimizer %s\n\n",
+                  static_cast<long long>(epoch), r.seconds, r.samples_per_sec,
+                  runtime_.world_size(), percent(p.data, r.seconds).c_str(),
+                  percent(p.forward_backward, r.seconds).c_str(),
+                  percent(p.sync, r.seconds).c_str(), percent(p.optimizer, r.seconds).c_str());
+      std::fflush(stdout);
+    }
+    write_metrics(r);
+    results.push_back(r);
+    if (scheduler) scheduler->step();
+    if (options_.dry_run) break;
+  }
+  return results;
+}
+
+void Trainer::write_metrics(const EpochResult& r) {
+  if (!metrics_.is_open()) return;
+  std::ostringstream line;
+  line << std::setprecision(10) << "{\"epoch\": " << r.epoch << ", \"train_loss\": " << r.train_loss
+       << ", \"test_loss\": " << r.test_loss << ", \"test_accuracy\": " << r.test_accuracy
+       << ", \"samples_per_sec\": " << r.samples_per_sec << ", \"seconds\": " << r.seconds
+       << ", \"samples\": " << r.samples << ", \"ranks\": " << runtime_.world_size()
+       << ", \"data_seconds\": " << r.phases.data
+       << ", \"forward_backward_seconds\": " << r.phases.forward_backward
+       << ", \"sync_seconds\": " << r.phases.sync
+       << ", \"optimizer_seconds\": " << r.phases.optimizer << "}\n";
+  metrics_ << line.str() << std::flush;
+  if (!metrics_) throw std::runtime_error(options_.metrics_file + ": write failed");
+}
+
+}  // namespace ddp

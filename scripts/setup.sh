@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ddp needs to build, test and run its demo.
+# Idempotent: when everything is present it only checks (well under a second).
+# Usage: scripts/setup.sh            (as root, or with sudo available)
+set -euo pipefail
+
+packages=(
+  build-essential cmake
+  libtorch-dev
+  libopenmpi-dev openmpi-bin
+  libboost-program-options-dev
+  libgtest-dev
+  zlib1g-dev
+  dataset-fashion-mnist
+  python3-torch            # reference implementation for the equivalence tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
