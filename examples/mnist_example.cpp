@@ -74,7 +74,7 @@ int train(ddp::Runtime& runtime, const Flags& flags, Parallelism parallelism) {
     ddp_model = std::make_unique<ddp::DistributedDataParallel>(runtime, net);
   }
   ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
-  torch::optim::StepLR scheduler(optimizer, /*step_size=*/1, flags.gamma);
+  ddp::StepLR scheduler(optimizer, /*step_size=*/1, flags.gamma);
 
   ddp::TrainerOptions options;
   options.batch_size = flags.batch_size;

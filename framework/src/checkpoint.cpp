@@ -1,5 +1,6 @@
 #include <ddp/checkpoint.h>
 
+#include <c10/util/Exception.h>
 #include <torch/serialize/output-archive.h>
 
 #include <fcntl.h>
@@ -38,7 +39,11 @@ void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
-    write(tmp);
+    try {
+      write(tmp);
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(path + ": cannot write: " + e.what_without_backtrace());
+    }
     fsync_path(tmp, O_RDONLY);
     if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot rename " + tmp + " onto it");
     fsync_path(parent_dir(path), O_RDONLY | O_DIRECTORY);  // make the rename itself durable

@@ -42,14 +42,17 @@ size_t read_some(gzFile file, const std::string& path, void* buffer, size_t size
   return done;
 }
 
+// `path` itself, else `path`.gz.
+std::string resolve(const std::string& path) {
+  if (exists(path)) return path;
+  if (exists(path + ".gz")) return path + ".gz";
+  fail(path, "no such file (nor " + path + ".gz)");
+}
+
 }  // namespace
 
 torch::Tensor read_idx(const std::string& requested) {
-  std::string path = requested;
-  if (!exists(path)) {
-    if (!exists(path + ".gz")) fail(requested, "no such file (nor " + requested + ".gz)");
-    path += ".gz";
-  }
+  const std::string path = resolve(requested);
   // gzread reads plain files unchanged, so one path serves .gz and raw IDX.
   GzFile file(gzopen(path.c_str(), "rb"));
   if (!file) fail(path, "cannot open");
@@ -87,8 +90,8 @@ torch::Tensor read_idx(const std::string& requested) {
 
 ImageDataset load_mnist(const std::string& dir, MnistSplit split) {
   const std::string prefix = dir + "/" + (split == MnistSplit::Train ? "train" : "t10k");
-  const std::string images_path = prefix + "-images-idx3-ubyte";
-  const std::string labels_path = prefix + "-labels-idx1-ubyte";
+  const std::string images_path = resolve(prefix + "-images-idx3-ubyte");
+  const std::string labels_path = resolve(prefix + "-labels-idx1-ubyte");
   torch::Tensor images = read_idx(images_path);
   torch::Tensor labels = read_idx(labels_path);
   if (images.dim() != 3) fail(images_path, "expected 3 dimensions (N, rows, cols)");

@@ -2,6 +2,7 @@
 
 #include "mpi_check.h"
 
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
 #include <cstdlib>
@@ -111,6 +112,8 @@ int run_or_abort(const Runtime& runtime, const std::function<void()>& body) {
   try {
     body();
     return 0;
+  } catch (const c10::Error& e) {
+    runtime.abort(e.what_without_backtrace());  // LibTorch's message without its stack dump
   } catch (const std::exception& e) {
     runtime.abort(e.what());
   } catch (...) {

@@ -8,6 +8,7 @@
 #include <ddp/dataset.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
+#include <ddp/lr_scheduler.h>
 #include <ddp/mnist.h>
 #include <ddp/mpi_communicator.h>
 #include <ddp/runtime.h>

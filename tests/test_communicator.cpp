@@ -1,0 +1,73 @@
+#include <ddp/communicator.h>
+
+#include "test_support.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+ddp::Communicator& comm() { return ddp_test::runtime().cpu_communicator(); }
+
+TEST(MpiCommunicator, AllReduceSumEveryDtype) {
+  const int w = comm().size(), r = comm().rank();
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kInt, torch::kLong, torch::kByte}) {
+    torch::Tensor t = torch::full({5}, r + 1, dtype);
+    comm().all_reduce(t, ddp::ReduceOp::Sum);
+    EXPECT_TRUE(torch::equal(t, torch::full({5}, w * (w + 1) / 2, dtype))) << dtype;
+  }
+}
+
+TEST(MpiCommunicator, AllReduceAvgMinMax) {
+  const int w = comm().size(), r = comm().rank();
+  torch::Tensor avg = torch::full({3}, static_cast<double>(r), torch::kDouble);
+  comm().all_reduce(avg, ddp::ReduceOp::Avg);
+  EXPECT_TRUE(torch::allclose(avg, torch::full({3}, (w - 1) / 2.0, torch::kDouble)));
+
+  torch::Tensor lo = torch::tensor({r, -r}, torch::kLong), hi = lo.clone();
+  comm().all_reduce(lo, ddp::ReduceOp::Min);
+  comm().all_reduce(hi, ddp::ReduceOp::Max);
+  EXPECT_TRUE(torch::equal(lo, torch::tensor({0, -(w - 1)}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(hi, torch::tensor({w - 1, 0}, torch::kLong)));
+
+  torch::Tensor ints = torch::ones({2}, torch::kInt);
+  EXPECT_THROW(comm().all_reduce(ints, ddp::ReduceOp::Avg), std::invalid_argument);
+}
+
+TEST(MpiCommunicator, AllReduceLargeTensorIsExact) {
+  // 3M elements: integers below 2^24 sum exactly in float32.
+  const int r = comm().rank(), w = comm().size();
+  torch::Tensor t = torch::arange(3'000'000, torch::kFloat).remainder(1000) + r;
+  comm().all_reduce(t, ddp::ReduceOp::Sum);
+  torch::Tensor want = (torch::arange(3'000'000, torch::kFloat).remainder(1000)) * w + w * (w - 1) / 2;
+  EXPECT_TRUE(torch::equal(t, want));
+}
+
+TEST(MpiCommunicator, BroadcastFromLastRank) {
+  const int root = comm().size() - 1;
+  torch::Tensor t = torch::full({2, 3}, comm().rank() == root ? 7.5 : -1.0);
+  comm().broadcast(t, root);
+  EXPECT_TRUE(torch::equal(t, torch::full({2, 3}, 7.5)));
+}
+
+TEST(MpiCommunicator, AllGatherInRankOrder) {
+  torch::Tensor mine = torch::full({3}, comm().rank(), torch::kLong);
+  torch::Tensor all = comm().all_gather(mine);
+  ASSERT_EQ(all.sizes(), (std::vector<int64_t>{comm().size(), 3}));
+  for (int r = 0; r < comm().size(); ++r) EXPECT_TRUE(torch::equal(all[r], torch::full({3}, r, torch::kLong)));
+}
+
+TEST(MpiCommunicator, AllGatherStringsOfDifferentLengths) {
+  const auto all = ddp::all_gather_strings(comm(), "rank" + std::string(comm().rank(), '!'));
+  ASSERT_EQ(static_cast<int>(all.size()), comm().size());
+  for (int r = 0; r < comm().size(); ++r) EXPECT_EQ(all[r], "rank" + std::string(r, '!'));
+}
+
+TEST(MpiCommunicator, RejectsTensorsItCannotSend) {
+  torch::Tensor strided = torch::zeros({3, 4}).t();
+  EXPECT_THROW(comm().all_reduce(strided), std::invalid_argument);
+  torch::Tensor half = torch::zeros({2}, torch::kHalf);
+  EXPECT_THROW(comm().broadcast(half), std::invalid_argument);
+  comm().barrier();
+}
+
+}  // namespace

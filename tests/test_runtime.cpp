@@ -1,0 +1,50 @@
+#include <ddp/runtime.h>
+
+#include "test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <torch/cuda.h>
+
+#include <mpi.h>
+
+namespace {
+
+TEST(Runtime, TopologyAgreesWithMpi) {
+  const ddp::Runtime& rt = ddp_test::runtime();
+  int rank = -1, size = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  EXPECT_EQ(rt.rank(), rank);
+  EXPECT_EQ(rt.world_size(), size);
+  EXPECT_EQ(rt.is_main(), rank == 0);
+  EXPECT_GE(rt.local_rank(), 0);
+  EXPECT_LT(rt.local_rank(), rt.local_size());
+  EXPECT_LT(rt.node_rank(), rt.num_nodes());
+  EXPECT_FALSE(rt.hostname().empty());
+  EXPECT_EQ(rt.mpi_thread_level(), MPI_THREAD_MULTIPLE);
+}
+
+TEST(Runtime, OneHostMeansOneNode) {
+  // The test runs under a plain `mpirun -np N` on one machine.
+  const ddp::Runtime& rt = ddp_test::runtime();
+  EXPECT_EQ(rt.num_nodes(), 1);
+  EXPECT_EQ(rt.node_rank(), 0);
+  EXPECT_EQ(rt.local_size(), rt.world_size());
+  EXPECT_EQ(rt.local_rank(), rt.rank());
+}
+
+TEST(Runtime, DeviceAndSummary) {
+  const ddp::Runtime& rt = ddp_test::runtime();
+  if (torch::cuda::is_available()) {
+    EXPECT_EQ(rt.device(), torch::Device(torch::kCUDA, rt.local_rank()));
+  } else {
+    EXPECT_EQ(rt.device(), torch::Device(torch::kCPU));
+  }
+  const std::string line = rt.summary();
+  EXPECT_NE(line.find("rank " + std::to_string(rt.rank()) + "/" + std::to_string(rt.world_size())),
+            std::string::npos) << line;
+  EXPECT_NE(line.find("host " + rt.hostname()), std::string::npos) << line;
+}
+
+}  // namespace
