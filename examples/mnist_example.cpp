@@ -100,16 +100,23 @@ int train(ddp::Runtime& runtime, const Flags& flags, Parallelism parallelism) {
 int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
   Flags flags;
   const po::options_description options = describe_flags(flags);
-  ddp::Runtime runtime(argc, argv, ddp::RuntimeOptions{});
   const char* name = parallelism == Parallelism::DataParallel ? "ddp_mnist" : "mnist";
 
+  // Flags first: they decide the device the Runtime picks.
   po::variables_map vm;
+  std::string flag_error;
   try {
     po::store(po::parse_command_line(argc, argv, options), vm);
     po::notify(vm);
   } catch (const po::error& e) {
+    flag_error = e.what();
+  }
+  ddp::RuntimeOptions runtime_options;
+  runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
+  ddp::Runtime runtime(argc, argv, runtime_options);
+  if (!flag_error.empty()) {
     // Every rank sees the same flags, so every rank stops here; rank 0 explains.
-    if (runtime.is_main()) std::cerr << name << ": " << e.what() << " (see --help)\n";
+    if (runtime.is_main()) std::cerr << name << ": " << flag_error << " (see --help)\n";
     return 2;
   }
   if (vm.count("help")) {

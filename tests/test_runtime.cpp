@@ -47,4 +47,18 @@ TEST(Runtime, DeviceAndSummary) {
   EXPECT_NE(line.find("host " + rt.hostname()), std::string::npos) << line;
 }
 
+TEST(Runtime, WorksWhenMpiIsAlreadyInitialised) {
+  const ddp::Runtime& first = ddp_test::runtime();
+  {
+    ddp::Runtime second;  // MPI is up already: this one must neither init nor finalize it
+    EXPECT_EQ(second.rank(), first.rank());
+    EXPECT_EQ(second.world_size(), first.world_size());
+    EXPECT_EQ(second.local_rank(), first.local_rank());
+  }
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  EXPECT_EQ(finalized, 0);
+  ddp_test::runtime().cpu_communicator().barrier();  // and MPI still works
+}
+
 }  // namespace

@@ -96,13 +96,6 @@ DistributedDataParallel::DistributedDataParallel(Runtime& runtime,
     : module_(std::move(module)), comm_(runtime.cpu_communicator()) {
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
   params_ = module_->parameters();
-  for (const auto& p : params_) {
-    if (!p.device().is_cpu()) {
-      throw std::invalid_argument(
-          "DistributedDataParallel: parameters on " + p.device().str() +
-          " need the NCCL backend, which this build does not provide yet");
-    }
-  }
   verify_same_structure(comm_, *module_);
 
   torch::NoGradGuard no_grad;

@@ -34,12 +34,8 @@ MPI_Op mpi_op(ReduceOp op) {
   throw std::invalid_argument("MpiCommunicator: unknown ReduceOp");
 }
 
-void check_cpu_contiguous(const torch::Tensor& t, const char* what) {
+void check_contiguous(const torch::Tensor& t, const char* what) {
   if (!t.defined()) throw std::invalid_argument(std::string(what) + ": undefined tensor");
-  if (!t.device().is_cpu()) {
-    throw std::invalid_argument(std::string(what) + ": the MPI backend takes CPU tensors, got " +
-                                t.device().str());
-  }
   if (!t.is_contiguous()) {
     throw std::invalid_argument(std::string(what) + ": tensor must be contiguous");
   }
@@ -56,6 +52,16 @@ void for_each_chunk(const torch::Tensor& t, Fn fn) {
     fn(base + offset * element_size, count);
   }
 }
+
+// MPI reads and writes host memory: a tensor elsewhere (a GPU) goes through a host copy, which
+// `finish` copies back. Slow but correct; CUDA tensors belong on the NCCL backend.
+struct HostStaging {
+  explicit HostStaging(const torch::Tensor& t) : target(t), host(t.is_cpu() ? t : t.to(torch::kCPU)) {}
+  void finish() const {
+    if (!target.is_cpu()) target.copy_(host);
+  }
+  torch::Tensor target, host;
+};
 
 }  // namespace
 
@@ -74,38 +80,42 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
-  check_cpu_contiguous(tensor, "MpiCommunicator::all_reduce");
+  check_contiguous(tensor, "MpiCommunicator::all_reduce");
   if (op == ReduceOp::Avg && !tensor.is_floating_point()) {
     throw std::invalid_argument("MpiCommunicator::all_reduce: Avg needs a floating-point tensor");
   }
   const MPI_Datatype type = mpi_type(tensor);
-  for_each_chunk(tensor, [&](void* data, int count) {
+  const HostStaging staging(tensor);
+  for_each_chunk(staging.host, [&](void* data, int count) {
     DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_op(op), comm_));
   });
-  if (op == ReduceOp::Avg) tensor.div_(size_);
+  if (op == ReduceOp::Avg) staging.host.div_(size_);
+  staging.finish();
 }
 
 void MpiCommunicator::broadcast(const torch::Tensor& tensor, int root) {
-  check_cpu_contiguous(tensor, "MpiCommunicator::broadcast");
+  check_contiguous(tensor, "MpiCommunicator::broadcast");
   const MPI_Datatype type = mpi_type(tensor);
-  for_each_chunk(tensor, [&](void* data, int count) {
+  const HostStaging staging(tensor);
+  for_each_chunk(staging.host, [&](void* data, int count) {
     DDP_MPI_CHECK(MPI_Bcast(data, count, type, root, comm_));
   });
+  staging.finish();
 }
 
 torch::Tensor MpiCommunicator::all_gather(const torch::Tensor& tensor) {
-  check_cpu_contiguous(tensor, "MpiCommunicator::all_gather");
+  check_contiguous(tensor, "MpiCommunicator::all_gather");
   if (tensor.numel() > INT_MAX) {
     throw std::invalid_argument("MpiCommunicator::all_gather: more than INT_MAX elements");
   }
   std::vector<int64_t> shape{size_};
   shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
-  torch::Tensor out = torch::empty(shape, tensor.options());
-  const int count = static_cast<int>(tensor.numel());
-  const MPI_Datatype type = mpi_type(tensor);
-  DDP_MPI_CHECK(
-      MPI_Allgather(tensor.data_ptr(), count, type, out.data_ptr(), count, type, comm_));
-  return out;
+  const torch::Tensor host = tensor.to(torch::kCPU);
+  torch::Tensor out = torch::empty(shape, host.options());
+  const int count = static_cast<int>(host.numel());
+  const MPI_Datatype type = mpi_type(host);
+  DDP_MPI_CHECK(MPI_Allgather(host.data_ptr(), count, type, out.data_ptr(), count, type, comm_));
+  return out.to(tensor.device());
 }
 
 void MpiCommunicator::barrier() { DDP_MPI_CHECK(MPI_Barrier(comm_)); }

@@ -79,7 +79,11 @@ void Runtime::init_topology(RuntimeOptions options) {
   const int visible = options.use_cuda && torch::cuda::is_available()
                           ? static_cast<int>(torch::cuda::device_count())
                           : 0;
-  device_ = select_device(options.use_cuda, visible, local_rank_, local_size_);
+  try {
+    device_ = select_device(options.use_cuda, visible, local_rank_, local_size_);
+  } catch (const std::exception& e) {
+    abort(e.what());  // a placement error on every rank: end the job with the reason
+  }
 }
 
 Runtime::~Runtime() {

@@ -1,5 +1,6 @@
 #pragma once
-// Communicator backend for CPU tensors over MPI. It owns a duplicate of the communicator it is
+// Communicator backend over MPI, for CPU tensors (tensors on a GPU are staged through host
+// memory: correct, not fast). It owns a duplicate of the communicator it is
 // given, so its messages never match the application's own MPI traffic.
 
 #include <ddp/communicator.h>

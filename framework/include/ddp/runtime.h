@@ -25,7 +25,8 @@ struct RuntimeOptions {
 class Runtime {
  public:
   // Initialises MPI with MPI_THREAD_MULTIPLE unless the program already did; then it leaves
-  // MPI_Finalize to the program too.
+  // MPI_Finalize to the program too. Collective. If no device fits this rank (more ranks on a
+  // node than visible GPUs) the job is aborted with the reason.
   Runtime(int& argc, char**& argv, RuntimeOptions options = {});
   explicit Runtime(RuntimeOptions options = {});
   // Finalises MPI if it initialised it. If an exception is unwinding through here the job is
