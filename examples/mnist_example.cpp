@@ -19,8 +19,9 @@ namespace {
 struct Flags {
   int64_t batch_size, test_batch_size, epochs, log_interval, seed, limit_train_batches;
   double lr, gamma;
-  bool save_model, no_cuda, dry_run, show_topology;
-  std::string data_dir, metrics_file;
+  bool save_model, no_cuda, dry_run, show_topology, find_unused_parameters;
+  std::string data_dir, metrics_file, timeline, grad_sync, compression;
+  double bucket_mb, first_bucket_mb;
 };
 
 po::options_description describe_flags(Flags& f) {
@@ -40,7 +41,13 @@ po::options_description describe_flags(Flags& f) {
     ("data-dir", po::value(&f.data_dir)->default_value(ddp::kDefaultMnistDir), "directory with the MNIST-format IDX files (.gz or raw)")
     ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)")
     ("metrics-file", po::value(&f.metrics_file)->default_value(""), "append one JSON object per epoch to this file")
-    ("show-topology", po::bool_switch(&f.show_topology), "print every rank's place (node, local rank, device)");
+    ("show-topology", po::bool_switch(&f.show_topology), "print every rank's place (node, local rank, device)")
+    ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
+    ("grad-sync", po::value(&f.grad_sync)->default_value("bucketed"), "gradient sync: bucketed (overlapped with backward) or per-parameter")
+    ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
+    ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
+    ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
+    ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing");
   return d;
 }
 
@@ -67,11 +74,21 @@ int train(ddp::Runtime& runtime, const Flags& flags, Parallelism parallelism) {
               << " node(s), device " << device << ", data " << flags.data_dir << std::endl;
   }
 
+  std::unique_ptr<ddp::Timeline> timeline;
+  if (!flags.timeline.empty()) timeline = std::make_unique<ddp::Timeline>(runtime.cpu_communicator());
+
   auto net = std::make_shared<MnistCnn>();
   net->to(device);
   std::unique_ptr<ddp::DistributedDataParallel> ddp_model;
   if (parallelism == Parallelism::DataParallel) {
-    ddp_model = std::make_unique<ddp::DistributedDataParallel>(runtime, net);
+    ddp::DDPOptions ddp_options;
+    ddp_options.sync = ddp::parse_grad_sync(flags.grad_sync);
+    ddp_options.compression = ddp::parse_compression(flags.compression);
+    ddp_options.bucket_cap_mb = flags.bucket_mb;
+    ddp_options.first_bucket_mb = flags.first_bucket_mb;
+    ddp_options.find_unused_parameters = flags.find_unused_parameters;
+    ddp_options.timeline = timeline.get();
+    ddp_model = std::make_unique<ddp::DistributedDataParallel>(runtime, net, ddp_options);
   }
   ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
   ddp::StepLR scheduler(optimizer, /*step_size=*/1, flags.gamma);
@@ -84,9 +101,14 @@ int train(ddp::Runtime& runtime, const Flags& flags, Parallelism parallelism) {
   options.dry_run = flags.dry_run;
   options.seed = flags.seed;
   options.metrics_file = flags.metrics_file;
+  options.timeline = timeline.get();
   ddp::Trainer trainer(runtime, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                        optimizer, options, ddp_model.get());
   trainer.fit(train, test, flags.epochs, &scheduler);
+  if (timeline) {
+    timeline->write(flags.timeline);
+    if (runtime.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
+  }
 
   if (flags.save_model && runtime.is_main()) {
     ddp::save_module(*net, "mnist_cnn.pt");

@@ -33,6 +33,20 @@ TEST(MpiCommunicator, AllReduceAvgMinMax) {
   EXPECT_THROW(comm().all_reduce(ints, ddp::ReduceOp::Avg), std::invalid_argument);
 }
 
+TEST(MpiCommunicator, AllReduceHalfAndBFloat16) {
+  const int w = comm().size(), r = comm().rank();
+  for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    // Small integers and halves are exact in both formats.
+    torch::Tensor t = (torch::arange(8, torch::kFloat) * 0.5 + r).to(dtype);
+    comm().all_reduce(t, ddp::ReduceOp::Sum);
+    const torch::Tensor want = torch::arange(8, torch::kFloat) * 0.5 * w + w * (w - 1) / 2;
+    EXPECT_TRUE(torch::equal(t.to(torch::kFloat), want)) << dtype << " " << t;
+    torch::Tensor avg = torch::full({3}, 2.0 * r, dtype);
+    comm().all_reduce(avg, ddp::ReduceOp::Avg);
+    EXPECT_TRUE(torch::equal(avg.to(torch::kFloat), torch::full({3}, double(w - 1)))) << dtype;
+  }
+}
+
 TEST(MpiCommunicator, AllReduceLargeTensorIsExact) {
   // 3M elements: integers below 2^24 sum exactly in float32.
   const int r = comm().rank(), w = comm().size();
@@ -65,8 +79,10 @@ TEST(MpiCommunicator, AllGatherStringsOfDifferentLengths) {
 TEST(MpiCommunicator, RejectsTensorsItCannotSend) {
   torch::Tensor strided = torch::zeros({3, 4}).t();
   EXPECT_THROW(comm().all_reduce(strided), std::invalid_argument);
+  torch::Tensor int16 = torch::zeros({2}, torch::kShort);
+  EXPECT_THROW(comm().broadcast(int16), std::invalid_argument);
   torch::Tensor half = torch::zeros({2}, torch::kHalf);
-  EXPECT_THROW(comm().broadcast(half), std::invalid_argument);
+  EXPECT_THROW(comm().all_reduce(half, ddp::ReduceOp::Max), std::invalid_argument);
   comm().barrier();
 }
 

@@ -1,4 +1,5 @@
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/timeline.h>
 
 #include "test_support.h"
 
@@ -72,46 +73,247 @@ TEST(DistributedDataParallel, DtypeMismatchIsCaughtToo) {
   EXPECT_THROW(ddp::DistributedDataParallel(rt(), net), std::runtime_error);
 }
 
+// A model whose parameters are registered in an order different from their use, so gradients
+// arrive out of bucket order.
+struct Shuffled : torch::nn::Module {
+  Shuffled()
+      : out(register_module("out", torch::nn::Linear(32, 3))),
+        in(register_module("in", torch::nn::Linear(10, 32))),
+        mid(register_module("mid", torch::nn::Linear(32, 32))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return out(torch::relu(mid(torch::tanh(in(x)))));
+  }
+  torch::nn::Linear out, in, mid;
+};
+
+struct Config {
+  const char* name;
+  ddp::DDPOptions options;
+  double tolerance;  // on parameters after the steps
+};
+
+std::vector<Config> configs() {
+  auto with = [](auto change) {
+    ddp::DDPOptions o;
+    change(o);
+    return o;
+  };
+  return {
+      {"default buckets", {}, 1e-6},
+      {"cap below one parameter", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1e-4; }), 1e-6},
+      {"cap above the model", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1000; }), 1e-6},
+      {"three small buckets", with([](auto& o) { o.first_bucket_mb = 0.0005; o.bucket_cap_mb = 0.003; }), 1e-6},
+      {"per-parameter", with([](auto& o) { o.sync = ddp::GradSync::PerParameter; }), 1e-6},
+      {"fp16 on the wire", with([](auto& o) { o.compression = ddp::Compression::Fp16; }), 2e-3},
+      {"bf16 on the wire", with([](auto& o) { o.compression = ddp::Compression::Bf16; }), 2e-2},
+  };
+}
+
 // N ranks with batch b train exactly like one process with batch N*b: after every step each
-// rank's parameters equal the single-process reference (float tolerance) and are bit-identical
-// across ranks. No dropout; BatchNorm is left out because its batch statistics are per rank.
+// rank's parameters equal the single-process reference (within the tolerance of the wire
+// format) and are bit-identical across ranks. No dropout, no BatchNorm (its batch statistics
+// are per rank by design).
 TEST(DistributedDataParallel, EquivalentToOneProcessOnTheGlobalBatch) {
   const int w = rt().world_size(), r = rt().rank();
-  const int64_t b = 4, steps = 6;
-  auto make = [] {
+  const int64_t b = 4, steps = 5;
+  for (const Config& config : configs()) {
     torch::manual_seed(3);
-    return torch::nn::Sequential(torch::nn::Linear(10, 32), torch::nn::Tanh(),
-                                 torch::nn::Linear(32, 32), torch::nn::ReLU(),
-                                 torch::nn::Linear(32, 3));
-  };
-  torch::nn::Sequential distributed = make(), reference = make();
-  ddp::DistributedDataParallel model(rt(), distributed.ptr());
-  torch::optim::SGD opt(distributed->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto distributed = std::make_shared<Shuffled>();
+    torch::manual_seed(3);
+    auto reference = std::make_shared<Shuffled>();
+    ddp::DistributedDataParallel model(rt(), distributed, config.options);
+    torch::optim::SGD opt(distributed->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 
-  torch::manual_seed(11);
-  const torch::Tensor x = torch::randn({steps, w * b, 10});
-  const torch::Tensor y = torch::randint(0, 3, {steps, w * b}, torch::kLong);
-  for (int64_t s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    torch::Tensor mine = x[s].slice(0, r * b, (r + 1) * b);
-    torch::nn::functional::cross_entropy(distributed->forward(mine), y[s].slice(0, r * b, (r + 1) * b)).backward();
-    opt.step();
+    torch::manual_seed(11);
+    const torch::Tensor x = torch::randn({steps, w * b, 10});
+    const torch::Tensor y = torch::randint(0, 3, {steps, w * b}, torch::kLong);
+    for (int64_t s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::Tensor mine = x[s].slice(0, r * b, (r + 1) * b);
+      torch::nn::functional::cross_entropy(distributed->forward(mine), y[s].slice(0, r * b, (r + 1) * b)).backward();
+      opt.step();
 
-    ref_opt.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(x[s]), y[s]).backward();
-    ref_opt.step();
+      ref_opt.zero_grad();
+      torch::nn::functional::cross_entropy(reference->forward(x[s]), y[s]).backward();
+      ref_opt.step();
 
-    const torch::Tensor got = flat_state(*distributed), want = flat_state(*reference);
-    EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6))
-        << "step " << s << " max diff " << (got - want).abs().max().item<double>();
-    EXPECT_TRUE(identical_on_all_ranks(got)) << "replicas diverged at step " << s;
+      const torch::Tensor got = flat_state(*distributed), want = flat_state(*reference);
+      EXPECT_TRUE(torch::allclose(got, want, config.tolerance, config.tolerance))
+          << config.name << ", step " << s << ": max diff " << (got - want).abs().max().item<double>();
+      EXPECT_TRUE(identical_on_all_ranks(got)) << config.name << ": replicas diverged at step " << s;
+    }
+    if (w > 1) {
+      int64_t param_bytes = 0;
+      for (const auto& p : distributed->parameters()) param_bytes += p.numel() * 4;
+      EXPECT_EQ(model.sync_bytes(), steps * param_bytes) << config.name;
+      EXPECT_GT(model.sync_seconds(), 0.0) << config.name;
+    }
   }
-  if (w > 1) {
-    int64_t param_bytes = 0;
-    for (const auto& p : distributed->parameters()) param_bytes += p.numel() * 4;
-    EXPECT_EQ(model.sync_bytes(), steps * param_bytes);
-    EXPECT_GT(model.sync_seconds(), 0.0);
+}
+
+TEST(DistributedDataParallel, BucketsFollowReverseRegistrationOrderAndCaps) {
+  if (rt().world_size() < 2) GTEST_SKIP() << "one rank has no reducer";
+  auto net = std::make_shared<Shuffled>();  // out(w,b) in(w,b) mid(w,b): indices 0..5
+  ddp::DDPOptions all_in_one;
+  all_in_one.first_bucket_mb = all_in_one.bucket_cap_mb = 1000;
+  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, all_in_one).bucket_layout(),
+            (std::vector<std::vector<size_t>>{{5, 4, 3, 2, 1, 0}}));
+  ddp::DDPOptions tiny;
+  tiny.first_bucket_mb = tiny.bucket_cap_mb = 1e-6;
+  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, tiny).bucket_layout(),
+            (std::vector<std::vector<size_t>>{{5}, {4}, {3}, {2}, {1}, {0}}));
+  // Bytes: mid.bias 128, mid.weight 4096, in.bias 128, in.weight 1280, out.bias 12, out.weight
+  // 384. A 5 KiB first bucket takes the first three; in.weight exceeds a 1 KiB cap alone.
+  ddp::DDPOptions mixed;
+  mixed.first_bucket_mb = 5.0 / 1024;
+  mixed.bucket_cap_mb = 1.0 / 1024;
+  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, mixed).bucket_layout(),
+            (std::vector<std::vector<size_t>>{{5, 4, 3}, {2}, {1, 0}}));
+}
+
+TEST(DistributedDataParallel, DifferentBucketOptionsAcrossRanksAreRejected) {
+  if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto net = std::make_shared<Shuffled>();
+  ddp::DDPOptions options;
+  if (rt().rank() == 1) options.bucket_cap_mb = options.first_bucket_mb = 1e-6;
+  try {
+    ddp::DistributedDataParallel model(rt(), net, options);
+    FAIL() << "no exception on rank " << rt().rank();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket layouts differ"), std::string::npos) << e.what();
+  }
+}
+
+// k backward passes, all but the last under no_sync(), then one step: the same as one process
+// taking one step on the k*N*b samples.
+TEST(DistributedDataParallel, NoSyncAccumulatesLikeOneBigBatch) {
+  const int w = rt().world_size(), r = rt().rank();
+  const int64_t b = 3, k = 3;
+  for (auto sync : {ddp::GradSync::Bucketed, ddp::GradSync::PerParameter}) {
+    torch::manual_seed(21);
+    auto distributed = std::make_shared<Shuffled>();
+    torch::manual_seed(21);
+    auto reference = std::make_shared<Shuffled>();
+    ddp::DDPOptions options;
+    options.sync = sync;
+    ddp::DistributedDataParallel model(rt(), distributed, options);
+    torch::manual_seed(22);
+    const torch::Tensor x = torch::randn({k, w * b, 10});
+    const torch::Tensor y = torch::randint(0, 3, {k, w * b}, torch::kLong);
+    const int64_t bytes_before = model.sync_bytes();
+    for (int64_t step = 0; step < k; ++step) {
+      auto loss = [&] {
+        return torch::nn::functional::cross_entropy(
+                   distributed->forward(x[step].slice(0, r * b, (r + 1) * b)),
+                   y[step].slice(0, r * b, (r + 1) * b)) / static_cast<double>(k);
+      };
+      if (step + 1 < k) {
+        auto guard = model.no_sync();
+        loss().backward();
+      } else {
+        loss().backward();
+      }
+    }
+    if (w > 1) EXPECT_GT(model.sync_bytes(), bytes_before);
+    torch::nn::functional::cross_entropy(reference->forward(x.reshape({k * w * b, 10})), y.reshape({-1})).backward();
+    for (size_t i = 0; i < distributed->parameters().size(); ++i) {
+      const torch::Tensor got = distributed->parameters()[i].grad();
+      const torch::Tensor want = reference->parameters()[i].grad();
+      EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6))
+          << "parameter " << i << " max diff " << (got - want).abs().max().item<double>();
+      EXPECT_TRUE(identical_on_all_ranks(got));
+    }
+  }
+}
+
+// A head that only some ranks use in a step.
+struct TwoHeads : torch::nn::Module {
+  TwoHeads()
+      : body(register_module("body", torch::nn::Linear(4, 4))),
+        head(register_module("head", torch::nn::Linear(4, 2))),
+        extra(register_module("extra", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x, bool use_extra) {
+    torch::Tensor h = torch::relu(body(x));
+    return use_extra ? head(h) + extra(h) : head(h);
+  }
+  torch::nn::Linear body, head, extra;
+};
+
+TEST(DistributedDataParallel, UnusedParameterIsAnErrorOnEveryRankNamingIt) {
+  if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (auto sync : {ddp::GradSync::Bucketed, ddp::GradSync::PerParameter}) {
+    auto net = std::make_shared<TwoHeads>();
+    ddp::DDPOptions options;
+    options.sync = sync;
+    ddp::DistributedDataParallel model(rt(), net, options);
+    const torch::Tensor x = torch::ones({2, 4});
+    try {
+      net->forward(x, /*use_extra=*/rt().rank() != 1).sum().backward();
+      FAIL() << "no exception on rank " << rt().rank();
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("2 parameter(s) got no gradient"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("'extra.weight' (rank 1)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("find_unused_parameters"), std::string::npos) << msg;
+    }
+    // The reducer is usable again afterwards.
+    net->zero_grad();
+    net->forward(x, true).sum().backward();
+    EXPECT_TRUE(identical_on_all_ranks(net->extra->weight.grad()));
+  }
+}
+
+TEST(DistributedDataParallel, FindUnusedParametersCountsThemAsZero) {
+  const int w = rt().world_size(), r = rt().rank();
+  for (auto sync : {ddp::GradSync::Bucketed, ddp::GradSync::PerParameter}) {
+    torch::manual_seed(8);
+    auto net = std::make_shared<TwoHeads>();
+    torch::manual_seed(8);
+    auto reference = std::make_shared<TwoHeads>();
+    ddp::DDPOptions options;
+    options.sync = sync;
+    options.find_unused_parameters = true;
+    ddp::DistributedDataParallel model(rt(), net, options);
+    torch::manual_seed(9);
+    const torch::Tensor x = torch::randn({w, 2, 4});
+    // Only rank 0 uses `extra`; the reference sums what every rank computes, over ranks.
+    net->forward(x[r], r == 0).pow(2).mean().backward();
+    torch::Tensor total = torch::zeros({});
+    for (int k = 0; k < w; ++k) total = total + reference->forward(x[k], k == 0).pow(2).mean();
+    (total / w).backward();
+    for (const char* name : {"body.weight", "head.weight", "extra.weight", "extra.bias"}) {
+      const torch::Tensor got = net->named_parameters()[name].grad();
+      const torch::Tensor want = reference->named_parameters()[name].grad();
+      ASSERT_TRUE(got.defined()) << name;
+      EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6)) << name << " " << got << want;
+    }
+    // Used by no rank: grad stays as it was (undefined).
+    net->zero_grad();
+    for (auto& p : net->extra->parameters()) p.mutable_grad() = torch::Tensor();
+    net->forward(x[r], false).sum().backward();
+    EXPECT_FALSE(net->extra->weight.grad().defined());
+    EXPECT_TRUE(net->head->weight.grad().defined());
+  }
+}
+
+TEST(DistributedDataParallel, TimelineRecordsBucketAllReduces) {
+  if (rt().world_size() < 2) GTEST_SKIP() << "one rank has no reducer";
+  ddp::Timeline timeline(rt().cpu_communicator());
+  ddp::DDPOptions options;
+  options.timeline = &timeline;
+  options.first_bucket_mb = options.bucket_cap_mb = 1e-6;  // one bucket per parameter
+  auto net = std::make_shared<Shuffled>();
+  ddp::DistributedDataParallel model(rt(), net, options);
+  net->forward(torch::ones({2, 10})).sum().backward();
+  EXPECT_EQ(timeline.size(), 6u * 2 + 1);  // queued + all-reduce per bucket, one wait
+  const std::string path = std::string(DDP_TEST_TMP) + "/timeline.json";
+  timeline.write(path);
+  if (rt().is_main()) {
+    const std::string summary = ddp_test::run_command(
+        std::string(DDP_PYTHON) + " -c \"import json,sys; t=json.load(open('" + path +
+        "'))['traceEvents']; print(len({e['pid'] for e in t}), sum('all-reduce bucket' in e['name'] for e in t))\"");
+    EXPECT_EQ(summary, std::to_string(rt().world_size()) + " " + std::to_string(6 * rt().world_size()) + "\n");
   }
 }
 

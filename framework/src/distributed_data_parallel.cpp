@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -92,37 +91,26 @@ void broadcast_from_rank0(Communicator& comm, const torch::Tensor& t) {
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(Runtime& runtime,
-                                                 std::shared_ptr<torch::nn::Module> module)
-    : module_(std::move(module)), comm_(runtime.cpu_communicator()) {
+                                                 std::shared_ptr<torch::nn::Module> module,
+                                                 DDPOptions options)
+    : module_(std::move(module)), options_(options) {
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
-  params_ = module_->parameters();
-  verify_same_structure(comm_, *module_);
-
-  torch::NoGradGuard no_grad;
-  for (const auto& p : params_) broadcast_from_rank0(comm_, p);
-  for (const auto& b : module_->buffers()) broadcast_from_rank0(comm_, b);
-
-  if (comm_.size() == 1) return;  // nothing to average
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].requires_grad()) continue;
-    hooks_.emplace_back(i, params_[i].register_hook(
-                               [this](const torch::Tensor& grad) { return average(grad); }));
+  Communicator& comm = runtime.cpu_communicator();
+  verify_same_structure(comm, *module_);
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : module_->parameters()) broadcast_from_rank0(comm, p);
+    for (const auto& b : module_->buffers()) broadcast_from_rank0(comm, b);
   }
-}
+  if (runtime.world_size() == 1) return;  // one replica: its gradients are the average
 
-DistributedDataParallel::~DistributedDataParallel() {
-  for (const auto& [index, handle] : hooks_) params_[index].remove_hook(handle);
-}
-
-torch::Tensor DistributedDataParallel::average(const torch::Tensor& grad) {
-  const auto start = std::chrono::steady_clock::now();
-  // A copy: autograd may hand the same gradient tensor to several inputs.
-  torch::Tensor reduced = grad.clone(at::MemoryFormat::Contiguous);
-  comm_.all_reduce(reduced, ReduceOp::Avg);
-  sync_bytes_ += reduced.numel() * static_cast<int64_t>(reduced.element_size());
-  sync_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return reduced;
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& p : module_->named_parameters()) {
+    names.push_back(p.key());
+    params.push_back(p.value());
+  }
+  reducer_ = std::make_unique<Reducer>(runtime, std::move(params), std::move(names), options_);
 }
 
 }  // namespace ddp

@@ -2,6 +2,9 @@
 
 #include "mpi_check.h"
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <algorithm>
 #include <climits>
 #include <stdexcept>
@@ -11,8 +14,38 @@ namespace ddp {
 
 namespace {
 
+// MPI has no 16-bit floating-point types: they travel as 2-byte integers and are summed by a
+// user-defined operation that computes in float, as the hardware would.
+template <typename T>
+void sum_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+MPI_Op sum_op_16bit(torch::ScalarType type) {
+  // Created once per process on first use; MPI_Finalize releases them.
+  static MPI_Op half_sum = [] {
+    MPI_Op op;
+    DDP_MPI_CHECK(MPI_Op_create(&sum_16bit<c10::Half>, /*commute=*/1, &op));
+    return op;
+  }();
+  static MPI_Op bf16_sum = [] {
+    MPI_Op op;
+    DDP_MPI_CHECK(MPI_Op_create(&sum_16bit<c10::BFloat16>, /*commute=*/1, &op));
+    return op;
+  }();
+  return type == torch::kHalf ? half_sum : bf16_sum;
+}
+
+bool is_16bit_float(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
+}
+
 MPI_Datatype mpi_type(const torch::Tensor& t) {
   switch (t.scalar_type()) {
+    case torch::kHalf:
+    case torch::kBFloat16: return MPI_UINT16_T;
     case torch::kFloat: return MPI_FLOAT;
     case torch::kDouble: return MPI_DOUBLE;
     case torch::kInt: return MPI_INT32_T;
@@ -85,9 +118,18 @@ void MpiCommunicator::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
     throw std::invalid_argument("MpiCommunicator::all_reduce: Avg needs a floating-point tensor");
   }
   const MPI_Datatype type = mpi_type(tensor);
+  MPI_Op mpi_reduce_op = MPI_OP_NULL;
+  if (is_16bit_float(tensor)) {
+    if (op != ReduceOp::Sum && op != ReduceOp::Avg) {
+      throw std::invalid_argument("MpiCommunicator::all_reduce: float16/bfloat16 support Sum and Avg only");
+    }
+    mpi_reduce_op = sum_op_16bit(tensor.scalar_type());
+  } else {
+    mpi_reduce_op = mpi_op(op);
+  }
   const HostStaging staging(tensor);
   for_each_chunk(staging.host, [&](void* data, int count) {
-    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_op(op), comm_));
+    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_reduce_op, comm_));
   });
   if (op == ReduceOp::Avg) staging.host.div_(size_);
   staging.finish();

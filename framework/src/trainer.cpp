@@ -81,24 +81,26 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   int64_t samples = 0;
   const auto epoch_start = Clock::now();
 
+  Timeline* timeline = options_.timeline;
+  // Times one phase into `total` and, when recording, into the timeline.
+  auto phase = [&](const char* name, double& total, auto&& body) {
+    const auto start = Clock::now();
+    body();
+    const auto end = Clock::now();
+    total += std::chrono::duration<double>(end - start).count();
+    if (timeline) timeline->span(name, "step", start, end);
+  };
+
   for (int64_t b = 0; b < batches; ++b) {
-    auto t = Clock::now();
     const int64_t begin = b * batch_size, end = std::min(n, begin + batch_size);
-    Batch batch = train.batch(indices, begin, end, device);
-    local.data += seconds_since(t);
-
-    t = Clock::now();
-    optimizer_.zero_grad();
-    local.optimizer += seconds_since(t);
-
-    t = Clock::now();
-    torch::Tensor loss = torch::nll_loss(forward_(batch.inputs), batch.targets);
-    loss.backward();
-    local.forward_backward += seconds_since(t);
-
-    t = Clock::now();
-    optimizer_.step();
-    local.optimizer += seconds_since(t);
+    Batch batch;
+    torch::Tensor loss;
+    phase("data", local.data, [&] { batch = train.batch(indices, begin, end, device); });
+    phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
+    phase("forward", local.forward_backward,
+          [&] { loss = torch::nll_loss(forward_(batch.inputs), batch.targets); });
+    phase("backward", local.forward_backward, [&] { loss.backward(); });
+    phase("optimizer", local.optimizer, [&] { optimizer_.step(); });
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(end - begin);
     samples += end - begin;

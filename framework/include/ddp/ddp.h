@@ -6,12 +6,15 @@
 #include <ddp/communicator.h>
 #include <ddp/config.h>
 #include <ddp/dataset.h>
+#include <ddp/ddp_options.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/lr_scheduler.h>
 #include <ddp/mnist.h>
 #include <ddp/mpi_communicator.h>
+#include <ddp/reducer.h>
 #include <ddp/runtime.h>
+#include <ddp/timeline.h>
 #include <ddp/trainer.h>
 #if DDP_WITH_NCCL
 #include <ddp/nccl_bootstrap.h>

@@ -4,51 +4,68 @@
 // grad() holds the average over all ranks. No extra call is needed in the training loop.
 //
 // Construction (collective): verifies that every rank has the same parameters and buffers
-// (names, shapes, dtypes; the first mismatch is reported on every rank), then broadcasts
-// parameters and buffers from rank 0 so all replicas start identical.
+// (names, shapes, dtypes; the first mismatch is reported on every rank), broadcasts parameters
+// and buffers from rank 0 so all replicas start identical, and, with more than one rank, sets
+// up the Reducer (reducer.h) that all-reduces gradients in buckets while backward runs.
 //
-// Gradient sync: a hook on each parameter averages its incoming gradient over the ranks before
-// autograd accumulates it into grad(). Accumulating averages equals averaging accumulations, so
-// gradient accumulation over several backward passes stays correct.
-// Invariant: every rank runs backward over the same set of parameters in the same order (same
-// model, same graph), because each hook is a collective.
+// Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
+// used identically on every rank.
 
-#include <ddp/communicator.h>
+#include <ddp/ddp_options.h>
+#include <ddp/reducer.h>
 #include <ddp/runtime.h>
 
 #include <torch/nn/module.h>
 
 #include <cstdint>
 #include <memory>
-#include <utility>
-#include <vector>
 
 namespace ddp {
 
 class DistributedDataParallel {
  public:
-  DistributedDataParallel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module);
-  // Removes the gradient hooks: the module trains locally again afterwards.
-  ~DistributedDataParallel();
+  DistributedDataParallel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                          DDPOptions options = {});
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
   torch::nn::Module& module() const { return *module_; }
   const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+  const DDPOptions& options() const { return options_; }
 
-  // Cumulative wall time and payload of the gradient all-reduces since construction.
-  double sync_seconds() const { return sync_seconds_; }
-  int64_t sync_bytes() const { return sync_bytes_; }
+  // While the guard lives, backward accumulates gradients locally without communication; the
+  // first backward after it averages everything accumulated (PyTorch's no_sync()).
+  class NoSync {
+   public:
+    explicit NoSync(Reducer* reducer) : reducer_(reducer), was_enabled_(reducer && reducer->sync_enabled()) {
+      if (reducer_) reducer_->set_sync_enabled(false);
+    }
+    ~NoSync() {
+      if (reducer_) reducer_->set_sync_enabled(was_enabled_);
+    }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Reducer* reducer_;
+    bool was_enabled_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(reducer_.get()); }
+
+  // Wall time the training thread spent on gradient sync that backward did not hide, and the
+  // bytes all-reduced, since construction (0 with one rank: nothing to synchronise).
+  double sync_seconds() const { return reducer_ ? reducer_->sync_seconds() : 0.0; }
+  int64_t sync_bytes() const { return reducer_ ? reducer_->sync_bytes() : 0; }
+
+  // The reducer's buckets (parameter indices in registration order); empty with one rank.
+  std::vector<std::vector<size_t>> bucket_layout() const {
+    return reducer_ ? reducer_->bucket_layout() : std::vector<std::vector<size_t>>{};
+  }
 
  private:
-  torch::Tensor average(const torch::Tensor& grad);
-
   std::shared_ptr<torch::nn::Module> module_;
-  Communicator& comm_;
-  std::vector<torch::Tensor> params_;      // in registration order
-  std::vector<std::pair<size_t, unsigned>> hooks_;  // (index into params_, hook handle)
-  double sync_seconds_ = 0;
-  int64_t sync_bytes_ = 0;
+  DDPOptions options_;
+  std::unique_ptr<Reducer> reducer_;
 };
 
 }  // namespace ddp

@@ -20,7 +20,8 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  // Supported dtypes: float32, float64, int32, int64, uint8 (Avg: floating point only).
+  // Supported dtypes: float32, float64, int32, int64, uint8, and float16/bfloat16 for Sum and
+  // Avg (summed in float per element). Avg: floating point only.
   void all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override;
   torch::Tensor all_gather(const torch::Tensor& tensor) override;

@@ -7,6 +7,7 @@
 #include <ddp/dataset.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/runtime.h>
+#include <ddp/timeline.h>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -29,6 +30,7 @@ struct TrainerOptions {
   bool shuffle = true;
   int64_t seed = 0;                   // seeds the sampler's permutation
   std::string metrics_file;           // one JSON object per epoch (rank 0); empty: none
+  Timeline* timeline = nullptr;       // records data/forward/backward/optimizer spans when set
 };
 
 // Wall seconds per phase of the training steps, averaged over ranks.

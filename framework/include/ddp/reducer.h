@@ -1,0 +1,126 @@
+#pragma once
+// The gradient reducer behind DistributedDataParallel (the design of PyTorch's c10d Reducer,
+// over MPI).
+//
+// Buckets: the parameters that require grad are grouped, in reverse registration order (the
+// order backward produces their gradients), into flat buckets of one dtype: the first up to
+// first_bucket_mb, the others up to bucket_cap_mb; a parameter larger than the cap gets a bucket
+// of its own. GradSync::PerParameter is the same machinery with one parameter per bucket.
+//
+// One backward pass:
+//   1. When autograd has accumulated a parameter's gradient (a post-hook on its grad
+//      accumulator), the gradient is copied into its bucket.
+//   2. A bucket whose gradients are all in is launched, strictly in bucket order on every rank,
+//      so every rank issues the same collectives in the same order: Bucketed mode hands it to
+//      the communication thread (all-reduce while backward computes earlier layers);
+//      PerParameter mode reduces it inline.
+//   3. At the end of backward (an autograd engine callback): gradients that never came are
+//      zero-filled and their buckets launched; the ranks exchange which parameters got a
+//      gradient (on a separate control communicator, so it cannot be confused with bucket
+//      traffic); the reducer waits for every bucket and copies the averages back into grad().
+//      loss.backward() returns only then.
+//   4. A parameter without a gradient on any rank is an error raised on every rank, naming the
+//      parameters and ranks (find_unused_parameters=false), or counts as zero
+//      (find_unused_parameters=true; a parameter unused on every rank keeps its grad as it was).
+//
+// Averaging: each bucket is divided by the world size, then summed over ranks. Because the
+// bucket holds the accumulated grad(), gradient accumulation and no_sync() stay exact.
+//
+// Invariants: every rank has the same bucket layout (checked at construction); between
+// backward passes no bucket is in flight; params_, buckets_ and slots_ never change after
+// construction.
+
+#include <ddp/ddp_options.h>
+#include <ddp/mpi_communicator.h>
+#include <ddp/runtime.h>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddp {
+
+class Reducer {
+ public:
+  // `params` and `names` in registration order. Collective (duplicates communicators and
+  // checks the bucket layout across ranks).
+  Reducer(Runtime& runtime, std::vector<torch::Tensor> params, std::vector<std::string> names,
+          DDPOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // false: backward accumulates locally, no communication (no_sync()).
+  void set_sync_enabled(bool enabled) { sync_enabled_ = enabled; }
+  bool sync_enabled() const { return sync_enabled_; }
+
+  // Wall time the training thread spent on gradient sync (inline reductions and waiting for
+  // buckets at the end of backward: the communication that was not overlapped), and bytes
+  // all-reduced, since construction.
+  double sync_seconds() const { return sync_seconds_; }
+  int64_t sync_bytes() const { return sync_bytes_; }
+
+  // Parameter indices (registration order) of each bucket, in launch order.
+  std::vector<std::vector<size_t>> bucket_layout() const;
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    torch::Tensor data;   // flat gradients of `params`, in that order
+    size_t pending = 0;   // gradients not yet copied in during this backward
+  };
+  struct Slot {           // where a parameter's gradient lives
+    size_t bucket = 0;
+    int64_t offset = 0;   // elements into the bucket
+    bool ready = false;   // copied in during this backward
+  };
+
+  void build_buckets();
+  void check_layout_across_ranks();
+  void on_gradient_ready(size_t param);
+  void begin_backward();
+  void finish_backward();
+  void launch_ready_buckets();
+  void reduce(size_t bucket);        // the all-reduce itself (comm thread or inline)
+  void wait_for_buckets();
+  void comm_thread_loop();
+  torch::Tensor view_of(size_t param);
+
+  Runtime& runtime_;
+  DDPOptions options_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;          // per parameter; buckets_.size() for frozen ones
+  MpiCommunicator data_comm_;        // bucket all-reduces only
+  MpiCommunicator control_comm_;     // the end-of-backward exchange only
+
+  // Hooks: the accumulators are held so autograd does not recreate them (and drop the hooks).
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+
+  bool sync_enabled_ = true;
+  bool in_backward_ = false;
+  size_t next_to_launch_ = 0;
+  double sync_seconds_ = 0;
+  int64_t sync_bytes_ = 0;
+
+  // Communication thread (Bucketed mode): a queue of launched buckets.
+  std::thread comm_thread_;
+  std::mutex mutex_;
+  std::condition_variable work_ready_, work_done_;
+  std::deque<size_t> queue_;
+  size_t completed_ = 0;             // buckets reduced in this backward
+  bool stopping_ = false;
+  std::exception_ptr comm_error_;
+};
+
+}  // namespace ddp
