@@ -170,6 +170,13 @@ TEST(DistributedDataParallel, BucketsFollowReverseRegistrationOrderAndCaps) {
   mixed.bucket_cap_mb = 1.0 / 1024;
   EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, mixed).bucket_layout(),
             (std::vector<std::vector<size_t>>{{5, 4, 3}, {2}, {1, 0}}));
+  // A parameter of at least first_bucket_mb closes its bucket: mid.weight (4 KiB) with a 4 KiB
+  // first bucket and a large cap.
+  ddp::DDPOptions large_alone;
+  large_alone.first_bucket_mb = 4.0 / 1024;
+  large_alone.bucket_cap_mb = 1000;
+  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, large_alone).bucket_layout(),
+            (std::vector<std::vector<size_t>>{{5}, {4}, {3, 2, 1, 0}}));
 }
 
 TEST(DistributedDataParallel, DifferentBucketOptionsAcrossRanksAreRejected) {

@@ -140,6 +140,7 @@ void Reducer::build_buckets() {
     if (new_bucket) close();
     current.push_back(k);
     current_bytes += bytes;
+    if (bytes >= options_.first_bucket_mb * mib) close();  // large: launch it as soon as it is ready
   }
   close();
 }

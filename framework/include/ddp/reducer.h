@@ -5,7 +5,10 @@
 // Buckets: the parameters that require grad are grouped, in reverse registration order (the
 // order backward produces their gradients), into flat buckets of one dtype: the first up to
 // first_bucket_mb, the others up to bucket_cap_mb; a parameter larger than the cap gets a bucket
-// of its own. GradSync::PerParameter is the same machinery with one parameter per bucket.
+// of its own. Unlike PyTorch, a parameter of at least first_bucket_mb also closes its bucket:
+// it is worth an all-reduce of its own, and sharing a bucket with earlier layers would hold its
+// all-reduce back until their gradients exist (the seed CNN's fc1.weight would wait for every
+// convolution). GradSync::PerParameter is the same machinery with one parameter per bucket.
 //
 // One backward pass:
 //   1. When autograd has accumulated a parameter's gradient (a post-hook on its grad

@@ -1,0 +1,160 @@
+// Training throughput of ddp on one model: samples/s over all ranks, the median of several
+// timed windows after a warm-up, appended as one JSON line (rank 0) for bench/run_all.sh.
+// The same measurement as bench/pytorch_ddp.py: same models, batch, synthetic data, launcher.
+//   mpirun -np 2 bench_throughput --model cnn --batch-size 64 --out results.jsonl
+#include "mnist_cnn.h"
+#include "resnet.h"
+
+#include <ddp/ddp.h>
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <unistd.h>
+
+namespace po = boost::program_options;
+
+namespace {
+
+struct Mlp : torch::nn::Module {
+  Mlp()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 128))),
+        fc3(register_module("fc3", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(fc3(torch::relu(fc2(torch::relu(fc1(x))))), 1);
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+
+struct Model {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::vector<int64_t> input_shape;  // per sample
+};
+
+Model make_model(const std::string& name) {
+  if (name == "cnn") {
+    auto m = std::make_shared<MnistCnn>();
+    return {m, [m](const torch::Tensor& x) { return m->forward(x); }, {1, 28, 28}};
+  }
+  if (name == "resnet18") {
+    auto m = ResNet18().ptr();
+    return {m, [m](const torch::Tensor& x) { return m->forward(x); }, {3, 32, 32}};
+  }
+  if (name == "mlp") {
+    auto m = std::make_shared<Mlp>();
+    return {m, [m](const torch::Tensor& x) { return m->forward(x); }, {784}};
+  }
+  throw std::invalid_argument("--model: unknown model '" + name + "' (cnn, resnet18, mlp)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_name, grad_sync, compression, label, out, link, timeline_path;
+  int64_t batch, warmup, window_steps, windows;
+  double bucket_mb;
+  po::options_description options("bench_throughput options");
+  options.add_options()
+    ("help,h", "print this help")
+    ("model", po::value(&model_name)->default_value("cnn"), "cnn, resnet18 or mlp")
+    ("batch-size", po::value(&batch)->default_value(64), "per rank")
+    ("warmup-steps", po::value(&warmup)->default_value(5), "untimed steps first")
+    ("window-steps", po::value(&window_steps)->default_value(10), "steps per timed window")
+    ("windows", po::value(&windows)->default_value(5), "timed windows; the median is reported")
+    ("grad-sync", po::value(&grad_sync)->default_value("bucketed"), "bucketed or per-parameter")
+    ("compression", po::value(&compression)->default_value("none"), "none, fp16 or bf16")
+    ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
+    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>])")
+    ("link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")
+    ("timeline", po::value(&timeline_path)->default_value(""), "also write a timeline of the timed steps")
+    ("out", po::value(&out)->default_value(""), "append the JSON result line to this file");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, options), vm);
+  po::notify(vm);
+
+  ddp::RuntimeOptions runtime_options;
+  runtime_options.use_cuda = false;
+  ddp::Runtime runtime(argc, argv, runtime_options);
+  if (vm.count("help")) {
+    if (runtime.is_main()) std::cout << options << "\n";
+    return 0;
+  }
+  return ddp::run_or_abort(runtime, [&] {
+    std::unique_ptr<ddp::Timeline> timeline;
+    if (!timeline_path.empty()) timeline = std::make_unique<ddp::Timeline>(runtime.cpu_communicator());
+    torch::manual_seed(1);
+    Model model = make_model(model_name);
+    ddp::DDPOptions ddp_options;
+    ddp_options.sync = ddp::parse_grad_sync(grad_sync);
+    ddp_options.compression = ddp::parse_compression(compression);
+    ddp_options.bucket_cap_mb = bucket_mb;
+    ddp_options.timeline = timeline.get();
+    ddp::DistributedDataParallel ddp_model(runtime, model.module, ddp_options);
+    torch::optim::SGD optimizer(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+
+    torch::manual_seed(1234 + runtime.rank());
+    std::vector<int64_t> shape{batch};
+    shape.insert(shape.end(), model.input_shape.begin(), model.input_shape.end());
+    const torch::Tensor inputs = torch::randn(shape);
+    const torch::Tensor targets = torch::randint(0, 10, {batch}, torch::kLong);
+
+    auto step = [&] {
+      using Clock = ddp::Timeline::Clock;
+      auto t = Clock::now();
+      optimizer.zero_grad();
+      torch::Tensor loss = torch::nll_loss(model.forward(inputs), targets);
+      if (timeline) timeline->span("forward", "step", t, Clock::now());
+      t = Clock::now();
+      loss.backward();
+      if (timeline) timeline->span("backward", "step", t, Clock::now());
+      t = Clock::now();
+      optimizer.step();
+      if (timeline) timeline->span("optimizer", "step", t, Clock::now());
+    };
+    for (int64_t i = 0; i < warmup; ++i) step();
+
+    ddp::Communicator& comm = runtime.cpu_communicator();
+    std::vector<double> rates;
+    for (int64_t w = 0; w < windows; ++w) {
+      comm.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < window_steps; ++i) step();
+      comm.barrier();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      rates.push_back(static_cast<double>(runtime.world_size() * batch * window_steps) / seconds);
+    }
+    if (timeline) timeline->write(timeline_path);
+    if (!runtime.is_main()) return;
+
+    std::vector<double> sorted = rates;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    if (label.empty()) label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression);
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    std::ostringstream json;
+    json << "{\"impl\": \"" << label << "\", \"model\": \"" << model_name
+         << "\", \"world\": " << runtime.world_size() << ", \"batch\": " << batch
+         << ", \"threads\": " << torch::get_num_threads() << ", \"samples_per_sec\": " << median
+         << ", \"step_ms\": " << 1000.0 * runtime.world_size() * batch / median << ", \"windows\": [";
+    for (size_t i = 0; i < rates.size(); ++i) json << (i ? ", " : "") << rates[i];
+    json << "], \"host\": \"" << host << "\"";
+    if (!link.empty()) json << ", \"link\": \"" << link << "\"";
+    json << "}";
+    std::printf("%-22s %-9s world %d batch %lld: %9.1f samples/s (%.1f ms/step)\n", label.c_str(),
+                model_name.c_str(), runtime.world_size(), static_cast<long long>(batch), median,
+                1000.0 * runtime.world_size() * batch / median);
+    if (!out.empty()) {
+      std::ofstream file(out, std::ios::app);
+      file << json.str() << "\n";
+      if (!file) throw std::runtime_error(out + ": cannot append the result");
+    }
+  });
+}

@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""PyTorch DistributedDataParallel reference benchmark.
+
+Launched by Open MPI exactly like the C++ benchmark, e.g.
+    mpirun -np 2 /usr/bin/python3 bench/pytorch_ddp.py --model cnn --batch-size 64 \
+        --warmup-steps 5 --window-steps 20 --windows 5 --out results.jsonl
+
+Rank and world size come from Open MPI's environment; the process group is gloo over TCP
+at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500). Every step trains on the same
+synthetic batch, so the numbers measure the training step (forward, backward with gradient
+all-reduce, optimizer), not data loading. The models match the C++ benchmark's layer for layer.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MnistCnn(nn.Module):
+    """The seed MNIST CNN (examples/mnist_cnn.h)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = self.dropout1(F.max_pool2d(x, 2))
+        x = F.relu(self.fc1(torch.flatten(x, 1)))
+        x = self.fc2(self.dropout2(x))
+        return F.log_softmax(x, dim=1)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, in_planes, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """CIFAR-style ResNet-18 for 32x32 inputs: 3x3 stem, no max-pool (examples/resnet.h)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        # Two BasicBlocks per layer; the first one of layers 2-4 downsamples.
+        self.layer1 = nn.Sequential(BasicBlock(64, 64, 1), BasicBlock(64, 64, 1))
+        self.layer2 = nn.Sequential(BasicBlock(64, 128, 2), BasicBlock(128, 128, 1))
+        self.layer3 = nn.Sequential(BasicBlock(128, 256, 2), BasicBlock(256, 256, 1))
+        self.layer4 = nn.Sequential(BasicBlock(256, 512, 2), BasicBlock(512, 512, 1))
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+        out = torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
+        return F.log_softmax(self.fc(out), dim=1)
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 128)
+        self.fc2 = nn.Linear(128, 128)
+        self.fc3 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return F.log_softmax(self.fc3(x), dim=1)
+
+
+# model name -> (constructor, shape of one input sample)
+MODELS = {
+    "cnn": (MnistCnn, (1, 28, 28)),
+    "resnet18": (ResNet18, (3, 32, 32)),
+    "mlp": (Mlp, (784,)),
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), required=True)
+    p.add_argument("--batch-size", type=int, required=True, help="samples per rank per step")
+    p.add_argument("--warmup-steps", type=int, required=True)
+    p.add_argument("--window-steps", type=int, required=True)
+    p.add_argument("--windows", type=int, required=True)
+    p.add_argument("--label", default="pytorch-ddp", help="the \"impl\" value in the output")
+    p.add_argument("--out", help="append one JSON line here (rank 0 only)")
+    args = p.parse_args()
+    for name in ("batch_size", "window_steps", "windows"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup_steps < 0:
+        p.error("--warmup-steps must not be negative")
+    return args
+
+
+def main():
+    args = parse_args()
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    torch.set_num_threads(threads)
+
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = os.environ.get("MASTER_PORT", "29500")
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
+                            rank=rank, world_size=world)
+
+    # Seeds as in bench/bench_throughput.cpp: one for the weights, one per rank for the data.
+    make_model, sample_shape = MODELS[args.model]
+    torch.manual_seed(1)
+    model = make_model()
+    if args.model == "resnet18":
+        n = len(list(model.parameters()))
+        assert n == 62, f"ResNet-18 has {n} parameter tensors, expected 62"
+    # DDP also at world size 1, so that this is the code path users run.
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    torch.manual_seed(1234 + rank)
+    inputs = torch.randn(args.batch_size, *sample_shape)
+    targets = torch.randint(0, 10, (args.batch_size,))
+
+    def step():
+        optimizer.zero_grad()
+        loss = F.nll_loss(ddp(inputs), targets)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(args.warmup_steps):
+        step()
+
+    windows = []
+    for _ in range(args.windows):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.window_steps):
+            step()
+        dist.barrier()
+        dt = time.perf_counter() - t0
+        windows.append(world * args.batch_size * args.window_steps / dt)
+
+    if rank == 0:
+        # The upper median for an even count, as the C++ benchmark takes sorted[n / 2].
+        median = statistics.median_high(windows)
+        result = {
+            "impl": args.label,
+            "model": args.model,
+            "world": world,
+            "batch": args.batch_size,
+            "threads": threads,
+            "samples_per_sec": median,
+            "step_ms": 1000.0 * world * args.batch_size / median,
+            "windows": windows,
+            "host": socket.gethostname(),
+        }
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(result) + "\n")
+        print(f"{args.label} {args.model}: world {world}, batch {args.batch_size}/rank, "
+              f"{threads} thread(s): {median:.1f} samples/s, {result['step_ms']:.2f} ms/step "
+              f"(median of {len(windows)} windows)", flush=True)
+
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
