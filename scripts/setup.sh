@@ -13,6 +13,8 @@ packages=(
   zlib1g-dev
   dataset-fashion-mnist
   python3-torch            # reference implementation for the equivalence tests
+  slurm-wlm munge          # the local Slurm cluster the launch tests start (tests/cluster/)
+  iproute2                 # network namespaces as hosts for the mpirun tests (tests/cluster/)
 )
 
 missing=()

@@ -2,14 +2,25 @@
 
 #include "mpi_check.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 namespace ddp {
 
@@ -23,23 +34,62 @@ bool init_mpi(int* argc, char*** argv, int* provided) {
     DDP_MPI_CHECK(MPI_Query_thread(provided));
     return false;
   }
+  // The bucketed reducer all-reduces on a communication thread beside the training thread.
+  // Open MPI busy-polls while a collective waits and only yields the core when it sees more
+  // ranks than cores, which a second thread per rank hides from it: with 2 ranks on 2 cores the
+  // spinning halved the training speed here. Yielding costs nothing when a core is idle. A
+  // value the user set wins.
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   // MULTIPLE lets a communication thread and the training thread both call MPI.
   DDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, provided));
   return true;
 }
 
+bool launch_checks_enabled() {
+  const char* skip = std::getenv("DDP_SKIP_LAUNCH_CHECKS");
+  return skip == nullptr || *skip == '\0' || std::strcmp(skip, "0") == 0;
+}
+
+// The first Runtime of the process prints the banner and sets the thread count; a second one
+// (a library inside the program creating its own) repeats neither.
+std::atomic<bool> g_first_runtime_done{false};
+
 }  // namespace
 
 Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
     : uncaught_at_construction_(std::uncaught_exceptions()) {
+  check_launch_before_mpi_init();
   owns_mpi_ = init_mpi(&argc, &argv, &thread_level_);
   init_topology(options);
 }
 
 Runtime::Runtime(RuntimeOptions options)
     : uncaught_at_construction_(std::uncaught_exceptions()) {
+  check_launch_before_mpi_init();
   owns_mpi_ = init_mpi(nullptr, nullptr, &thread_level_);
   init_topology(options);
+}
+
+void Runtime::check_launch_before_mpi_init() {
+  // Read before MPI_Init: what the launcher set, not what the MPI library adds.
+  launch_ = detect_launch(current_environment());
+  int initialized = 0;
+  DDP_MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized || !launch_checks_enabled()) return;
+#ifdef OPEN_MPI
+  const std::string error = launch_error_before_mpi_init(launch_, /*open_mpi=*/true);
+#else
+  const std::string error = launch_error_before_mpi_init(launch_, /*open_mpi=*/false);
+#endif
+  if (error.empty()) return;
+  // Without MPI there is no MPI_Abort: every process stops, the first one says why.
+  if (launch_.rank <= 0) {
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    std::cerr << "ddp: rank 0 (" << (launch_.slurm_node.empty() ? host : launch_.slurm_node)
+              << "): " << error << std::endl;
+  }
+  std::exit(1);
 }
 
 void Runtime::init_topology(RuntimeOptions options) {
@@ -74,7 +124,13 @@ void Runtime::init_topology(RuntimeOptions options) {
   DDP_MPI_CHECK(MPI_Bcast(node_info, 2, MPI_INT, 0, node_comm));
   node_rank_ = node_info[0];
   num_nodes_ = node_info[1];
+  set_threads(node_comm);
   DDP_MPI_CHECK(MPI_Comm_free(&node_comm));
+
+  if (launch_checks_enabled()) {
+    const std::string error = launch_error(launch_, world_size_);
+    if (!error.empty()) abort(error);
+  }
 
   const int visible = options.use_cuda && torch::cuda::is_available()
                           ? static_cast<int>(torch::cuda::device_count())
@@ -83,6 +139,58 @@ void Runtime::init_topology(RuntimeOptions options) {
     device_ = select_device(options.use_cuda, visible, local_rank_, local_size_);
   } catch (const std::exception& e) {
     abort(e.what());  // a placement error on every rank: end the job with the reason
+  }
+  report_job(options);
+  g_first_runtime_done = true;
+}
+
+void Runtime::set_threads(MPI_Comm node_comm) {
+  // The CPUs this rank may run on (its cpuset, as the launcher or the batch system bound it),
+  // and how many ranks of the node share exactly that set: all of them when nothing bound the
+  // ranks, one when each got its own cores.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cpus = 1;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0) cpus = CPU_COUNT(&mask);
+  uint64_t mine = 1469598103934665603ull;  // FNV-1a of the mask's bytes
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&mask);
+  for (size_t i = 0; i < sizeof(mask); ++i) mine = (mine ^ bytes[i]) * 1099511628211ull;
+  std::vector<uint64_t> masks(local_size_);
+  DDP_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, masks.data(), 1, MPI_UINT64_T, node_comm));
+  const int sharing = static_cast<int>(std::count(masks.begin(), masks.end(), mine));
+  threads_ = choose_threads(current_environment(), cpus, sharing);
+  // With OMP_NUM_THREADS set, LibTorch already follows it.
+  if (!threads_.from_user && !g_first_runtime_done) at::set_num_threads(threads_.threads);
+}
+
+void Runtime::report_job(const RuntimeOptions& options) const {
+  // Rank 0 learns every rank's place in one gather; fixed-size records keep it a single call.
+  struct Place {
+    int node_rank, local_size, on_cuda, threads, gpus;
+    char node[64];
+  };
+  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, threads_.threads,
+             gpus_on_node(current_environment()), {}};
+  const std::string node = launch_.slurm_node.empty() ? hostname_ : launch_.slurm_node;
+  std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
+  std::vector<Place> all(rank_ == 0 ? world_size_ : 0);
+  DDP_MPI_CHECK(MPI_Gather(&mine, sizeof(Place), MPI_BYTE, all.data(), sizeof(Place), MPI_BYTE, 0,
+                           comm()));
+  if (rank_ != 0 || g_first_runtime_done) return;
+
+  std::vector<RankPlace> places;
+  std::map<int, Place> first_of_node;
+  std::map<int, bool> node_uses_cuda;
+  for (const Place& p : all) {
+    places.push_back({p.node_rank, p.local_size, p.on_cuda != 0, p.threads});
+    first_of_node.emplace(p.node_rank, p);
+    node_uses_cuda[p.node_rank] = node_uses_cuda[p.node_rank] || p.on_cuda != 0;
+  }
+  if (options.print_banner) std::cout << describe_job(launch_, places, threads_) << std::endl;
+  for (const auto& [node_rank, p] : first_of_node) {
+    const std::string warning =
+        gpu_rank_mismatch(p.gpus, p.local_size, p.node, node_uses_cuda[node_rank]);
+    if (!warning.empty()) std::cerr << "ddp: warning: " << warning << std::endl;
   }
 }
 
@@ -107,7 +215,10 @@ std::string Runtime::summary() const {
 }
 
 void Runtime::abort(const std::string& message, int exit_code) const {
-  std::cerr << "ddp: rank " << rank_ << " (" << hostname_ << "): " << message << std::endl;
+  // One write, so other ranks' output cannot land inside the line.
+  const std::string line = "ddp: rank " + std::to_string(rank_) + " (" + hostname_ + "): " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this satisfies [[noreturn]]
 }

@@ -5,7 +5,15 @@
 // Invariants: the topology never changes after construction; ranks with the same node_rank()
 // share memory (MPI_COMM_TYPE_SHARED), local ranks are numbered 0..local_size()-1 in world-rank
 // order, and nodes are numbered in the order of their lowest world rank.
+//
+// Start-up also checks how the job was launched (launcher.h): a launch that cannot work (srun
+// without PMIx, torchrun's variables without MPI, ...) ends with a message saying how to fix it,
+// rank 0 prints a banner (launcher, nodes, ranks per node, devices, threads) and warns when a
+// node's GPUs and ranks do not pair up, and LibTorch's intra-op threads are set to the CPUs
+// this rank has unless OMP_NUM_THREADS says otherwise. Set DDP_SKIP_LAUNCH_CHECKS=1 to skip
+// the checks.
 
+#include <ddp/launcher.h>
 #include <ddp/mpi_communicator.h>
 
 #include <mpi.h>
@@ -20,6 +28,8 @@ namespace ddp {
 struct RuntimeOptions {
   // false keeps the rank on the CPU even where CUDA is available (the examples' --no-cuda).
   bool use_cuda = true;
+  // false: rank 0 prints no start-up banner (warnings and errors still appear).
+  bool print_banner = true;
 };
 
 class Runtime {
@@ -45,6 +55,10 @@ class Runtime {
   const std::string& hostname() const { return hostname_; }
   torch::Device device() const { return device_; }
   int mpi_thread_level() const { return thread_level_; }
+  // How the job was started, from the environment the launcher left (read before MPI_Init).
+  const LaunchInfo& launch() const { return launch_; }
+  // The intra-op thread count chosen for this rank and why (set once per process).
+  const ThreadChoice& threads() const { return threads_; }
 
   // "rank 1/4 local 1/2 node 0/2 host n1 device cpu"
   std::string summary() const;
@@ -58,7 +72,10 @@ class Runtime {
   [[noreturn]] void abort(const std::string& message, int exit_code = 1) const;
 
  private:
+  void check_launch_before_mpi_init();
   void init_topology(RuntimeOptions options);
+  void set_threads(MPI_Comm node_comm);
+  void report_job(const RuntimeOptions& options) const;
 
   bool owns_mpi_ = false;
   int uncaught_at_construction_ = 0;
@@ -68,6 +85,8 @@ class Runtime {
   int node_rank_ = 0, num_nodes_ = 1;
   std::string hostname_;
   torch::Device device_{torch::kCPU};
+  LaunchInfo launch_;
+  ThreadChoice threads_;
   std::unique_ptr<MpiCommunicator> cpu_comm_;
 };
 

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# mpirun across several hosts, emulated on this machine: network namespaces h1 and h2, each with
+# its own address (192.0.2.0/24, the documentation range, only inside these namespaces),
+# hostname and hosts file, wired by veth pairs to a bridge in a third namespace. Logged in on
+# h1, ddprun starts the job with a hostfile; Open MPI reaches h2 through netns_agent.sh, which
+# plays ssh (fresh environment included).
+#
+#   test_netns.sh SCENARIO DDP_MNIST REPLICA_CHECK
+#
+#   two_hosts   2 hosts x 2 ranks: the banner and topology (2 nodes, hosts h1 and h2),
+#               ddp_mnist trains and evaluates, replica_check finds identical replicas, and the
+#               byte counters of h1's link show the gradients crossed it
+#
+# Exits 77 (ctest: skipped) with the reason when not root or namespaces, veth or bridges are
+# unavailable. The namespaces are deleted in a trap, also on failure, after the processes in
+# them are stopped; the test runs in its own PID namespace, so nothing it started outlives it.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+. "$here/common.sh"
+
+[ $# -eq 3 ] || fail "usage: test_netns.sh SCENARIO DDP_MNIST REPLICA_CHECK"
+scenario=$1
+ddp_mnist=$(realpath "$2")
+replica_check=$(realpath "$3")
+
+[ "$(id -u)" -eq 0 ] || skip "needs root to create network namespaces (CI runs as root)"
+require_tools "install iproute2 and util-linux: scripts/setup.sh" ip unshare mpirun
+enter_private_namespaces "$@"
+
+work=$(scratch_dir netns)
+prefix=ddp-${work##*.}-  # namespace names: unique per run
+hosts=(h1 h2)
+namespaces=()
+cleanup() {
+  local status=$? ns pid
+  for ns in "${namespaces[@]}"; do
+    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -KILL "$pid" 2> /dev/null || true; done
+    ip netns del "$ns" 2> /dev/null || true
+  done
+  remove_scratch_dir "$work"
+  exit $status
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# add_namespace NAME: creates it (recorded for the cleanup) with its loopback up.
+add_namespace() {
+  ip netns add "$1" 2> "$work/netns.err" ||
+    skip "cannot create network namespaces here: $(cat "$work/netns.err")"
+  namespaces+=("$1")
+  ip -n "$1" link set lo up
+}
+
+bridge=${prefix}br
+add_namespace "$bridge"
+ip -n "$bridge" link add br0 type bridge 2> "$work/netns.err" ||
+  skip "cannot create a bridge: $(cat "$work/netns.err")"
+ip -n "$bridge" link set br0 up
+printf '127.0.0.1 localhost\n' > "$work/hosts"
+: > "$work/hostfile"
+for i in "${!hosts[@]}"; do
+  host=${hosts[i]}
+  add_namespace "$prefix$host"
+  # The bridge end is named after the host; the host end is its eth0.
+  ip -n "$bridge" link add "$host" type veth peer name eth0 netns "$prefix$host" 2> "$work/netns.err" ||
+    skip "cannot create veth pairs: $(cat "$work/netns.err")"
+  ip -n "$bridge" link set "$host" master br0 up
+  ip -n "$prefix$host" addr add "192.0.2.$((i + 1))/24" dev eth0
+  ip -n "$prefix$host" link set eth0 up
+  echo "192.0.2.$((i + 1)) $host" >> "$work/hosts"
+  echo "$host slots=2" >> "$work/hostfile"
+done
+export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
+
+# on_h1 LOG COMMAND...: runs the command logged in on h1 (through the agent, as ssh would).
+on_h1() {
+  local log=$1 line
+  shift
+  printf -v line '%q ' "$@"
+  run "$log" "$here/netns_agent.sh" h1 "cd $(printf %q "$work") && $line"
+}
+
+# bytes_through HOST: bytes the host sent and received over its link.
+bytes_through() {
+  local dir=/sys/class/net/$1/statistics
+  ip netns exec "$bridge" sh -c "echo \$((\$(cat $dir/rx_bytes) + \$(cat $dir/tx_bytes)))"
+}
+
+# What the ranks need from the login shell: Open MPI's agent settings, TCP over eth0 only (the
+# link between the hosts), the thread choice left to ddp.
+mpi_env=(env OMPI_MCA_plm_rsh_agent="$here/netns_agent.sh" OMPI_MCA_plm_rsh_no_tree_spawn=1
+         DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts")
+ddprun=("$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0)
+
+case "$scenario" in
+  two_hosts)
+    before=$(bytes_through h1)
+    on_h1 mnist.log "${mpi_env[@]}" "${ddprun[@]}" "$ddp_mnist" --no-cuda --epochs 1 \
+      --limit-train-batches 3 --log-interval 0 --show-topology
+    crossed=$(( $(bytes_through h1) - before ))
+    expect mnist.log "^ddp: Open MPI mpirun: 4 ranks on 2 nodes \(2 per node\), device cpu, [0-9]+ threads? per rank \([0-9]+ CPUs? shared by 2 ranks\)$" "banner"
+    expect mnist.log "^rank 0/4 local 0/2 node 0/2 host h1 " "rank 0 on h1"
+    expect mnist.log "^rank 1/4 local 1/2 node 0/2 host h1 " "rank 1 on h1"
+    expect mnist.log "^rank 2/4 local 0/2 node 1/2 host h2 " "rank 2 on h2"
+    expect mnist.log "^rank 3/4 local 1/2 node 1/2 host h2 " "rank 3 on h2"
+    expect mnist.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation"
+    # Each of the 3 steps averages the CNN's 1,199,882 float gradients: every byte of one host's
+    # sum has to reach the other, so at least 3 x 4,799,528 bytes cross the link (each way).
+    echo "bytes through h1's link during ddp_mnist: $crossed"
+    [ "$crossed" -ge $((2 * 3 * 4799528)) ] ||
+      fail "only $crossed bytes crossed h1's link: the gradients did not go between the hosts"
+
+    on_h1 check.log "${mpi_env[@]}" "${ddprun[@]}" "$replica_check"
+    expect check.log "^rank 0/4 local 0/2 node 0/2 host h1 " "rank 0 on h1"
+    expect check.log "^rank 3/4 local 1/2 node 1/2 host h2 " "rank 3 on h2"
+    expect check.log "replicas identical: 4 ranks on 2 nodes" "replicas"
+    ;;
+  *) fail "unknown scenario '$scenario'" ;;
+esac
+echo "PASS: netns $scenario"

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Launch tests on a real Slurm cluster started on this machine by slurm_cluster.sh (Debian's
+# slurm-wlm and munge; nodes with 4 CPUs and 4 fake GPUs each; Open MPI over PMIx).
+#
+#   test_slurm.sh SCENARIO DDP_MNIST REPLICA_CHECK
+#
+#   srun                    srun -N 2 --ntasks-per-node 2: ddp_mnist trains and evaluates;
+#                           replica_check: 4 ranks on 2 nodes, Slurm's node and local ranks,
+#                           identical replicas
+#   sbatch                  on 4 nodes, with the CPU override --cpus-per-task=1: sbatch --wait
+#                           of the 2-node script running ddp_mnist, and every slurm/*.sbatch
+#                           script running replica_check; logs named by job id, the summary at
+#                           the end
+#   mpirun_in_allocation    salloc -N 2 --ntasks-per-node 2 mpirun: Open MPI's mpirun takes the
+#                           allocation from Slurm; the banner names both, 4 ranks on 2 nodes
+#   srun_without_pmix       srun --mpi=none: ddp's explanation, not Open MPI's
+#   gpus_per_node_mismatch  srun -N 2 --gpus-per-node 2 without --ntasks-per-node (one task per
+#                           node): the warning with the fix, and training still runs on the CPU
+#
+# Exits 77 (ctest: skipped) with the reason when not root or Slurm, munge or unshare is missing.
+# The cluster is stopped by its pid files in a trap, also on failure; and the whole test runs in
+# its own PID namespace, so nothing it started outlives it even if it is killed.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+. "$here/common.sh"
+
+[ $# -eq 3 ] || fail "usage: test_slurm.sh SCENARIO DDP_MNIST REPLICA_CHECK"
+scenario=$1
+ddp_mnist=$(realpath "$2")
+replica_check=$(realpath "$3")
+
+[ "$(id -u)" -eq 0 ] || skip "needs root to run slurmctld, slurmd and munged (CI runs as root)"
+require_tools "install slurm-wlm and munge: scripts/setup.sh" \
+  munged mungekey slurmctld slurmd srun sbatch salloc sinfo scancel unshare ss
+enter_private_namespaces "$@"
+
+work=$(scratch_dir slurm)
+cleanup() {
+  local status=$?
+  "$here/slurm_cluster.sh" stop "$work/cluster" || true
+  if [ $status -ne 0 ] && [ $status -ne 77 ]; then
+    for log in "$work"/cluster/slurmctld.log "$work"/cluster/n*/slurmd.log; do
+      [ -f "$log" ] && { echo "--- last lines of $log"; tail -n 15 "$log"; }
+    done
+  fi
+  remove_scratch_dir "$work"
+  exit $status
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+nodes=2
+[ "$scenario" != sbatch ] || nodes=4  # the 4-node script needs four
+"$here/slurm_cluster.sh" start "$work/cluster" "$nodes"
+export SLURM_CONF=$work/cluster/slurm.conf
+cd "$work"
+# The ranks choose their own thread counts; a developer's setting must not decide the test.
+unset OMP_NUM_THREADS
+short_run=(--no-cuda --epochs 1 --limit-train-batches 3 --log-interval 0)
+
+# expect_topology LOG: replica_check's lines for 4 ranks, 2 per node: ranks 0 and 1 share a
+# Slurm node, ranks 2 and 3 share another, local ranks 0, 1, 0, 1 (replica_check itself checked
+# every rank against SLURM_NODEID and SLURM_LOCALID).
+expect_topology() {
+  local r node=()
+  for r in 0 1 2 3; do
+    expect "$1" "^rank $r/4 local $((r % 2))/2 node $((r / 2))/2 .* slurm-node n[0-9]$" "rank $r"
+    node[r]=$(sed -n "s|^rank $r/4 .* slurm-node \(n[0-9]\)$|\1|p" "$1")
+  done
+  [ "${node[0]}" = "${node[1]}" ] && [ "${node[2]}" = "${node[3]}" ] &&
+    [ "${node[0]}" != "${node[2]}" ] || fail "ranks on Slurm nodes ${node[*]}: want 2 per node"
+}
+
+case "$scenario" in
+  srun)
+    run mnist.log srun -N 2 --ntasks-per-node 2 "$ddp_mnist" "${short_run[@]}" --show-topology
+    expect mnist.log "^ddp: Slurm srun \(PMIx\), job [0-9]+: 4 ranks on 2 nodes \(2 per node\), device cpu, [0-9]+ threads? per rank \([0-9]+ CPUs? shared by 2 ranks\)$" "banner"
+    for r in 0 1 2 3; do
+      expect mnist.log "^rank $r/4 local $((r % 2))/2 node $((r / 2))/2 " "ddp_mnist topology of rank $r"
+    done
+    expect mnist.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation"
+    run check.log srun -N 2 --ntasks-per-node 2 "$replica_check"
+    expect_topology check.log
+    expect check.log "replicas identical: 4 ranks on 2 nodes" "replicas"
+    ;;
+
+  sbatch)
+    # log_of SCRIPT ID: the log the script names after the job (--output=%x-%j.out).
+    log_of() {
+      local name=ddp-${1#ddp_}
+      echo "${name%.sbatch}-$2.out"
+    }
+    # check_job SCRIPT ID: the job's log exists under its id and ends in a successful summary.
+    check_job() {
+      local out
+      out=$(log_of "$1" "$2")
+      [ -f "$out" ] || fail "$1: no log $out named by the job id $2"
+      echo "--- $out"
+      cat "$out"
+      expect "$out" "^== job $2 \(ddp-.*\): .* exit status 0$" "$1: summary line"
+    }
+    # Every script runs replica_check; the four jobs fit the 4 nodes side by side, so they are
+    # submitted together, while the multi-node script also trains ddp_mnist under sbatch --wait.
+    # --cpus-per-task=1 overrides the scripts' 4 CPUs per rank (these nodes have 4 CPUs).
+    declare -A ids
+    for script in ddp_1N1G.sbatch ddp_1N4G.sbatch ddp_2N4G.sbatch ddp_4N4G.sbatch; do
+      ids[$script]=$(sbatch --parsable --cpus-per-task=1 "$root/slurm/$script" "$replica_check")
+    done
+    echo "+ sbatch --wait --cpus-per-task=1 slurm/ddp_2N4G.sbatch ddp_mnist ..."
+    status=0
+    sbatch --wait --cpus-per-task=1 "$root/slurm/ddp_2N4G.sbatch" "$ddp_mnist" "${short_run[@]}" \
+      --show-topology --metrics-file metrics.jsonl > submit.log 2>&1 || status=$?
+    cat submit.log
+    id=$(sed -n 's/^Submitted batch job \([0-9]*\)$/\1/p' submit.log)
+    check_job ddp_2N4G.sbatch "$id"
+    [ $status -eq 0 ] || fail "sbatch --wait: exit status $status"
+    mnist=$(log_of ddp_2N4G.sbatch "$id")
+    expect "$mnist" "^ddp: Slurm srun \(PMIx\), job $id: 4 ranks on 2 nodes \(2 per node\), device cpu, 1 thread per rank \(OMP_NUM_THREADS=1\)$" "2N4G banner"
+    for r in 0 1 2 3; do
+      expect "$mnist" "^rank $r/4 local $((r % 2))/2 node $((r / 2))/2 " "2N4G topology of rank $r"
+    done
+    expect "$mnist" "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "2N4G evaluation"
+    expect "$mnist" "^== last epoch \(metrics.jsonl\): \{\"epoch\": ?1," "2N4G metrics in the summary"
+
+    for i in $(seq 240); do  # the replica_check jobs: wait up to 2 minutes
+      [ -n "$(squeue -h -o %i -t PENDING,RUNNING,COMPLETING -j "$(IFS=,; echo "${ids[*]}")" 2> /dev/null)" ] || break
+      sleep 0.5
+    done
+    for script in "${!ids[@]}"; do check_job "$script" "${ids[$script]}"; done
+    out=$(log_of ddp_2N4G.sbatch "${ids[ddp_2N4G.sbatch]}")
+    expect_topology "$out"
+    expect "$out" "replicas identical: 4 ranks on 2 nodes" "2N4G replicas"
+    out=$(log_of ddp_4N4G.sbatch "${ids[ddp_4N4G.sbatch]}")
+    for r in 0 1 2 3; do
+      expect "$out" "^rank $r/4 local 0/1 node $r/4 .* slurm-node n$((r + 1))$" "4N4G rank $r"
+    done
+    expect "$out" "replicas identical: 4 ranks on 4 nodes" "4N4G replicas"
+    out=$(log_of ddp_1N4G.sbatch "${ids[ddp_1N4G.sbatch]}")
+    for r in 0 1 2 3; do
+      expect "$out" "^rank $r/4 local $r/4 node 0/1 " "1N4G rank $r"
+    done
+    expect "$out" "replicas identical: 4 ranks on 1 node" "1N4G replicas"
+    out=$(log_of ddp_1N1G.sbatch "${ids[ddp_1N1G.sbatch]}")
+    expect "$out" "replicas identical: 1 rank on 1 node" "1N1G"
+    ;;
+
+  mpirun_in_allocation)
+    run mpirun.log salloc -N 2 --ntasks-per-node 2 env OMPI_ALLOW_RUN_AS_ROOT=1 \
+      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "$replica_check"
+    expect mpirun.log "^ddp: Open MPI mpirun, in Slurm job [0-9]+: 4 ranks on 2 nodes \(2 per node\)" "banner"
+    expect_topology mpirun.log
+    expect mpirun.log "replicas identical: 4 ranks on 2 nodes" "replicas"
+    ;;
+
+  srun_without_pmix)
+    run_failing nopmix.log srun -N 2 --ntasks-per-node 2 --mpi=none "$ddp_mnist" "${short_run[@]}"
+    expect nopmix.log "^ddp: rank 0 \(n1\): srun started this step \(4 tasks\) without PMIx .* Start the step with \`srun --mpi=pmix" "the explanation"
+    if grep -q "The application appears to have been direct launched" nopmix.log; then
+      fail "Open MPI's misleading message appeared: ddp must stop before MPI_Init"
+    fi
+    ;;
+
+  gpus_per_node_mismatch)
+    run mismatch.log srun -N 2 --gpus-per-node 2 "$replica_check"
+    expect mismatch.log "^ddp: Slurm srun \(PMIx\), job [0-9]+: 2 ranks on 2 nodes \(1 per node\)" "banner"
+    expect mismatch.log "^ddp: warning: node n1 has 2 GPUs but 1 rank .* Start 2 ranks per node: \`srun --ntasks-per-node=2\`.*the ranks train on the CPU" "warning for n1"
+    expect mismatch.log "^ddp: warning: node n2 has 2 GPUs but 1 rank" "warning for n2"
+    expect mismatch.log "replicas identical: 2 ranks on 2 nodes" "training still runs"
+    [ "$(grep -c "^ddp: warning:" mismatch.log)" -eq 2 ] || fail "one warning per node, printed once (by rank 0)"
+    ;;
+
+  *) fail "unknown scenario '$scenario'" ;;
+esac
+echo "PASS: slurm $scenario"

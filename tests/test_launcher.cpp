@@ -1,0 +1,235 @@
+// Launcher detection and launch checks (launcher.h) on the environments real launchers leave.
+// The Slurm and Open MPI environments are trimmed copies of what srun (Slurm 22.05, two nodes,
+// two tasks each) and mpirun (Open MPI 4.1) set on the project's test machine.
+#include <ddp/launcher.h>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using ddp::Environment;
+using ddp::Launcher;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Task 3 of `srun -N 2 --ntasks-per-node 2 --gpus-per-node 2` (job 12), MpiDefault=pmix.
+Environment srun_task3() {
+  return {{"SLURM_JOB_ID", "12"},        {"SLURM_STEP_ID", "0"},
+          {"SLURM_PROCID", "3"},         {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "1"},         {"SLURMD_NODENAME", "n2"},
+          {"SLURM_NTASKS", "4"},         {"SLURM_STEP_NUM_TASKS", "4"},
+          {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+          {"SLURM_MPI_TYPE", "pmix"},    {"PMIX_RANK", "3"},
+          {"SLURM_GPUS_ON_NODE", "2"},   {"SLURM_STEP_GPUS", "0,1"},
+          {"CUDA_VISIBLE_DEVICES", "0,1"}};
+}
+
+TEST(DetectLaunch, SrunWithPmix) {
+  const ddp::LaunchInfo info = ddp::detect_launch(srun_task3());
+  EXPECT_EQ(info.launcher, Launcher::Slurm);
+  EXPECT_EQ(info.description, "Slurm srun (PMIx), job 12");
+  EXPECT_EQ(info.slurm_mpi, "pmix");
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_size, 2);
+  EXPECT_EQ(info.node_index, 1);
+  EXPECT_EQ(info.slurm_node, "n2");
+  EXPECT_TRUE(info.slurm_step);
+}
+
+TEST(DetectLaunch, UnevenSlurmTasksPerNode) {
+  Environment env = srun_task3();
+  env["SLURM_STEP_TASKS_PER_NODE"] = "3,1(x2)";  // node 1 has one task
+  EXPECT_EQ(ddp::detect_launch(env).local_size, 1);
+  env["SLURM_NODEID"] = "0";
+  EXPECT_EQ(ddp::detect_launch(env).local_size, 3);
+  env["SLURM_STEP_TASKS_PER_NODE"] = "garbage";
+  EXPECT_EQ(ddp::detect_launch(env).local_size, -1);
+}
+
+TEST(DetectLaunch, SrunWithoutPmixIsAnErrorBeforeMpiInitForOpenMpi) {
+  Environment env = srun_task3();
+  env.erase("SLURM_MPI_TYPE");  // what srun --mpi=none leaves
+  env.erase("PMIX_RANK");
+  const ddp::LaunchInfo info = ddp::detect_launch(env);
+  EXPECT_EQ(info.slurm_mpi, "none");
+  EXPECT_EQ(info.description, "Slurm srun without PMI (--mpi=none), job 12");
+  const std::string error = ddp::launch_error_before_mpi_init(info, /*open_mpi=*/true);
+  EXPECT_TRUE(contains(error, "srun started this step (4 tasks) without PMIx")) << error;
+  EXPECT_TRUE(contains(error, "srun --mpi=pmix")) << error;
+  // MPICH on Slurm's PMI-1 library works with --mpi=none: no error before MPI_Init...
+  EXPECT_EQ(ddp::launch_error_before_mpi_init(info, /*open_mpi=*/false), "");
+  // ...but if MPI then sees a world of 1 in each task, that is the mistake.
+  const std::string after = ddp::launch_error(info, 1);
+  EXPECT_TRUE(contains(after, "started 4 processes but MPI sees a world of 1")) << after;
+  EXPECT_TRUE(contains(after, "srun --mpi=pmix")) << after;
+  EXPECT_EQ(ddp::launch_error(info, 4), "");
+}
+
+TEST(DetectLaunch, SrunWithPmixPassesTheChecks) {
+  const ddp::LaunchInfo info = ddp::detect_launch(srun_task3());
+  EXPECT_EQ(ddp::launch_error_before_mpi_init(info, true), "");
+  EXPECT_EQ(ddp::launch_error(info, 4), "");
+}
+
+TEST(DetectLaunch, SrunWithPmi2) {
+  Environment env = srun_task3();
+  env["SLURM_MPI_TYPE"] = "pmi2";
+  env.erase("PMIX_RANK");
+  env["PMI_FD"] = "5";
+  const ddp::LaunchInfo info = ddp::detect_launch(env);
+  EXPECT_EQ(info.slurm_mpi, "pmi2");
+  EXPECT_EQ(ddp::launch_error_before_mpi_init(info, true), "");  // Open MPI built with PMI-2
+}
+
+TEST(DetectLaunch, OpenMpiMpirunEvenInsideASlurmJob) {
+  Environment env = {{"OMPI_COMM_WORLD_SIZE", "4"},       {"OMPI_COMM_WORLD_RANK", "2"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                     {"PMIX_RANK", "2"}};
+  ddp::LaunchInfo info = ddp::detect_launch(env);
+  EXPECT_EQ(info.launcher, Launcher::OpenMpi);
+  EXPECT_EQ(info.description, "Open MPI mpirun");
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.local_rank, 0);
+  EXPECT_EQ(info.local_size, 2);
+  // mpirun in a batch script starts its daemons with srun: the ranks inherit a step.
+  env["SLURM_JOB_ID"] = "7";
+  env["SLURM_STEP_ID"] = "0";
+  info = ddp::detect_launch(env);
+  EXPECT_EQ(info.launcher, Launcher::OpenMpi);
+  EXPECT_EQ(info.description, "Open MPI mpirun, in Slurm job 7");
+  EXPECT_EQ(ddp::launch_error_before_mpi_init(info, true), "");
+}
+
+TEST(DetectLaunch, ALauncherOfAnotherMpiGivesWorldsOfOne) {
+  // MPICH's Hydra, from its documentation (there is no MPICH on the test machine).
+  const Environment hydra = {{"PMI_RANK", "1"}, {"PMI_SIZE", "4"}, {"PMI_FD", "6"},
+                             {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "4"}};
+  const ddp::LaunchInfo info = ddp::detect_launch(hydra);
+  EXPECT_EQ(info.launcher, Launcher::Hydra);
+  EXPECT_EQ(info.description, "MPICH mpiexec (Hydra)");
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_size, 4);
+  const std::string error = ddp::launch_error(info, 1);
+  EXPECT_TRUE(contains(error, "another MPI library than this launcher's")) << error;
+  EXPECT_EQ(ddp::launch_error(info, 4), "");
+}
+
+TEST(DetectLaunch, SingletonAndTorchrunVariables) {
+  ddp::LaunchInfo info = ddp::detect_launch({{"HOME", "/root"}});
+  EXPECT_EQ(info.launcher, Launcher::Singleton);
+  EXPECT_EQ(info.description, "singleton (no launcher)");
+  EXPECT_EQ(ddp::launch_error(info, 1), "");
+
+  info = ddp::detect_launch({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+                             {"MASTER_ADDR", "localhost"}});
+  const std::string error = ddp::launch_error(info, 1);
+  EXPECT_TRUE(contains(error, "RANK=1 and WORLD_SIZE=4 are set (torchrun's variables)")) << error;
+  EXPECT_TRUE(contains(error, "mpirun -np 4 <program>")) << error;
+  EXPECT_TRUE(contains(error, "launch/ddprun -n 4")) << error;
+  // Under a real MPI launcher the same variables are harmless.
+  info = ddp::detect_launch({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+  EXPECT_EQ(ddp::launch_error(info, 4), "");
+  // WORLD_SIZE=1 trains alone on purpose.
+  info = ddp::detect_launch({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  EXPECT_EQ(ddp::launch_error(info, 1), "");
+}
+
+TEST(DetectLaunch, BatchScriptWithoutSrun) {
+  const Environment batch = {{"SLURM_JOB_ID", "9"}, {"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"},
+                             {"SLURMD_NODENAME", "n1"}};
+  const ddp::LaunchInfo info = ddp::detect_launch(batch);
+  EXPECT_EQ(info.launcher, Launcher::Singleton);
+  EXPECT_EQ(info.description, "singleton in Slurm job 9 (outside srun)");
+  const std::string error = ddp::launch_error(info, 1);
+  EXPECT_TRUE(contains(error, "Slurm job 9 has 4 tasks but this program runs once")) << error;
+  EXPECT_TRUE(contains(error, "srun --mpi=pmix <program>")) << error;
+  // A one-task job may run the program directly.
+  EXPECT_EQ(ddp::launch_error(ddp::detect_launch({{"SLURM_JOB_ID", "9"}, {"SLURM_NTASKS", "1"}}), 1),
+            "");
+}
+
+TEST(GpusOnNode, SlurmFirstThenTheDeviceLists) {
+  EXPECT_EQ(ddp::gpus_on_node(srun_task3()), 2);
+  EXPECT_EQ(ddp::gpus_on_node({{"SLURM_STEP_GPUS", "0,1,2"}}), 3);
+  EXPECT_EQ(ddp::gpus_on_node({{"CUDA_VISIBLE_DEVICES", "3"}}), 1);
+  EXPECT_EQ(ddp::gpus_on_node({{"CUDA_VISIBLE_DEVICES", ""}}), 0);
+  EXPECT_EQ(ddp::gpus_on_node({{"CUDA_VISIBLE_DEVICES", "NoDevFiles"}}), 0);
+  EXPECT_EQ(ddp::gpus_on_node({}), -1);
+}
+
+TEST(GpuRankMismatch, OneTaskPerNodeLeavesGpusIdle) {
+  // srun -N 2 --gpus-per-node 2 without --ntasks-per-node: one task per node.
+  const std::string warning = ddp::gpu_rank_mismatch(2, 1, "n1", /*cuda_usable=*/false);
+  EXPECT_TRUE(contains(warning, "node n1 has 2 GPUs but 1 rank")) << warning;
+  EXPECT_TRUE(contains(warning, "1 GPU would sit idle")) << warning;
+  EXPECT_TRUE(contains(warning, "srun --ntasks-per-node=2")) << warning;
+  EXPECT_TRUE(contains(warning, "the ranks train on the CPU")) << warning;
+  EXPECT_FALSE(contains(ddp::gpu_rank_mismatch(2, 1, "n1", true), "CPU"));
+  const std::string sharing = ddp::gpu_rank_mismatch(1, 2, "n2", false);
+  EXPECT_TRUE(contains(sharing, "ranks would share GPUs")) << sharing;
+}
+
+TEST(GpuRankMismatch, SilentWhenTheyPairUpOrThereAreNoGpus) {
+  EXPECT_EQ(ddp::gpu_rank_mismatch(2, 2, "n1", false), "");
+  EXPECT_EQ(ddp::gpu_rank_mismatch(0, 4, "n1", false), "");
+  EXPECT_EQ(ddp::gpu_rank_mismatch(-1, 4, "n1", false), "");
+}
+
+TEST(ChooseThreads, UserSettingWins) {
+  const ddp::ThreadChoice c = ddp::choose_threads({{"OMP_NUM_THREADS", "3"},
+                                                   {"SLURM_JOB_ID", "1"},
+                                                   {"SLURM_CPUS_PER_TASK", "8"}},
+                                                  16, 1);
+  EXPECT_EQ(c.threads, 3);
+  EXPECT_TRUE(c.from_user);
+  EXPECT_EQ(c.reason, "OMP_NUM_THREADS=3");
+  EXPECT_EQ(ddp::choose_threads({{"OMP_NUM_THREADS", "4,2"}}, 16, 1).threads, 4);  // nested list
+}
+
+TEST(ChooseThreads, SlurmCpusPerTaskInsideAJob) {
+  const ddp::ThreadChoice c =
+      ddp::choose_threads({{"SLURM_JOB_ID", "1"}, {"SLURM_CPUS_PER_TASK", "8"}}, 64, 8);
+  EXPECT_EQ(c.threads, 8);
+  EXPECT_FALSE(c.from_user);
+  EXPECT_EQ(c.reason, "SLURM_CPUS_PER_TASK=8");
+  // A leftover variable outside any job does not count.
+  EXPECT_EQ(ddp::choose_threads({{"SLURM_CPUS_PER_TASK", "8"}}, 4, 1).threads, 4);
+}
+
+TEST(ChooseThreads, CpusetDividedByTheRanksSharingIt) {
+  ddp::ThreadChoice c = ddp::choose_threads({}, 16, 4);  // unbound: 4 ranks share 16 CPUs
+  EXPECT_EQ(c.threads, 4);
+  EXPECT_EQ(c.reason, "16 CPUs shared by 4 ranks");
+  c = ddp::choose_threads({}, 2, 1);  // bound to 2 cores of its own, or alone on the node
+  EXPECT_EQ(c.threads, 2);
+  EXPECT_EQ(c.reason, "2 CPUs in this rank's cpuset");
+  EXPECT_EQ(ddp::choose_threads({}, 2, 4).threads, 1);  // oversubscribed: never 0
+  EXPECT_EQ(ddp::choose_threads({{"OMP_NUM_THREADS", ""}}, 8, 2).threads, 4);  // empty: unset
+}
+
+TEST(DescribeJob, BannerNamesLauncherNodesDevicesAndThreads) {
+  const ddp::LaunchInfo info = ddp::detect_launch(srun_task3());
+  ddp::ThreadChoice threads;
+  threads.threads = 1;
+  threads.reason = "SLURM_CPUS_PER_TASK=1";
+  const std::vector<ddp::RankPlace> ranks = {{0, 2, false, 1}, {0, 2, false, 1},
+                                             {1, 2, false, 1}, {1, 2, false, 1}};
+  EXPECT_EQ(ddp::describe_job(info, ranks, threads),
+            "ddp: Slurm srun (PMIx), job 12: 4 ranks on 2 nodes (2 per node), device cpu, "
+            "1 thread per rank (SLURM_CPUS_PER_TASK=1)");
+
+  const std::vector<ddp::RankPlace> uneven = {{0, 3, true, 2}, {0, 3, true, 2}, {0, 3, true, 2},
+                                              {1, 1, true, 4}};
+  threads.threads = 2;
+  threads.reason = "8 CPUs shared by 3 ranks";
+  EXPECT_EQ(ddp::describe_job(ddp::detect_launch({}), uneven, threads),
+            "ddp: singleton (no launcher): 4 ranks on 2 nodes (3+1), one GPU per rank, 2-4 "
+            "threads per rank (rank 0: 8 CPUs shared by 3 ranks)");
+}
+
+}  // namespace
