@@ -114,6 +114,7 @@ def parse_args():
     p.add_argument("--windows", type=int, required=True)
     p.add_argument("--label", default="pytorch-ddp", help="the \"impl\" value in the output")
     p.add_argument("--out", help="append one JSON line here (rank 0 only)")
+    p.add_argument("--link", default="", help="tag for emulated-host runs, e.g. 1gbit")
     args = p.parse_args()
     for name in ("batch_size", "window_steps", "windows"):
         if getattr(args, name) < 1:
@@ -182,6 +183,8 @@ def main():
             "windows": windows,
             "host": socket.gethostname(),
         }
+        if args.link:
+            result["link"] = args.link
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(result) + "\n")

@@ -298,11 +298,12 @@ void Reducer::finish_backward() {
   }
   launch_ready_buckets();
 
-  // 2. Which parameters got a gradient on which rank (overlaps the last all-reduces).
+  // 2. Wait for every bucket. Only then: which parameters got a gradient on which rank. (Two
+  // threads in Open MPI's progress engine at once slowed TCP transfers down by half.)
+  wait_for_buckets();
   const torch::Tensor used_by = control_comm_.all_gather(used);  // [ranks, params]
 
-  // 3. Wait for every bucket, then hand the averages to grad().
-  wait_for_buckets();
+  // 3. Hand the averages to grad().
   int64_t bytes = 0;
   for (const Bucket& b : buckets_) bytes += b.data.numel() * static_cast<int64_t>(b.data.element_size());
   sync_bytes_ += bytes;

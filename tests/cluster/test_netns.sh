@@ -30,47 +30,16 @@ enter_private_namespaces "$@"
 
 work=$(scratch_dir netns)
 prefix=ddp-${work##*.}-  # namespace names: unique per run
-hosts=(h1 h2)
-namespaces=()
+. "$here/netns_hosts.sh"
 cleanup() {
-  local status=$? ns pid
-  for ns in "${namespaces[@]}"; do
-    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -KILL "$pid" 2> /dev/null || true; done
-    ip netns del "$ns" 2> /dev/null || true
-  done
+  local status=$?
+  netns_destroy
   remove_scratch_dir "$work"
   exit $status
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-
-# add_namespace NAME: creates it (recorded for the cleanup) with its loopback up.
-add_namespace() {
-  ip netns add "$1" 2> "$work/netns.err" ||
-    skip "cannot create network namespaces here: $(cat "$work/netns.err")"
-  namespaces+=("$1")
-  ip -n "$1" link set lo up
-}
-
-bridge=${prefix}br
-add_namespace "$bridge"
-ip -n "$bridge" link add br0 type bridge 2> "$work/netns.err" ||
-  skip "cannot create a bridge: $(cat "$work/netns.err")"
-ip -n "$bridge" link set br0 up
-printf '127.0.0.1 localhost\n' > "$work/hosts"
-: > "$work/hostfile"
-for i in "${!hosts[@]}"; do
-  host=${hosts[i]}
-  add_namespace "$prefix$host"
-  # The bridge end is named after the host; the host end is its eth0.
-  ip -n "$bridge" link add "$host" type veth peer name eth0 netns "$prefix$host" 2> "$work/netns.err" ||
-    skip "cannot create veth pairs: $(cat "$work/netns.err")"
-  ip -n "$bridge" link set "$host" master br0 up
-  ip -n "$prefix$host" addr add "192.0.2.$((i + 1))/24" dev eth0
-  ip -n "$prefix$host" link set eth0 up
-  echo "192.0.2.$((i + 1)) $host" >> "$work/hosts"
-  echo "$host slots=2" >> "$work/hostfile"
-done
+netns_create "$work" "$prefix" 2 h1 h2 || skip "$NETNS_ERROR"
 export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
 
 # on_h1 LOG COMMAND...: runs the command logged in on h1 (through the agent, as ssh would).
@@ -81,12 +50,6 @@ on_h1() {
   run "$log" "$here/netns_agent.sh" h1 "cd $(printf %q "$work") && $line"
 }
 
-# bytes_through HOST: bytes the host sent and received over its link.
-bytes_through() {
-  local dir=/sys/class/net/$1/statistics
-  ip netns exec "$bridge" sh -c "echo \$((\$(cat $dir/rx_bytes) + \$(cat $dir/tx_bytes)))"
-}
-
 # What the ranks need from the login shell: Open MPI's agent settings, TCP over eth0 only (the
 # link between the hosts), the thread choice left to ddp.
 mpi_env=(env OMPI_MCA_plm_rsh_agent="$here/netns_agent.sh" OMPI_MCA_plm_rsh_no_tree_spawn=1
@@ -95,10 +58,10 @@ ddprun=("$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0)
 
 case "$scenario" in
   two_hosts)
-    before=$(bytes_through h1)
+    before=$(netns_bytes h1)
     on_h1 mnist.log "${mpi_env[@]}" "${ddprun[@]}" "$ddp_mnist" --no-cuda --epochs 1 \
       --limit-train-batches 3 --log-interval 0 --show-topology
-    crossed=$(( $(bytes_through h1) - before ))
+    crossed=$(( $(netns_bytes h1) - before ))
     expect mnist.log "^ddp: Open MPI mpirun: 4 ranks on 2 nodes \(2 per node\), device cpu, [0-9]+ threads? per rank \([0-9]+ CPUs? shared by 2 ranks\)$" "banner"
     expect mnist.log "^rank 0/4 local 0/2 node 0/2 host h1 " "rank 0 on h1"
     expect mnist.log "^rank 1/4 local 1/2 node 0/2 host h1 " "rank 1 on h1"

@@ -18,10 +18,10 @@
 //      the communication thread (all-reduce while backward computes earlier layers);
 //      PerParameter mode reduces it inline.
 //   3. At the end of backward (an autograd engine callback): gradients that never came are
-//      zero-filled and their buckets launched; the ranks exchange which parameters got a
-//      gradient (on a separate control communicator, so it cannot be confused with bucket
-//      traffic); the reducer waits for every bucket and copies the averages back into grad().
-//      loss.backward() returns only then.
+//      zero-filled and their buckets launched; the reducer waits for every bucket, then the
+//      ranks exchange which parameters got a gradient (on a separate control communicator, so
+//      it cannot be confused with bucket traffic), and the averages are copied back into
+//      grad(). loss.backward() returns only then.
 //   4. A parameter without a gradient on any rank is an error raised on every rank, naming the
 //      parameters and ranks (find_unused_parameters=false), or counts as zero
 //      (find_unused_parameters=true; a parameter unused on every rank keeps its grad as it was).

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Training throughput at 2 ranks on two emulated hosts: network namespaces h1 and h2 (one rank
+# each) joined by a link shaped with tc tbf, Open MPI (and gloo) over that link only. For each
+# link rate and model: ddp bucketed, ddp per-parameter, ddp bucketed with bf16 on the wire, and
+# PyTorch DDP. Appends to RESULTS/emulated.jsonl and logs commands to RESULTS/commands.txt.
+# Called by bench/run_all.sh; needs root.
+#   bench/emulated_hosts.sh RESULTS_DIR [QUICK(0|1)]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${DDP_BUILD_DIR:-$root/build}
+results=$1
+quick=${2:-0}
+. "$root/tests/cluster/netns_hosts.sh"
+
+work=$(mktemp -d /tmp/ddp-bench-hosts.XXXXXX)
+prefix=ddpb$$-
+cleanup() {
+  netns_destroy
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+netns_create "$work" "$prefix" 1 h1 h2 || { echo "emulated hosts: $NETNS_ERROR" >&2; exit 1; }
+export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
+agent=$root/tests/cluster/netns_agent.sh
+
+# Runs a 2-rank job logged in on h1, as a user on a real cluster would with ddprun.
+launch() {
+  echo "ddprun --hostfile hostfile --iface eth0 -n 2 -t 1 $*" | sed "s|$root/||g" >> "$results/commands.txt"
+  local line
+  printf -v line '%q ' env OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+    DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
+    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n 2 -t 1 -x MASTER_ADDR "$@"
+  "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
+}
+
+declare -A batch=([mlp]=64 [cnn]=64 [resnet18]=16)
+declare -A warmup=([mlp]=20 [cnn]=2 [resnet18]=1)
+declare -A window=([mlp]=100 [cnn]=4 [resnet18]=2)
+windows=5
+if [ "$quick" = 1 ]; then windows=2; window=([mlp]=10 [cnn]=2 [resnet18]=1); fi
+
+for rate in 1gbit 100mbit; do
+  netns_shape h1 "$rate"
+  netns_shape h2 "$rate"
+  for model in ${DDP_BENCH_MODELS:-mlp cnn resnet18}; do
+    common=(--model "$model" --batch-size "${batch[$model]}" --warmup-steps "${warmup[$model]}"
+            --window-steps "${window[$model]}" --windows "$windows" --out "$results/emulated.jsonl")
+    before=$(netns_bytes h1)
+    launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed
+    launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync per-parameter
+    launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --compression bf16
+    launch /usr/bin/python3 "$root/bench/pytorch_ddp.py" "${common[@]}" --link "$rate"
+    echo "  $model at $rate: $(( ($(netns_bytes h1) - before) / 1000000 )) MB crossed h1's link"
+  done
+done

@@ -1,0 +1,69 @@
+# Sourced: hosts emulated on this machine as network namespaces, for test_netns.sh and
+# bench/emulated_hosts.sh. Each host gets its own namespace with an address in 192.0.2.0/24
+# (the documentation range, used only inside these namespaces), and a veth to a bridge that
+# lives in a namespace of its own. netns_agent.sh plays ssh into them for mpirun.
+#
+#   netns_create WORK PREFIX SLOTS HOST...   sets NETNS_BRIDGE, writes WORK/hosts (names for
+#                                            the agent) and WORK/hostfile (SLOTS per host);
+#                                            returns 1 with the reason in NETNS_ERROR
+#   netns_destroy                            kills what runs inside, deletes the namespaces
+#   netns_bytes HOST                         bytes HOST sent + received over its link
+#   netns_shape HOST RATE                    token-bucket limit (e.g. 1gbit) on both
+#                                            directions of HOST's link
+NETNS_CREATED=()
+NETNS_PREFIX=
+NETNS_BRIDGE=
+NETNS_ERROR=
+
+_netns_add() {
+  NETNS_ERROR=$(ip netns add "$1" 2>&1) || { NETNS_ERROR="cannot create network namespaces here: $NETNS_ERROR"; return 1; }
+  NETNS_CREATED+=("$1")
+  ip -n "$1" link set lo up
+}
+
+netns_create() {
+  local work=$1 prefix=$2 slots=$3 i host
+  shift 3
+  NETNS_PREFIX=$prefix
+  NETNS_BRIDGE=${prefix}br
+  _netns_add "$NETNS_BRIDGE" || return 1
+  NETNS_ERROR=$(ip -n "$NETNS_BRIDGE" link add br0 type bridge 2>&1) ||
+    { NETNS_ERROR="cannot create a bridge: $NETNS_ERROR"; return 1; }
+  ip -n "$NETNS_BRIDGE" link set br0 up
+  printf '127.0.0.1 localhost\n' > "$work/hosts"
+  : > "$work/hostfile"
+  i=0
+  for host in "$@"; do
+    i=$((i + 1))
+    _netns_add "$prefix$host" || return 1
+    # The bridge end is named after the host; the host end is its eth0.
+    NETNS_ERROR=$(ip -n "$NETNS_BRIDGE" link add "$host" type veth peer name eth0 netns "$prefix$host" 2>&1) ||
+      { NETNS_ERROR="cannot create veth pairs: $NETNS_ERROR"; return 1; }
+    ip -n "$NETNS_BRIDGE" link set "$host" master br0 up
+    ip -n "$prefix$host" addr add "192.0.2.$i/24" dev eth0
+    ip -n "$prefix$host" link set eth0 up
+    echo "192.0.2.$i $host" >> "$work/hosts"
+    echo "$host slots=$slots" >> "$work/hostfile"
+  done
+}
+
+netns_destroy() {
+  local ns pid
+  for ns in "${NETNS_CREATED[@]}"; do
+    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -KILL "$pid" 2> /dev/null || true; done
+    ip netns del "$ns" 2> /dev/null || true
+  done
+  NETNS_CREATED=()
+}
+
+netns_bytes() {
+  local dir=/sys/class/net/$1/statistics
+  ip netns exec "$NETNS_BRIDGE" sh -c "echo \$((\$(cat $dir/rx_bytes) + \$(cat $dir/tx_bytes)))"
+}
+
+# The bridge side's egress is what the host receives; the host's eth0 egress is what it sends.
+netns_shape() {
+  local host=$1 rate=$2
+  tc -n "$NETNS_BRIDGE" qdisc replace dev "$host" root tbf rate "$rate" burst 256kb latency 100ms
+  tc -n "$NETNS_PREFIX$host" qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 100ms
+}
