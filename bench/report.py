@@ -104,6 +104,9 @@ def main():
     for name in sorted(os.listdir(d)):
         if name.startswith("allreduce_") and name.endswith(".txt"):
             parts += [f"`{name[:-4]}`:", "", "```", read(os.path.join(d, name)), "```", ""]
+    analysis = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
+    if os.path.exists(analysis):
+        parts += [read(analysis), ""]
     parts += [
         "## Timeline of a 2-rank step",
         "",

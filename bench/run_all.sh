@@ -35,7 +35,7 @@ run() {
 
 {
   echo "date:      $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "cpu:       $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)"
+  echo "cpu:       $(lscpu | sed -n 's/^Model name: *//p') ($(nproc --all) cores)"
   echo "memory:    $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "os:        $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
   echo "libtorch:  $(dpkg-query -W -f='${Version}' libtorch-dev) (C++, Debian); python3-torch $($python -c 'import torch; print(torch.__version__)')"
