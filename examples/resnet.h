@@ -3,22 +3,24 @@
 // CIFAR reference implementations: 62 parameter tensors, 11.2 M parameters. Outputs
 // log-probabilities.
 
+#include <ddp/batch_norm.h>
+
 #include <torch/torch.h>
 
 struct BasicBlockImpl : torch::nn::Module {
   BasicBlockImpl(int64_t in, int64_t planes, int64_t stride)
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, planes, 3)
                                                              .stride(stride).padding(1).bias(false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(planes))),
+        bn1(register_module("bn1", ddp::BatchNorm2d(planes))),
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(planes, planes, 3)
                                                              .padding(1).bias(false)))),
-        bn2(register_module("bn2", torch::nn::BatchNorm2d(planes))) {
+        bn2(register_module("bn2", ddp::BatchNorm2d(planes))) {
     if (stride != 1 || in != planes) {
       shortcut = register_module(
           "shortcut",
           torch::nn::Sequential(
               torch::nn::Conv2d(torch::nn::Conv2dOptions(in, planes, 1).stride(stride).bias(false)),
-              torch::nn::BatchNorm2d(planes)));
+              ddp::BatchNorm2d(planes)));
     }
   }
 
@@ -30,9 +32,9 @@ struct BasicBlockImpl : torch::nn::Module {
   }
 
   torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
+  ddp::BatchNorm2d bn1;
   torch::nn::Conv2d conv2;
-  torch::nn::BatchNorm2d bn2;
+  ddp::BatchNorm2d bn2;
   torch::nn::Sequential shortcut{nullptr};
 };
 TORCH_MODULE(BasicBlock);
@@ -41,7 +43,7 @@ struct ResNet18Impl : torch::nn::Module {
   explicit ResNet18Impl(int64_t classes = 10)
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 3)
                                                              .padding(1).bias(false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(64))),
+        bn1(register_module("bn1", ddp::BatchNorm2d(64))),
         layer1(register_module("layer1", stage(64, 64, 1))),
         layer2(register_module("layer2", stage(64, 128, 2))),
         layer3(register_module("layer3", stage(128, 256, 2))),
@@ -60,7 +62,7 @@ struct ResNet18Impl : torch::nn::Module {
   }
 
   torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
+  ddp::BatchNorm2d bn1;
   torch::nn::Sequential layer1, layer2, layer3, layer4;
   torch::nn::Linear fc;
 };
