@@ -2,9 +2,12 @@
 # Defines NCCL_FOUND, NCCL_VERSION and the imported target NCCL::NCCL.
 set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{CUDA_HOME} /usr/local/cuda)
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+# pip's nvidia-nccl package (the NCCL inside a pip-installed torch) has only libnccl.so.2.
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints}
+             PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 # nccl.h includes cuda_runtime.h.
-find_path(NCCL_CUDA_INCLUDE_DIR cuda_runtime.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
+find_path(NCCL_CUDA_INCLUDE_DIR cuda_runtime.h
+          HINTS ${_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
 
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
   file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_version_lines

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 extern char** environ;
 
@@ -204,6 +205,12 @@ int gpus_on_node(const Environment& env) {
   return -1;
 }
 
+int gpus_to_pair(const Environment& env, int visible, int local_size, bool own_gpu) {
+  if (own_gpu) return local_size;
+  if (visible > 0) return visible;
+  return gpus_on_node(env);
+}
+
 std::string gpu_rank_mismatch(int gpus, int ranks_on_node, const std::string& node,
                               bool cuda_usable) {
   if (gpus <= 0 || gpus == ranks_on_node) return "";
@@ -245,6 +252,17 @@ ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_
   choice.reason = plural(cpus, "CPU") + (sharing == 1 ? " in this rank's cpuset"
                                                        : " shared by " + plural(sharing, "rank"));
   return choice;
+}
+
+int nccl_timeout_seconds(const Environment& env) {
+  const std::string text = get(env, "DDP_NCCL_TIMEOUT_SECONDS");
+  if (text.empty()) return 600;
+  const int seconds = get_int(env, "DDP_NCCL_TIMEOUT_SECONDS");
+  if (seconds <= 0) {
+    throw std::invalid_argument("DDP_NCCL_TIMEOUT_SECONDS='" + text +
+                                "' is not a positive whole number of seconds");
+  }
+  return seconds;
 }
 
 std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>& ranks,

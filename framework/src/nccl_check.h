@@ -1,6 +1,8 @@
 #pragma once
-// The one check for NCCL calls: on failure, throws std::runtime_error with the world rank,
-// file:line, the call, NCCL's error string and its last detailed message.
+// The one check for NCCL calls: on failure, throws std::runtime_error with the world rank, the
+// host, file:line, the call, NCCL's error string and its last detailed message.
+
+#include "check_context.h"
 
 #include <nccl.h>
 
@@ -12,9 +14,8 @@ namespace ddp::detail {
 inline void nccl_check(ncclResult_t code, const char* call, const char* file, int line,
                        int rank) {
   if (code == ncclSuccess) return;
-  std::string message = std::string("rank ") + std::to_string(rank) + ": " + file + ":" +
-                        std::to_string(line) + ": " + call + " failed: " +
-                        ncclGetErrorString(code);
+  std::string message = rank_and_host(rank) + ": " + file + ":" + std::to_string(line) + ": " +
+                        call + " failed: " + ncclGetErrorString(code);
   if (const char* last = ncclGetLastError(nullptr); last && *last) {
     message += " (" + std::string(last) + ")";
   }

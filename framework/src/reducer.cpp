@@ -52,20 +52,69 @@ Compression parse_compression(const std::string& name) {
   throw std::invalid_argument("unknown compression '" + name + "' (expected none, fp16 or bf16)");
 }
 
+Backend parse_backend(const std::string& name) {
+  if (name == "auto") return Backend::Auto;
+  if (name == "mpi") return Backend::Mpi;
+  if (name == "nccl") return Backend::Nccl;
+  throw std::invalid_argument("unknown backend '" + name + "' (expected auto, mpi or nccl)");
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::Auto: return "auto";
+    case Backend::Mpi: return "mpi";
+    case Backend::Nccl: return "nccl";
+  }
+  return "?";
+}
+
+Backend resolve_backend(Backend requested, torch::Device params_device, torch::Device rank_device,
+                        bool nccl_built) {
+  if (requested == Backend::Mpi) return Backend::Mpi;
+  if (requested == Backend::Auto) {
+    const bool nccl = nccl_built && params_device.is_cuda() && params_device == rank_device;
+    return nccl ? Backend::Nccl : Backend::Mpi;
+  }
+  const std::string option = "DDPOptions::backend is nccl, but ";
+  if (!params_device.is_cuda()) {
+    throw std::invalid_argument(option + "the parameters are on " + params_device.str() +
+                                ": NCCL reduces CUDA tensors only (move the model to "
+                                "runtime.device(), or use Backend::Mpi or Backend::Auto)");
+  }
+  if (!nccl_built) {
+    throw std::invalid_argument(option +
+                                "this build of ddp has no NCCL communicator (configure it with a "
+                                "CUDA LibTorch and NCCL >= 2.10, see docs/gpu.md; or use "
+                                "Backend::Mpi or Backend::Auto)");
+  }
+  if (params_device != rank_device) {
+    throw std::invalid_argument(option + "the parameters are on " + params_device.str() +
+                                " and this rank's NCCL communicator works on " +
+                                rank_device.str() +
+                                " (Runtime::device()): move the model to runtime.device()");
+  }
+  return Backend::Nccl;
+}
+
 Reducer::Reducer(Runtime& runtime, std::vector<torch::Tensor> params,
                  std::vector<std::string> names, DDPOptions options)
     : runtime_(runtime),
       options_(options),
       params_(std::move(params)),
       names_(std::move(names)),
-      data_comm_(runtime.comm()),
       control_comm_(runtime.comm()) {
   if (options_.bucket_cap_mb <= 0 || options_.first_bucket_mb <= 0) {
     throw std::invalid_argument("DistributedDataParallel: bucket sizes must be > 0 MiB (got cap " +
                                 std::to_string(options_.bucket_cap_mb) + ", first " +
                                 std::to_string(options_.first_bucket_mb) + ")");
   }
-  if (options_.sync == GradSync::Bucketed && runtime.mpi_thread_level() < MPI_THREAD_MULTIPLE) {
+  const torch::Device device =
+      params_.empty() ? torch::Device(torch::kCPU) : params_.front().device();
+  options_.backend =
+      resolve_backend(options_.backend, device, runtime.device(), nccl_communicator_built());
+  const bool nccl = options_.backend == Backend::Nccl;
+  if (!nccl && options_.sync == GradSync::Bucketed &&
+      runtime.mpi_thread_level() < MPI_THREAD_MULTIPLE) {
     throw std::runtime_error(
         "DistributedDataParallel: bucketed gradient sync all-reduces on a communication thread "
         "and needs MPI_THREAD_MULTIPLE, but this MPI provides thread level " +
@@ -74,7 +123,15 @@ Reducer::Reducer(Runtime& runtime, std::vector<torch::Tensor> params,
         "per-parameter)");
   }
   build_buckets();
-  check_layout_across_ranks();
+  check_layout_across_ranks();  // before the backends' collectives: they must match too
+  if (nccl) {
+    async_comm_ = &runtime.gpu_communicator();
+    data_comm_ = async_comm_;
+    in_flight_.resize(buckets_.size());
+  } else {
+    mpi_data_comm_ = std::make_unique<MpiCommunicator>(runtime.comm());
+    data_comm_ = mpi_data_comm_.get();
+  }
 
   for (size_t i = 0; i < params_.size(); ++i) {
     if (slots_[i].bucket == kNoBucket) continue;
@@ -89,7 +146,9 @@ Reducer::Reducer(Runtime& runtime, std::vector<torch::Tensor> params,
             }));
     hooks_.emplace_back(std::move(accumulator), key);
   }
-  if (options_.sync == GradSync::Bucketed) comm_thread_ = std::thread([this] { comm_thread_loop(); });
+  if (!nccl && options_.sync == GradSync::Bucketed) {
+    comm_thread_ = std::thread([this] { comm_thread_loop(); });
+  }
 }
 
 Reducer::~Reducer() {
@@ -123,6 +182,14 @@ void Reducer::build_buckets() {
     }
     const torch::Tensor& first = params_[current.front()];
     bucket.data = torch::zeros({numel}, first.options().requires_grad(false));
+    if (options_.compression != Compression::None) {
+      // Allocated once: with NCCL the wire tensor is in use on another stream until the end of
+      // backward, and a tensor allocated per step could be handed out again too early.
+      bucket.wire = torch::empty(
+          {numel}, bucket.data.options().dtype(options_.compression == Compression::Fp16
+                                                   ? torch::kHalf
+                                                   : torch::kBFloat16));
+    }
     bucket.pending = current.size();
     buckets_.push_back(std::move(bucket));
     current.clear();
@@ -147,8 +214,9 @@ void Reducer::build_buckets() {
 
 void Reducer::check_layout_across_ranks() {
   std::ostringstream layout;
-  layout << "sync " << name_of(options_.sync) << ", compression " << name_of(options_.compression)
-         << ", " << buckets_.size() << " buckets:";
+  layout << "backend " << backend_name(options_.backend) << ", sync " << name_of(options_.sync)
+         << ", compression " << name_of(options_.compression) << ", " << buckets_.size()
+         << " buckets:";
   for (const Bucket& b : buckets_) layout << " " << b.data.scalar_type() << "[" << b.data.numel() << "]";
   const std::vector<std::string> all = all_gather_strings(control_comm_, layout.str());
   for (size_t r = 1; r < all.size(); ++r) {
@@ -207,7 +275,13 @@ void Reducer::launch_ready_buckets() {
   // Strictly in bucket order, so every rank issues the same collectives in the same order.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     const size_t b = next_to_launch_++;
-    if (options_.sync == GradSync::PerParameter) {
+    if (async_comm_) {
+      in_flight_[b] = async_comm_->all_reduce_async(prepare(b), ReduceOp::Sum);
+      if (options_.timeline) {
+        options_.timeline->instant("queue bucket " + std::to_string(b) + " on the NCCL stream",
+                                   "sync", Clock::now());
+      }
+    } else if (options_.sync == GradSync::PerParameter) {
       const auto start = Clock::now();
       reduce(b);
       sync_seconds_ += seconds_since(start);
@@ -224,18 +298,25 @@ void Reducer::launch_ready_buckets() {
   }
 }
 
+torch::Tensor Reducer::prepare(size_t b) {
+  Bucket& bucket = buckets_[b];
+  // Dividing first keeps fp16 sums of large gradients from overflowing.
+  bucket.data.div_(data_comm_->size());
+  if (!bucket.wire.defined()) return bucket.data;
+  bucket.wire.copy_(bucket.data);
+  return bucket.wire;
+}
+
+void Reducer::complete(size_t b) {
+  Bucket& bucket = buckets_[b];
+  if (bucket.wire.defined()) bucket.data.copy_(bucket.wire);
+}
+
 void Reducer::reduce(size_t b) {
   const auto start = Clock::now();
-  torch::Tensor& data = buckets_[b].data;
-  // Dividing first keeps fp16 sums of large gradients from overflowing.
-  data.div_(data_comm_.size());
-  if (options_.compression == Compression::None) {
-    data_comm_.all_reduce(data, ReduceOp::Sum);
-  } else {
-    torch::Tensor wire = data.to(options_.compression == Compression::Fp16 ? torch::kHalf : torch::kBFloat16);
-    data_comm_.all_reduce(wire, ReduceOp::Sum);
-    data.copy_(wire);
-  }
+  data_comm_->all_reduce(prepare(b), ReduceOp::Sum);
+  complete(b);
+  const torch::Tensor& data = buckets_[b].data;
   if (options_.timeline) {
     const auto lane = options_.sync == GradSync::Bucketed ? Timeline::kCommThread : Timeline::kMainThread;
     options_.timeline->span("all-reduce bucket " + std::to_string(b) + " (" +
@@ -270,6 +351,13 @@ void Reducer::comm_thread_loop() {
 }
 
 void Reducer::wait_for_buckets() {
+  if (async_comm_) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      std::exchange(in_flight_[b], nullptr)->wait();
+      complete(b);
+    }
+    return;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   work_done_.wait(lock, [&] { return completed_ == buckets_.size(); });
   if (comm_error_) std::rethrow_exception(std::exchange(comm_error_, nullptr));

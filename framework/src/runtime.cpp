@@ -1,6 +1,14 @@
 #include <ddp/runtime.h>
 
+#include <ddp/config.h>
+
 #include "mpi_check.h"
+#if DDP_WITH_CUDA
+#include "cuda_device.h"
+#endif
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+#include <ddp/nccl_communicator.h>
+#endif
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -10,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -125,6 +134,10 @@ void Runtime::init_topology(RuntimeOptions options) {
   node_rank_ = node_info[0];
   num_nodes_ = node_info[1];
   set_threads(node_comm);
+  visible_gpus_ = options.use_cuda && torch::cuda::is_available()
+                      ? static_cast<int>(torch::cuda::device_count())
+                      : 0;
+  own_gpu_ = each_rank_sees_its_own_gpu(gpu_ids_on_node(node_comm));
   DDP_MPI_CHECK(MPI_Comm_free(&node_comm));
 
   if (launch_checks_enabled()) {
@@ -132,16 +145,37 @@ void Runtime::init_topology(RuntimeOptions options) {
     if (!error.empty()) abort(error);
   }
 
-  const int visible = options.use_cuda && torch::cuda::is_available()
-                          ? static_cast<int>(torch::cuda::device_count())
-                          : 0;
   try {
-    device_ = select_device(options.use_cuda, visible, local_rank_, local_size_);
+    device_ = select_device(options.use_cuda, visible_gpus_, local_rank_, local_size_, own_gpu_);
+#if DDP_WITH_CUDA
+    if (device_.is_cuda()) detail::set_current_cuda_device(device_.index(), rank_);
+#endif
   } catch (const std::exception& e) {
     abort(e.what());  // a placement error on every rank: end the job with the reason
   }
   report_job(options);
   g_first_runtime_done = true;
+}
+
+std::vector<std::string> Runtime::gpu_ids_on_node(MPI_Comm node_comm) const {
+  std::array<char, 40> mine{};  // a UUID is 32 hex digits
+#if DDP_WITH_CUDA
+  if (visible_gpus_ == 1) {
+    try {
+      const std::string uuid = detail::cuda_device_uuid(0, rank_);
+      std::strncpy(mine.data(), uuid.c_str(), mine.size() - 1);
+    } catch (const std::exception& e) {
+      abort(e.what());  // the other ranks are about to wait for this one in the gather
+    }
+  }
+#endif
+  const int width = static_cast<int>(mine.size());
+  std::vector<char> all(mine.size() * local_size_);
+  DDP_MPI_CHECK(MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR,
+                              node_comm));
+  std::vector<std::string> ids;
+  for (int r = 0; r < local_size_; ++r) ids.emplace_back(all.data() + r * mine.size());
+  return ids;
 }
 
 void Runtime::set_threads(MPI_Comm node_comm) {
@@ -170,7 +204,7 @@ void Runtime::report_job(const RuntimeOptions& options) const {
     char node[64];
   };
   Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, threads_.threads,
-             gpus_on_node(current_environment()), {}};
+             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), {}};
   const std::string node = launch_.slurm_node.empty() ? hostname_ : launch_.slurm_node;
   std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
   std::vector<Place> all(rank_ == 0 ? world_size_ : 0);
@@ -202,8 +236,32 @@ Runtime::~Runtime() {
     abort("an exception is unwinding past ddp::Runtime; ending the job (catch it, or use "
           "ddp::run_or_abort to print it first)");
   }
+  gpu_comm_.reset();
   cpu_comm_.reset();
   if (owns_mpi_) MPI_Finalize();
+}
+
+bool nccl_communicator_built() { return DDP_WITH_CUDA && DDP_WITH_NCCL; }
+
+bool Runtime::has_gpu_communicator() const {
+  return nccl_communicator_built() && device_.is_cuda();
+}
+
+AsyncCommunicator& Runtime::gpu_communicator() {
+  if (gpu_comm_) return *gpu_comm_;
+  if (!has_gpu_communicator()) {
+    throw std::runtime_error(
+        "Runtime::gpu_communicator: rank " + std::to_string(rank_) + " has no NCCL communicator: " +
+        (device_.is_cuda()
+             ? "this build of ddp has none (it needs a CUDA LibTorch and NCCL >= 2.10 when it is "
+               "configured; see docs/gpu.md)"
+             : "it computes on the CPU (--no-cuda, or no visible GPU); CPU tensors go through "
+               "cpu_communicator()"));
+  }
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+  gpu_comm_ = std::make_unique<NcclCommunicator>(*this);
+#endif
+  return *gpu_comm_;
 }
 
 std::string Runtime::summary() const {
@@ -237,15 +295,27 @@ int run_or_abort(const Runtime& runtime, const std::function<void()>& body) {
 }
 
 torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size) {
-  if (!use_cuda || visible_cuda_devices == 0) return torch::Device(torch::kCPU);
+                            int local_size, bool own_gpu) {
+  if (!use_cuda || visible_cuda_devices <= 0) return torch::Device(torch::kCPU);
+  if (own_gpu) return torch::Device(torch::kCUDA, 0);
   if (local_size > visible_cuda_devices) {
+    const std::string gpus = std::to_string(visible_cuda_devices);
     throw std::runtime_error(
-        std::to_string(local_size) + " ranks on this node but only " +
-        std::to_string(visible_cuda_devices) +
-        " visible CUDA device(s): start at most one rank per GPU, or pass --no-cuda");
+        std::to_string(local_size) + " ranks on this node but only " + gpus +
+        " visible CUDA device(s), and NCCL cannot run two ranks on one GPU: start at most " +
+        gpus + " rank(s) per node (`srun --ntasks-per-node=" + gpus + "`, `mpirun --npernode " +
+        gpus + "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or pass "
+        "--no-cuda to train on the CPU");
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids) {
+  if (gpu_ids.empty()) return false;
+  std::vector<std::string> sorted = gpu_ids;
+  std::sort(sorted.begin(), sorted.end());
+  return !sorted.front().empty() &&
+         std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
 }
 
 }  // namespace ddp

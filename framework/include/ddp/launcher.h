@@ -66,6 +66,13 @@ std::string launch_error(const LaunchInfo& launch, int mpi_world_size);
 // or CUDA_VISIBLE_DEVICES; -1 when none of them is set.
 int gpus_on_node(const Environment& env);
 
+// The GPUs of a node to pair with its ranks in gpu_rank_mismatch(): one per rank when each rank
+// has a GPU of its own (`own_gpu`, see select_device in runtime.h); else the CUDA devices this
+// rank sees (`visible`: all of the node's unless the launcher hid some); else, when CUDA sees
+// none (a CPU build, --no-cuda), what the launcher says the node has (gpus_on_node, -1 if
+// nothing).
+int gpus_to_pair(const Environment& env, int visible, int local_size, bool own_gpu);
+
 // Warning with the fix when a node's GPUs and ranks do not pair up one to one, or "" when they
 // do or the node has no GPUs. `node` names it in the message, `cuda_usable` says whether this
 // build and machine can use them (without CUDA the warning explains the ranks run on the CPU).
@@ -82,6 +89,11 @@ struct ThreadChoice {
   std::string reason;      // "OMP_NUM_THREADS=1", "2 CPUs shared by 2 ranks", ...
 };
 ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_sharing_mask);
+
+// Seconds an NCCL collective may take before the communicator's watchdog ends the job:
+// DDP_NCCL_TIMEOUT_SECONDS, or 600 when it is unset or empty. Throws std::invalid_argument
+// naming the variable when it is not a positive whole number.
+int nccl_timeout_seconds(const Environment& env);
 
 // One rank's place, gathered on rank 0 for the banner.
 struct RankPlace {

@@ -1,6 +1,6 @@
 #pragma once
 // The gradient reducer behind DistributedDataParallel (the design of PyTorch's c10d Reducer,
-// over MPI).
+// over MPI or NCCL).
 //
 // Buckets: the parameters that require grad are grouped, in reverse registration order (the
 // order backward produces their gradients), into flat buckets of one dtype: the first up to
@@ -14,14 +14,18 @@
 //   1. When autograd has accumulated a parameter's gradient (a post-hook on its grad
 //      accumulator), the gradient is copied into its bucket.
 //   2. A bucket whose gradients are all in is launched, strictly in bucket order on every rank,
-//      so every rank issues the same collectives in the same order: Bucketed mode hands it to
-//      the communication thread (all-reduce while backward computes earlier layers);
-//      PerParameter mode reduces it inline.
+//      so every rank issues the same collectives in the same order. MPI: Bucketed mode hands it
+//      to the communication thread (all-reduce while backward computes earlier layers),
+//      PerParameter mode reduces it inline. NCCL: either mode queues the all-reduce on the NCCL
+//      stream right from the hook; NCCL calls return at once, so no thread is needed.
 //   3. At the end of backward (an autograd engine callback): gradients that never came are
 //      zero-filled and their buckets launched; the reducer waits for every bucket, then the
-//      ranks exchange which parameters got a gradient (on a separate control communicator, so
-//      it cannot be confused with bucket traffic), and the averages are copied back into
-//      grad(). loss.backward() returns only then.
+//      ranks exchange which parameters got a gradient (over MPI on a separate control
+//      communicator, so it cannot be confused with bucket traffic), and the averages are copied
+//      back into grad(). loss.backward() returns only then. With NCCL "waits" means LibTorch's
+//      current stream (the one backward was called on) waits for each bucket's end event, not
+//      the host: the copies into grad() and the optimizer step queued after them on that stream
+//      run after the all-reduces, and the host runs ahead.
 //   4. A parameter without a gradient on any rank is an error raised on every rank, naming the
 //      parameters and ranks (find_unused_parameters=false), or counts as zero
 //      (find_unused_parameters=true; a parameter unused on every rank keeps its grad as it was).
@@ -29,10 +33,16 @@
 // Averaging: each bucket is divided by the world size, then summed over ranks. Because the
 // bucket holds the accumulated grad(), gradient accumulation and no_sync() stay exact.
 //
+// Backends: the backend-specific part is one seam. A bucket is prepared (divided, cast to the
+// wire dtype), all-reduced, and completed (cast back). MPI runs the three back to back in
+// reduce(), on the communication thread or inline; NCCL (an AsyncCommunicator) starts the
+// all-reduce with all_reduce_async() in step 2 and waits for its Work in step 3.
+//
 // Invariants: every rank has the same bucket layout (checked at construction); between
 // backward passes no bucket is in flight; params_, buckets_ and slots_ never change after
 // construction.
 
+#include <ddp/async_communicator.h>
 #include <ddp/ddp_options.h>
 #include <ddp/mpi_communicator.h>
 #include <ddp/runtime.h>
@@ -52,10 +62,18 @@
 
 namespace ddp {
 
+// The backend for parameters on `params_device`, with Backend::Auto resolved: NCCL when they are
+// on `rank_device` (Runtime::device()), a CUDA device, and `nccl_built`
+// (nccl_communicator_built()); MPI otherwise. Throws std::invalid_argument naming
+// DDPOptions::backend when `requested` is Nccl and that cannot work. Pure.
+Backend resolve_backend(Backend requested, torch::Device params_device, torch::Device rank_device,
+                        bool nccl_built);
+
 class Reducer {
  public:
-  // `params` and `names` in registration order. Collective (duplicates communicators and
-  // checks the bucket layout across ranks).
+  // `params` and `names` in registration order, all on one device. Collective (checks the
+  // backend and bucket layout across ranks, duplicates MPI communicators; with NCCL, the first
+  // use of Runtime::gpu_communicator() creates it).
   Reducer(Runtime& runtime, std::vector<torch::Tensor> params, std::vector<std::string> names,
           DDPOptions options);
   ~Reducer();
@@ -68,17 +86,22 @@ class Reducer {
 
   // Wall time the training thread spent on gradient sync (inline reductions and waiting for
   // buckets at the end of backward: the communication that was not overlapped), and bytes
-  // all-reduced, since construction.
+  // all-reduced, since construction. With NCCL the host does not wait for the GPU, so the time
+  // is only the host's share; the GPU's shows in the step time.
   double sync_seconds() const { return sync_seconds_; }
   int64_t sync_bytes() const { return sync_bytes_; }
 
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
 
+  // The backend that all-reduces the buckets (Mpi or Nccl; never Auto).
+  Backend backend() const { return options_.backend; }
+
  private:
   struct Bucket {
     std::vector<size_t> params;
     torch::Tensor data;   // flat gradients of `params`, in that order
+    torch::Tensor wire;   // `data` in the compression dtype; undefined without compression
     size_t pending = 0;   // gradients not yet copied in during this backward
   };
   struct Slot {           // where a parameter's gradient lives
@@ -93,7 +116,9 @@ class Reducer {
   void begin_backward();
   void finish_backward();
   void launch_ready_buckets();
-  void reduce(size_t bucket);        // the all-reduce itself (comm thread or inline)
+  torch::Tensor prepare(size_t bucket);  // divides; returns the tensor to all-reduce
+  void complete(size_t bucket);          // copies the wire dtype back
+  void reduce(size_t bucket);            // MPI: prepare, all-reduce, complete (thread or inline)
   void wait_for_buckets();
   void comm_thread_loop();
   torch::Tensor view_of(size_t param);
@@ -104,8 +129,11 @@ class Reducer {
   std::vector<std::string> names_;
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;          // per parameter; buckets_.size() for frozen ones
-  MpiCommunicator data_comm_;        // bucket all-reduces only
-  MpiCommunicator control_comm_;     // the end-of-backward exchange only
+  MpiCommunicator control_comm_;     // the end-of-backward exchange (and start-up checks) only
+  std::unique_ptr<MpiCommunicator> mpi_data_comm_;  // MPI: bucket all-reduces only
+  AsyncCommunicator* async_comm_ = nullptr;         // NCCL: the runtime's GPU communicator
+  Communicator* data_comm_ = nullptr;               // whichever of the two reduces buckets
+  std::vector<std::unique_ptr<Work>> in_flight_;    // NCCL: per bucket, during backward
 
   // Hooks: the accumulators are held so autograd does not recreate them (and drop the hooks).
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
@@ -116,7 +144,7 @@ class Reducer {
   double sync_seconds_ = 0;
   int64_t sync_bytes_ = 0;
 
-  // Communication thread (Bucketed mode): a queue of launched buckets.
+  // Communication thread (MPI, Bucketed mode): a queue of launched buckets.
   std::thread comm_thread_;
   std::mutex mutex_;
   std::condition_variable work_ready_, work_done_;

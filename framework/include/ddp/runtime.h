@@ -12,7 +12,13 @@
 // node's GPUs and ranks do not pair up, and LibTorch's intra-op threads are set to the CPUs
 // this rank has unless OMP_NUM_THREADS says otherwise. Set DDP_SKIP_LAUNCH_CHECKS=1 to skip
 // the checks.
+//
+// GPUs (docs/gpu.md): each rank computes on GPU local_rank() among those it sees, or on device 0
+// when the launcher gave every rank a GPU of its own (select_device); start-up makes that device
+// current, before anything is allocated on it. gpu_communicator() is the NCCL communicator on
+// it, created on first use so that CPU and MPI-only programs never pay NCCL's start-up.
 
+#include <ddp/async_communicator.h>
 #include <ddp/launcher.h>
 #include <ddp/mpi_communicator.h>
 
@@ -22,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -36,7 +43,7 @@ class Runtime {
  public:
   // Initialises MPI with MPI_THREAD_MULTIPLE unless the program already did; then it leaves
   // MPI_Finalize to the program too. Collective. If no device fits this rank (more ranks on a
-  // node than visible GPUs) the job is aborted with the reason.
+  // node than visible GPUs) the job is aborted with the reason. A CUDA device is made current.
   Runtime(int& argc, char**& argv, RuntimeOptions options = {});
   explicit Runtime(RuntimeOptions options = {});
   // Finalises MPI if it initialised it. If an exception is unwinding through here the job is
@@ -68,6 +75,14 @@ class Runtime {
   // The library's own duplicate of MPI_COMM_WORLD, for bootstrap exchanges.
   MPI_Comm comm() const { return cpu_comm_->comm(); }
 
+  // Whether gpu_communicator() can exist: this rank computes on CUDA and
+  // nccl_communicator_built().
+  bool has_gpu_communicator() const;
+  // Collectives over all ranks for CUDA tensors on device() (NCCL). The first call creates it
+  // and is therefore collective: every rank must make it (DistributedDataParallel does, when it
+  // picks NCCL). Throws std::runtime_error saying why when has_gpu_communicator() is false.
+  AsyncCommunicator& gpu_communicator();
+
   // Prints "ddp: rank R (host): message" to stderr and ends every rank of the job.
   [[noreturn]] void abort(const std::string& message, int exit_code = 1) const;
 
@@ -75,6 +90,8 @@ class Runtime {
   void check_launch_before_mpi_init();
   void init_topology(RuntimeOptions options);
   void set_threads(MPI_Comm node_comm);
+  // Every local rank's id of the one GPU it sees ("" if none or several); collective on the node.
+  std::vector<std::string> gpu_ids_on_node(MPI_Comm node_comm) const;
   void report_job(const RuntimeOptions& options) const;
 
   bool owns_mpi_ = false;
@@ -87,7 +104,10 @@ class Runtime {
   torch::Device device_{torch::kCPU};
   LaunchInfo launch_;
   ThreadChoice threads_;
+  int visible_gpus_ = 0;  // CUDA devices this rank sees (0 without CUDA or with use_cuda off)
+  bool own_gpu_ = false;  // every rank of the node sees one GPU, its own
   std::unique_ptr<MpiCommunicator> cpu_comm_;
+  std::unique_ptr<AsyncCommunicator> gpu_comm_;
 };
 
 // Runs `body`; an exception escaping it is printed with the rank and host and the whole job is
@@ -97,8 +117,23 @@ class Runtime {
 //   return ddp::run_or_abort(runtime, [&] { ... });
 int run_or_abort(const Runtime& runtime, const std::function<void()>& body);
 
-// The CUDA device for a rank, or CPU. Pure, so every environment can be unit-tested.
+// Whether this build has the NCCL communicator (a CUDA LibTorch and NCCL >= 2.10 when it was
+// configured: DDP_WITH_CUDA and DDP_WITH_NCCL in ddp/config.h).
+bool nccl_communicator_built();
+
+// The device a rank computes on. Pure, so every environment can be unit-tested:
+// - the CPU when `use_cuda` is false (--no-cuda) or no CUDA device is visible;
+// - cuda:0 when `own_gpu`: every rank of the node sees exactly one GPU and no two see the same
+//   (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank; CUDA numbers it 0);
+// - cuda:<local_rank> when the ranks see all the node's GPUs (srun --gpus-per-node, mpirun);
+// - std::runtime_error naming the counts and the fixes when the node has more ranks than
+//   visible GPUs (NCCL cannot run two ranks on one GPU).
+// Fewer ranks than GPUs is not an error: rank 0 warns (gpu_rank_mismatch in launcher.h).
 torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size);
+                            int local_size, bool own_gpu = false);
+
+// Whether every rank of a node has a GPU of its own, from each rank's id (UUID) of the one GPU
+// it sees, "" when it sees none or several: all ids present and no two equal.
+bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids);
 
 }  // namespace ddp

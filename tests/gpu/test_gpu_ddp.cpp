@@ -1,0 +1,171 @@
+// DistributedDataParallel and the Reducer on a GPU over NCCL: the backend choice, equivalence
+// with one process on the global batch, and backward leaving the host free (the reducer orders
+// the current stream after the bucket all-reduces instead of waiting). Run under mpirun (one
+// rank per GPU); every test skips on a rank without a CUDA device.
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/reducer.h>
+
+#include "test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+ddp::Runtime& rt() { return ddp_test::runtime(); }
+
+struct Net : torch::nn::Module {
+  Net()
+      : in(register_module("in", torch::nn::Linear(10, 32))),
+        mid(register_module("mid", torch::nn::Linear(32, 32))),
+        out(register_module("out", torch::nn::Linear(32, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return out(torch::relu(mid(torch::tanh(in(x)))));
+  }
+  torch::nn::Linear in, mid, out;
+};
+
+torch::Tensor flat_parameters(torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten().to(torch::kDouble));
+  return torch::cat(parts).cpu();
+}
+
+// DistributedDataParallel has a reducer only with more than one rank; with one, the test adds
+// its own so that a single GPU still exercises the NCCL reducer.
+std::unique_ptr<ddp::Reducer> own_reducer(torch::nn::Module& m, const ddp::DDPOptions& options) {
+  if (rt().world_size() > 1) return nullptr;
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& p : m.named_parameters()) {
+    names.push_back(p.key());
+    params.push_back(p.value());
+  }
+  return std::make_unique<ddp::Reducer>(rt(), params, names, options);
+}
+
+class GpuDdp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!rt().has_gpu_communicator()) GTEST_SKIP() << "no CUDA device on this rank";
+  }
+};
+
+TEST_F(GpuDdp, AutoPicksNcclForAModelOnTheGpuAndMpiForOneOnTheCpu) {
+  auto on_gpu = std::make_shared<Net>();
+  on_gpu->to(rt().device());
+  EXPECT_EQ(ddp::DistributedDataParallel(rt(), on_gpu).options().backend, ddp::Backend::Nccl);
+  EXPECT_EQ(ddp::DistributedDataParallel(rt(), std::make_shared<Net>()).options().backend,
+            ddp::Backend::Mpi);
+}
+
+TEST_F(GpuDdp, ModelSplitAcrossDevicesIsRejectedNamingTheTensor) {
+  auto net = std::make_shared<Net>();
+  net->in->to(rt().device());  // the rest stays on the CPU
+  ddp::DDPOptions options;
+  options.backend = ddp::Backend::Nccl;
+  try {
+    ddp::DistributedDataParallel model(rt(), net, options);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'mid.weight' is on cpu"), std::string::npos)
+        << e.what();
+  }
+}
+
+// N ranks with batch b train like one process with batch N*b, for every reducer mode.
+TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
+  const int w = rt().world_size(), r = rt().rank();
+  const int64_t b = 4, steps = 4;
+  struct Config {
+    const char* name;
+    ddp::GradSync sync;
+    double bucket_mb;
+    ddp::Compression compression;
+    double tolerance;
+  };
+  using ddp::Compression;
+  using ddp::GradSync;
+  const std::vector<Config> configs = {
+      {"default buckets", GradSync::Bucketed, 25, Compression::None, 1e-5},
+      {"one bucket per parameter", GradSync::Bucketed, 1e-6, Compression::None, 1e-5},
+      {"per-parameter", GradSync::PerParameter, 25, Compression::None, 1e-5},
+      {"fp16 on the wire", GradSync::Bucketed, 25, Compression::Fp16, 2e-3}};
+  for (const Config& c : configs) {
+    ddp::DDPOptions options;
+    options.sync = c.sync;
+    options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
+    options.compression = c.compression;
+    torch::manual_seed(3);
+    auto distributed = std::make_shared<Net>();
+    distributed->to(rt().device());
+    torch::manual_seed(3);
+    auto reference = std::make_shared<Net>();
+    reference->to(rt().device());
+    ddp::DistributedDataParallel model(rt(), distributed, options);
+    ASSERT_EQ(model.options().backend, ddp::Backend::Nccl) << c.name;
+    const std::unique_ptr<ddp::Reducer> reducer = own_reducer(*distributed, model.options());
+    const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
+    torch::optim::SGD opt(distributed->parameters(), sgd);
+    torch::optim::SGD ref_opt(reference->parameters(), sgd);
+
+    torch::manual_seed(11);
+    const torch::Tensor x = torch::randn({steps, w * b, 10}).to(rt().device());
+    const torch::Tensor y = torch::randint(0, 3, {steps, w * b}, torch::kLong).to(rt().device());
+    for (int64_t s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      const torch::Tensor mine = x[s].slice(0, r * b, (r + 1) * b);
+      torch::nn::functional::cross_entropy(distributed->forward(mine),
+                                           y[s].slice(0, r * b, (r + 1) * b))
+          .backward();
+      opt.step();
+
+      ref_opt.zero_grad();
+      torch::nn::functional::cross_entropy(reference->forward(x[s]), y[s]).backward();
+      ref_opt.step();
+
+      const torch::Tensor got = flat_parameters(*distributed), want = flat_parameters(*reference);
+      EXPECT_TRUE(torch::allclose(got, want, c.tolerance, c.tolerance))
+          << c.name << ", step " << s << ": max diff " << (got - want).abs().max().item<double>();
+    }
+    if (reducer) {
+      EXPECT_EQ(reducer->backend(), ddp::Backend::Nccl) << c.name;
+    }
+  }
+}
+
+// backward() returns while the GPU is still busy: the reducer queued the all-reduces and the
+// copies into grad() behind the computation instead of waiting for them on the host. The
+// gradients read afterwards are nevertheless the averaged ones.
+TEST_F(GpuDdp, BackwardDoesNotMakeTheHostWaitForTheGpu) {
+  torch::manual_seed(5);
+  auto net = std::make_shared<Net>();
+  net->to(rt().device());
+  ddp::DistributedDataParallel model(rt(), net);
+  const std::unique_ptr<ddp::Reducer> reducer = own_reducer(*net, model.options());
+  // Every rank feeds the same batch, so the average gradient is the local one.
+  torch::manual_seed(6);
+  const torch::Tensor x = torch::randn({8, 10}).to(rt().device());
+  torch::manual_seed(5);
+  auto reference = std::make_shared<Net>();
+  reference->to(rt().device());
+  reference->forward(x).pow(2).mean().backward();
+
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(rt().device().index());
+  at::cuda::sleep(1'000'000'000);  // about half a second of GPU time before the forward
+  net->forward(x).pow(2).mean().backward();
+  EXPECT_FALSE(current.query()) << "backward waited for the GPU";
+  for (const auto& p : net->named_parameters()) {
+    const torch::Tensor want = reference->named_parameters()[p.key()].grad();
+    EXPECT_TRUE(torch::allclose(p.value().grad(), want, 1e-5, 1e-6)) << p.key();
+  }
+}
+
+}  // namespace

@@ -1,0 +1,62 @@
+// The backend choice on a real Runtime (multi-rank): CPU models reduce over MPI, and asking for
+// NCCL where it cannot work fails on every rank, naming the option, before any collective that
+// could leave a rank waiting.
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/reducer.h>
+
+#include "test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+ddp::Runtime& rt() { return ddp_test::runtime(); }
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Backend, AutoReducesACpuModelOverMpi) {
+  torch::nn::Linear net(4, 2);
+  ddp::DistributedDataParallel model(rt(), net.ptr());
+  EXPECT_EQ(model.options().backend, ddp::Backend::Mpi);
+  net->forward(torch::ones({1, 4})).sum().backward();
+  // d(sum(Wx + b))/db = 1 on every rank, so the average is 1.
+  EXPECT_TRUE(torch::equal(net->bias.grad(), torch::ones({2})));
+}
+
+TEST(Backend, ExplicitNcclForACpuModelFailsOnEveryRankNamingTheOption) {
+  torch::nn::Linear net(4, 2);
+  ddp::DDPOptions options;
+  options.backend = ddp::Backend::Nccl;
+  try {
+    ddp::DistributedDataParallel model(rt(), net.ptr(), options);
+    FAIL() << "no exception on rank " << rt().rank();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "DDPOptions::backend is nccl, but the parameters are on cpu"))
+        << e.what();
+  }
+  // The Reducer on its own checks the same.
+  EXPECT_THROW(ddp::Reducer(rt(), {net->weight, net->bias}, {"weight", "bias"}, options),
+               std::invalid_argument);
+}
+
+TEST(Backend, GpuCommunicatorOnACpuRankSaysWhy) {
+  if (rt().device().is_cuda()) GTEST_SKIP() << "this rank has a GPU";
+  EXPECT_FALSE(rt().has_gpu_communicator());
+  try {
+    rt().gpu_communicator();
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "rank " + std::to_string(rt().rank()) +
+                                       " has no NCCL communicator: it computes on the CPU"))
+        << e.what();
+  }
+}
+
+}  // namespace
