@@ -2,7 +2,7 @@
 // What `mnist` and `ddp_mnist` share: flags, data, model, optimizer and the training loop.
 // They differ only in whether the model is wrapped in ddp::DistributedDataParallel.
 
-enum class Parallelism { SingleProcess, DataParallel };
+#include "example_common.h"
 
 // The whole program: parses flags, trains, returns the exit code.
 int run_mnist_example(int argc, char** argv, Parallelism parallelism);

@@ -51,6 +51,28 @@ TEST(DistributedDataParallel, ConstructionBroadcastsParametersAndBuffers) {
   EXPECT_EQ(net->norm->running_mean[0].item<float>(), 0.0f);  // rank 0's buffer
 }
 
+TEST(DistributedDataParallel, SyncBuffersBroadcastsRankZerosBuffersUnlessTurnedOff) {
+  for (bool broadcast : {true, false}) {
+    auto net = std::make_shared<Mlp>();
+    ddp::DDPOptions options;
+    options.broadcast_buffers = broadcast;
+    ddp::DistributedDataParallel model(rt(), net, options);
+    {
+      torch::NoGradGuard no_grad;  // local statistics drift apart, as BatchNorm's do in training
+      net->norm->running_mean.fill_(static_cast<float>(rt().rank()) + 0.5f);
+      net->norm->running_var.fill_(static_cast<float>(rt().rank()) * 2.0f + 1.0f);
+      net->norm->num_batches_tracked.fill_(rt().rank() + 7);
+    }
+    model.sync_buffers();
+    EXPECT_EQ(net->norm->running_mean[3].item<float>(), broadcast ? 0.5f : rt().rank() + 0.5f);
+    EXPECT_EQ(net->norm->running_var[0].item<float>(), broadcast ? 1.0f : rt().rank() * 2.0f + 1.0f);
+    EXPECT_EQ(net->norm->num_batches_tracked.item<int64_t>(), broadcast ? 7 : rt().rank() + 7);
+    if (broadcast) {
+      EXPECT_TRUE(identical_on_all_ranks(flat_state(*net)));
+    }
+  }
+}
+
 TEST(DistributedDataParallel, ShapeMismatchFailsOnEveryRankNamingIt) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   auto net = std::make_shared<Mlp>(rt().rank() == 1 ? 17 : 16);
@@ -222,7 +244,9 @@ TEST(DistributedDataParallel, NoSyncAccumulatesLikeOneBigBatch) {
         loss().backward();
       }
     }
-    if (w > 1) EXPECT_GT(model.sync_bytes(), bytes_before);
+    if (w > 1) {
+      EXPECT_GT(model.sync_bytes(), bytes_before);
+    }
     torch::nn::functional::cross_entropy(reference->forward(x.reshape({k * w * b, 10})), y.reshape({-1})).backward();
     for (size_t i = 0; i < distributed->parameters().size(); ++i) {
       const torch::Tensor got = distributed->parameters()[i].grad();

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -78,6 +79,40 @@ void verify_same_structure(Communicator& comm, const torch::nn::Module& module) 
   throw std::runtime_error(msg.str());
 }
 
+// The backend (Auto resolved) for the module's parameters; the same on every rank or an error on
+// every rank, since ranks on different backends would issue different collectives.
+Backend choose_backend(Runtime& runtime, const torch::nn::Module& module, Backend requested) {
+  const auto params = module.named_parameters();
+  const torch::Device device =
+      params.is_empty() ? torch::Device(torch::kCPU) : params.begin()->value().device();
+  const Backend backend =
+      resolve_backend(requested, device, runtime.device(), nccl_communicator_built());
+  if (backend == Backend::Nccl) {
+    // NCCL reaches one device: the communicator's.
+    auto check = [&](const char* kind, const std::string& name, const torch::Tensor& t) {
+      if (t.device() == device) return;
+      throw std::invalid_argument("DistributedDataParallel: " + std::string(kind) + " '" + name +
+                                  "' is on " + t.device().str() +
+                                  ", but the NCCL backend works on " + device.str() +
+                                  ": move the whole model to runtime.device()");
+    };
+    for (const auto& p : params) check("parameter", p.key(), p.value());
+    for (const auto& b : module.named_buffers()) check("buffer", b.key(), b.value());
+  }
+  const std::vector<std::string> chosen =
+      all_gather_strings(runtime.cpu_communicator(), backend_name(backend));
+  for (size_t r = 1; r < chosen.size(); ++r) {
+    if (chosen[r] != chosen[0]) {
+      throw std::runtime_error(
+          "DistributedDataParallel: ranks chose different backends (rank 0: " + chosen[0] +
+          ", rank " + std::to_string(r) + ": " + chosen[r] +
+          "); Backend::Auto picks NCCL where the parameters are on the rank's GPU: give every "
+          "rank one, or set DDPOptions::backend");
+    }
+  }
+  return backend;
+}
+
 void broadcast_from_rank0(Communicator& comm, const torch::Tensor& t) {
   if (t.is_contiguous()) {
     comm.broadcast(t, 0);
@@ -93,10 +128,18 @@ void broadcast_from_rank0(Communicator& comm, const torch::Tensor& t) {
 DistributedDataParallel::DistributedDataParallel(Runtime& runtime,
                                                  std::shared_ptr<torch::nn::Module> module,
                                                  DDPOptions options)
-    : module_(std::move(module)), options_(options) {
+    : module_(std::move(module)),
+      options_(options),
+      world_size_(runtime.world_size()) {
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
-  Communicator& comm = runtime.cpu_communicator();
-  verify_same_structure(comm, *module_);
+  verify_same_structure(runtime.cpu_communicator(), *module_);
+  options_.backend = choose_backend(runtime, *module_, options_.backend);
+  if (options_.backend == Backend::Nccl) {
+    comm_ = &runtime.gpu_communicator();
+  } else {
+    comm_ = &runtime.cpu_communicator();
+  }
+  Communicator& comm = *comm_;
   {
     torch::NoGradGuard no_grad;
     for (const auto& p : module_->parameters()) broadcast_from_rank0(comm, p);
@@ -111,6 +154,26 @@ DistributedDataParallel::DistributedDataParallel(Runtime& runtime,
     params.push_back(p.value());
   }
   reducer_ = std::make_unique<Reducer>(runtime, std::move(params), std::move(names), options_);
+}
+
+void DistributedDataParallel::sync_buffers() {
+  if (!options_.broadcast_buffers || world_size_ == 1) return;
+  // One flat broadcast per dtype: ResNet-18 has 60 small buffers, and a collective each would
+  // cost more latency than the bytes.
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& b : module_->buffers()) by_dtype[b.scalar_type()].push_back(b);
+  torch::NoGradGuard no_grad;
+  for (auto& [dtype, buffers] : by_dtype) {
+    std::vector<torch::Tensor> flat;
+    for (const auto& b : buffers) flat.push_back(b.reshape({-1}));
+    torch::Tensor packed = torch::cat(flat);
+    comm_->broadcast(packed, 0);
+    int64_t offset = 0;
+    for (auto& b : buffers) {
+      b.copy_(packed.narrow(0, offset, b.numel()).view_as(b));
+      offset += b.numel();
+    }
+  }
 }
 
 }  // namespace ddp

@@ -1,11 +1,16 @@
 #include <ddp/trainer.h>
 
+#include <ddp/augment.h>
 #include <ddp/distributed_sampler.h>
+#include <ddp/replica_check.h>
+#include <ddp/checkpoint.h>
+#include <ddp/snapshot.h>
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
@@ -44,6 +49,11 @@ Trainer::Trainer(Runtime& runtime, torch::nn::Module& model, Forward forward,
   if (options_.limit_train_batches < 0) {
     throw std::invalid_argument("--limit-train-batches must be >= 0");
   }
+  if (options_.check_sync_every < 0) throw std::invalid_argument("--check-sync-every must be >= 0");
+  if (options_.checkpoint.keep < 0) throw std::invalid_argument("--keep-checkpoints must be >= 0");
+  if (options_.checkpoint.resume == "latest" && options_.checkpoint.dir.empty()) {
+    throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
+  }
   if (!ddp_ && runtime_.world_size() > 1) {
     throw std::invalid_argument("Trainer: " + std::to_string(runtime_.world_size()) +
                                 " ranks but no DistributedDataParallel: the replicas would "
@@ -74,6 +84,8 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   if (options_.limit_train_batches > 0) batches = std::min(batches, options_.limit_train_batches);
   if (options_.dry_run) batches = std::min<int64_t>(batches, 1);
 
+  at::Generator augment_generator =
+      augmentation_generator(static_cast<uint64_t>(options_.seed), runtime_.rank(), epoch);
   PhaseTimes local;
   const double sync_at_start = ddp_ ? ddp_->sync_seconds() : 0.0;
   // Loss stays on the device until logged: no host synchronisation per step.
@@ -95,12 +107,23 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     const int64_t begin = b * batch_size, end = std::min(n, begin + batch_size);
     Batch batch;
     torch::Tensor loss;
-    phase("data", local.data, [&] { batch = train.batch(indices, begin, end, device); });
+    phase("data", local.data, [&] {
+      batch = train.gather(indices, begin, end, device);
+      if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
+      batch.inputs = train.normalise(batch.inputs);
+    });
+    if (ddp_) ddp_->sync_buffers();
+    if (options_.check_sync_every > 0 && global_step_ % options_.check_sync_every == 0) {
+      // Here, after the buffer broadcast and before forward, healthy replicas are identical.
+      check_replicas_in_sync(model_, comm, "at step " + std::to_string(global_step_) +
+                                               " (epoch " + std::to_string(epoch) + ")");
+    }
     phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
     phase("forward", local.forward_backward,
           [&] { loss = torch::nll_loss(forward_(batch.inputs), batch.targets); });
     phase("backward", local.forward_backward, [&] { loss.backward(); });
     phase("optimizer", local.optimizer, [&] { optimizer_.step(); });
+    ++global_step_;
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(end - begin);
     samples += end - begin;
@@ -179,7 +202,8 @@ Evaluation Trainer::evaluate(const ImageDataset& test) {
 std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageDataset& test,
                                       int64_t epochs, torch::optim::LRScheduler* scheduler) {
   std::vector<EpochResult> results;
-  for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+  const int64_t first_epoch = options_.checkpoint.resume.empty() ? 1 : resume(scheduler);
+  for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
     EpochResult r = train_epoch(train, epoch);
     const Evaluation eval = evaluate(test);
     r.test_loss = eval.loss;
@@ -200,9 +224,84 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
     write_metrics(r);
     results.push_back(r);
     if (scheduler) scheduler->step();
+    checkpoint(epoch);
     if (options_.dry_run) break;
   }
   return results;
+}
+
+int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
+  const CheckpointOptions& c = options_.checkpoint;
+  Communicator& comm = runtime_.cpu_communicator();
+  const bool latest = c.resume == "latest";
+  // Rank 0 looks for the files and names them; load_snapshot sends each rank the bytes, so
+  // only rank 0 needs to see the checkpoint directory.
+  std::string names;
+  if (runtime_.is_main()) {
+    for (const auto& path : latest ? list_snapshots(c.dir) : std::vector<std::string>{c.resume}) {
+      names += path + "\n";
+    }
+  }
+  std::vector<std::string> candidates;
+  std::istringstream lines(all_gather_strings(comm, names)[0]);
+  for (std::string line; std::getline(lines, line);) candidates.push_back(line);
+  if (candidates.empty()) {
+    if (runtime_.is_main()) std::printf("No snapshot in %s: starting at epoch 1\n", c.dir.c_str());
+    return 1;
+  }
+  for (size_t i = 0;; ++i) {
+    const std::string& path = candidates[i];
+    try {
+      const TrainingProgress p = load_snapshot(path, comm, model_, optimizer_, scheduler);
+      global_step_ = p.global_step;
+      if (runtime_.is_main()) {
+        std::printf("Resumed from %s: epoch %lld done, step %lld\n", path.c_str(),
+                    static_cast<long long>(p.epoch), static_cast<long long>(p.global_step));
+        if (p.world_size != runtime_.world_size()) {
+          std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the "
+                      "data order differs from an uninterrupted run\n",
+                      p.world_size, runtime_.world_size());
+        }
+        if (p.seed != options_.seed) {
+          std::printf("Warning: continuing with the snapshot's seed %lld (not %lld) so the data "
+                      "order continues as it was\n",
+                      static_cast<long long>(p.seed), static_cast<long long>(options_.seed));
+        }
+        std::fflush(stdout);
+      }
+      options_.seed = p.seed;
+      return p.epoch + 1;
+    } catch (const std::runtime_error& e) {
+      if (!(latest && c.fallback) || i + 1 == candidates.size()) throw;
+      if (runtime_.is_main()) {
+        std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
+      }
+    }
+  }
+}
+
+void Trainer::checkpoint(int64_t epoch) {
+  const CheckpointOptions& c = options_.checkpoint;
+  if (c.dir.empty()) return;
+  if (runtime_.is_main()) {
+    std::error_code error;
+    std::filesystem::create_directories(c.dir, error);
+    if (error) throw std::runtime_error(c.dir + ": cannot create the checkpoint directory: " + error.message());
+    save_module(model_, c.dir + "/model_with_epoch" + std::to_string(epoch) + ".pt");
+  }
+  TrainingProgress progress;
+  progress.epoch = epoch;
+  progress.global_step = global_step_;
+  progress.seed = options_.seed;
+  progress.world_size = runtime_.world_size();
+  save_snapshot(snapshot_path(c.dir, epoch), runtime_.cpu_communicator(), model_, optimizer_,
+                progress);
+  if (runtime_.is_main() && c.keep > 0 && epoch > c.keep) {
+    // Only after the new files are complete; removing what is absent is fine.
+    const int64_t old = epoch - c.keep;
+    std::remove(snapshot_path(c.dir, old).c_str());
+    std::remove((c.dir + "/model_with_epoch" + std::to_string(old) + ".pt").c_str());
+  }
 }
 
 void Trainer::write_metrics(const EpochResult& r) {

@@ -25,9 +25,17 @@ struct ImageDataset {
   // A copy whose tensors live on `device` (whole data set on the GPU when it fits).
   ImageDataset to(torch::Device device) const;
 
-  // Gathers indices[begin, end) into a normalised batch on `device`.
+  // Gathers indices[begin, end) into a normalised batch on `device`: gather() then normalise().
   Batch batch(const std::vector<int64_t>& indices, int64_t begin, int64_t end,
               torch::Device device) const;
+
+  // Gathers indices[begin, end) as uint8 pixels (Batch::inputs) and labels on `device`, for
+  // augmentation before normalisation, as torchvision orders its transforms.
+  Batch gather(const std::vector<int64_t>& indices, int64_t begin, int64_t end,
+               torch::Device device) const;
+
+  // uint8 pixels [B,C,H,W] -> float32 (x/255 - mean) / stddev per channel, on their device.
+  torch::Tensor normalise(const torch::Tensor& pixels) const;
 };
 
 }  // namespace ddp

@@ -2,7 +2,11 @@
 // Everything a training program needs: #include <ddp/ddp.h>.
 
 #include <ddp/adadelta.h>
+#include <ddp/async_communicator.h>
+#include <ddp/augment.h>
+#include <ddp/batch_norm.h>
 #include <ddp/checkpoint.h>
+#include <ddp/cifar.h>
 #include <ddp/communicator.h>
 #include <ddp/config.h>
 #include <ddp/dataset.h>
@@ -13,9 +17,14 @@
 #include <ddp/mnist.h>
 #include <ddp/mpi_communicator.h>
 #include <ddp/reducer.h>
+#include <ddp/replica_check.h>
 #include <ddp/runtime.h>
+#include <ddp/snapshot.h>
 #include <ddp/timeline.h>
 #include <ddp/trainer.h>
 #if DDP_WITH_NCCL
 #include <ddp/nccl_bootstrap.h>
+#endif
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+#include <ddp/nccl_communicator.h>
 #endif

@@ -8,12 +8,17 @@ namespace ddp {
 class Timeline;
 
 enum class GradSync {
-  Bucketed,      // flat buckets all-reduced on a communication thread while backward runs
-  PerParameter,  // one blocking all-reduce per parameter inside backward (baseline)
+  Bucketed,      // flat buckets all-reduced while backward runs (MPI: on a communication thread)
+  PerParameter,  // one all-reduce per parameter inside backward (baseline; blocking with MPI)
 };
 
 // What travels on the wire; buckets are cast for the all-reduce and cast back.
 enum class Compression { None, Fp16, Bf16 };
+
+// Who all-reduces the gradients and broadcasts parameters and buffers. Auto: NCCL when the
+// parameters are on this rank's GPU and the build has the NCCL communicator, MPI otherwise
+// (resolve_backend in reducer.h).
+enum class Backend { Auto, Mpi, Nccl };
 
 struct DDPOptions {
   GradSync sync = GradSync::Bucketed;
@@ -23,12 +28,18 @@ struct DDPOptions {
   // true: such gradients count as zero on that rank (every step pays a check either way).
   bool find_unused_parameters = false;
   Compression compression = Compression::None;
+  Backend backend = Backend::Auto;
+  // true: sync_buffers() broadcasts rank 0's buffers (BatchNorm running statistics), as PyTorch
+  // DDP does before every forward, so every replica evaluates and checkpoints the same model.
+  bool broadcast_buffers = true;
   Timeline* timeline = nullptr;  // records each bucket's all-reduce when set
 };
 
-// Parses "bucketed" / "per-parameter" and "none" / "fp16" / "bf16"; throws
-// std::invalid_argument naming the value otherwise.
+// Parses "bucketed" / "per-parameter", "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl";
+// throws std::invalid_argument naming the value otherwise.
 GradSync parse_grad_sync(const std::string& name);
 Compression parse_compression(const std::string& name);
+Backend parse_backend(const std::string& name);
+const char* backend_name(Backend backend);
 
 }  // namespace ddp

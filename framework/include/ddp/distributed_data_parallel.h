@@ -4,13 +4,16 @@
 // grad() holds the average over all ranks. No extra call is needed in the training loop.
 //
 // Construction (collective): verifies that every rank has the same parameters and buffers
-// (names, shapes, dtypes; the first mismatch is reported on every rank), broadcasts parameters
-// and buffers from rank 0 so all replicas start identical, and, with more than one rank, sets
-// up the Reducer (reducer.h) that all-reduces gradients in buckets while backward runs.
+// (names, shapes, dtypes; the first mismatch is reported on every rank), picks the backend
+// (DDPOptions::backend; Auto: NCCL for a model on the rank's GPU, MPI otherwise; the same on
+// every rank), broadcasts parameters and buffers from rank 0 with it so all replicas start
+// identical, and, with more than one rank, sets up the Reducer (reducer.h) that all-reduces
+// gradients in buckets while backward runs.
 //
 // Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
 // used identically on every rank.
 
+#include <ddp/communicator.h>
 #include <ddp/ddp_options.h>
 #include <ddp/reducer.h>
 #include <ddp/runtime.h>
@@ -19,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace ddp {
 
@@ -31,6 +35,7 @@ class DistributedDataParallel {
 
   torch::nn::Module& module() const { return *module_; }
   const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+  // As given, with the backend resolved (Mpi or Nccl, never Auto).
   const DDPOptions& options() const { return options_; }
 
   // While the guard lives, backward accumulates gradients locally without communication; the
@@ -52,6 +57,11 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(reducer_.get()); }
 
+  // Call before each training forward (the Trainer does): with options().broadcast_buffers and
+  // more than one rank, overwrites every buffer with rank 0's (one broadcast per buffer dtype);
+  // otherwise does nothing. Collective.
+  void sync_buffers();
+
   // Wall time the training thread spent on gradient sync that backward did not hide, and the
   // bytes all-reduced, since construction (0 with one rank: nothing to synchronise).
   double sync_seconds() const { return reducer_ ? reducer_->sync_seconds() : 0.0; }
@@ -65,6 +75,8 @@ class DistributedDataParallel {
  private:
   std::shared_ptr<torch::nn::Module> module_;
   DDPOptions options_;
+  Communicator* comm_;  // the runtime's, of the chosen backend, for parameter and buffer broadcasts
+  int world_size_;
   std::unique_ptr<Reducer> reducer_;
 };
 

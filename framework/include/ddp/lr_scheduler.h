@@ -1,11 +1,23 @@
 #pragma once
+// Learning-rate schedules stepped once per epoch, matching torch.optim.lr_scheduler.
+//
 // LibTorch's StepLR counts epochs one behind torch.optim.lr_scheduler.StepLR: Python's
 // constructor takes an initial step, LibTorch's does not, so LibTorch decays the learning rate
 // one epoch late (the same in 1.13 and 2.x). This StepLR takes that initial step, so C++ and
 // Python runs use the same learning rate in every epoch.
+//
+// LibTorch 1.13 has no cosine schedule; CosineAnnealingLR is Python's closed form
+// (eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2, rising again past t_max as
+// Python's does), which depends only on the step count, so replaying the steps restores it
+// exactly (snapshot.h relies on that).
 
 #include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/optim/schedulers/step_lr.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
 
 namespace ddp {
 
@@ -15,6 +27,34 @@ class StepLR : public torch::optim::StepLR {
       : torch::optim::StepLR(optimizer, step_size, gamma) {
     step();  // Python's initial step: leaves the learning rate as it is
   }
+};
+
+class CosineAnnealingLR : public torch::optim::LRScheduler {
+ public:
+  // `t_max`: epochs from the base learning rate (the optimizer's now) down to eta_min.
+  CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t t_max, double eta_min = 0.0)
+      : torch::optim::LRScheduler(optimizer),
+        base_lrs_(get_current_lrs()),
+        t_max_(t_max),
+        eta_min_(eta_min) {
+    step();  // Python's initial step, as in StepLR above
+  }
+
+ private:
+  std::vector<double> get_lrs() override {
+    // step_count_ counts the initial step, so it is the epoch about to start.
+    const double pi = std::acos(-1.0);
+    const double progress = t_max_ > 0 ? static_cast<double>(step_count_) / t_max_ : 1.0;
+    std::vector<double> lrs;
+    for (double base : base_lrs_) {
+      lrs.push_back(eta_min_ + (base - eta_min_) * (1.0 + std::cos(pi * progress)) / 2.0);
+    }
+    return lrs;
+  }
+
+  std::vector<double> base_lrs_;
+  int64_t t_max_;
+  double eta_min_;
 };
 
 }  // namespace ddp

@@ -3,12 +3,18 @@
 // are reduced over ranks, rank 0 logs in the seed scripts' format, and every epoch reports where
 // the time went (data, forward+backward, gradient sync, optimizer) without an external profiler.
 // The same Trainer runs a single process (world size 1, no DistributedDataParallel).
+//
+// Optionally it augments each batch, checks that the replicas are still identical every N
+// steps, writes a checkpoint at every epoch end and resumes from one (snapshot.h): a resumed run
+// continues exactly where the stopped one was, because everything random in an epoch is a
+// function of (seed, epoch, rank) or restored from the snapshot.
 
 #include <ddp/dataset.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/runtime.h>
 #include <ddp/timeline.h>
 
+#include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -18,8 +24,26 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ddp {
+
+struct CheckpointOptions {
+  // Rank 0 writes model_with_epoch<N>.pt (the weights, as the seed does) and
+  // snapshot_epoch<N>.pt (the whole training state) here at every epoch end. Empty: none.
+  std::string dir;
+  int64_t keep = 3;             // newest epochs kept of each kind; 0: keep all
+  // "": start fresh; "latest": the newest snapshot in `dir` (fresh start when there is none);
+  // otherwise the path of a snapshot.
+  std::string resume;
+  // With "latest": an unreadable newest snapshot is skipped for the one before it (with a
+  // warning) instead of being an error.
+  bool fallback = false;
+};
+
+// Maps a batch of uint8 pixels [B,C,H,W] to augmented pixels of the same shape, drawing from
+// `generator` (seeded per rank and epoch: augment.h).
+using Augment = std::function<torch::Tensor(const torch::Tensor&, at::Generator&)>;
 
 struct TrainerOptions {
   int64_t batch_size = 64;            // per rank
@@ -31,6 +55,11 @@ struct TrainerOptions {
   int64_t seed = 0;                   // seeds the sampler's permutation
   std::string metrics_file;           // one JSON object per epoch (rank 0); empty: none
   Timeline* timeline = nullptr;       // records data/forward/backward/optimizer spans when set
+  Augment augment;                    // applied to training batches before normalisation; empty: none
+  // Every N optimizer steps, verify bit for bit that all replicas hold the same parameters and
+  // buffers (replica_check.h); a difference stops the job naming the tensor and ranks. 0: never.
+  int64_t check_sync_every = 0;
+  CheckpointOptions checkpoint;
 };
 
 // Wall seconds per phase of the training steps, averaged over ranks.
@@ -74,12 +103,19 @@ class Trainer {
   // Exact evaluation over all of `test`: each sample is counted once over all ranks.
   Evaluation evaluate(const ImageDataset& test);
 
-  // Epochs 1..epochs: train, evaluate, log, write metrics, then scheduler->step() if given.
+  // Epochs 1..epochs (or from the resumed snapshot's next epoch): train, evaluate, log, write
+  // metrics, scheduler->step() if given, then checkpoint. Returns the epochs it ran.
   std::vector<EpochResult> fit(const ImageDataset& train, const ImageDataset& test,
                                int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
+  // Optimizer steps taken so far, counting those before a resume.
+  int64_t global_step() const { return global_step_; }
+
  private:
   void write_metrics(const EpochResult& result);
+  // Loads the snapshot options_.checkpoint.resume names; returns the first epoch to run.
+  int64_t resume(torch::optim::LRScheduler* scheduler);
+  void checkpoint(int64_t epoch);
 
   Runtime& runtime_;
   torch::nn::Module& model_;
@@ -88,6 +124,7 @@ class Trainer {
   TrainerOptions options_;
   DistributedDataParallel* ddp_;
   std::ofstream metrics_;
+  int64_t global_step_ = 0;
 };
 
 }  // namespace ddp

@@ -1,0 +1,109 @@
+#include "cifar_example.h"
+
+#include "cifar_cnn.h"
+#include "example_common.h"
+#include "resnet.h"
+
+#include <ddp/ddp.h>
+
+#include <boost/program_options.hpp>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace po = boost::program_options;
+
+namespace {
+
+struct CifarFlags {
+  std::string model, schedule;
+  double momentum = 0, weight_decay = 0, gamma = 0;
+  int64_t step_size = 0;
+  bool nesterov = false, sync_batchnorm = false, no_augment = false;
+};
+
+struct Model {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+};
+
+Model make_model(const std::string& name) {
+  if (name == "cnn") {
+    auto net = CifarCnn();
+    return {net.ptr(), [net](const torch::Tensor& x) mutable { return net->forward(x); }};
+  }
+  if (name == "resnet18") {
+    auto net = ResNet18();
+    return {net.ptr(), [net](const torch::Tensor& x) mutable { return net->forward(x); }};
+  }
+  throw std::invalid_argument("--model '" + name + "' is not one of: cnn, resnet18");
+}
+
+}  // namespace
+
+int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
+  const bool parallel = parallelism == Parallelism::DataParallel;
+  const ExampleDefaults defaults{128, 30, 0.1, ddp::kDefaultCifar10Dir,
+                                 "directory with CIFAR-10's binary files (scripts/download_cifar10.sh)",
+                                 "cifar_model.pt"};
+  CommonFlags flags;
+  CifarFlags cifar;
+  po::options_description options("Options");
+  add_common_flags(options, flags, defaults);
+  options.add_options()
+    ("model", po::value(&cifar.model)->default_value("resnet18"), "cnn (small, 0.8 M parameters) or resnet18 (11.2 M)")
+    ("momentum", po::value(&cifar.momentum)->default_value(0.9), "SGD momentum")
+    ("nesterov", po::bool_switch(&cifar.nesterov), "Nesterov momentum")
+    ("weight-decay", po::value(&cifar.weight_decay)->default_value(5e-4), "SGD weight decay (L2)")
+    ("schedule", po::value(&cifar.schedule)->default_value("cosine"), "learning rate schedule: cosine (over --epochs) or step")
+    ("step-size", po::value(&cifar.step_size)->default_value(30), "step schedule: epochs between decays")
+    ("gamma", po::value(&cifar.gamma)->default_value(0.1), "step schedule: decay factor")
+    ("sync-batchnorm", po::bool_switch(&cifar.sync_batchnorm), "BatchNorm statistics over all ranks' batches (SyncBatchNorm)")
+    ("no-augment", po::bool_switch(&cifar.no_augment), "train without random crops and flips");
+
+  const std::string usage =
+      std::string("Trains a CIFAR-10 CNN or ResNet-18 with SGD, augmentation and checkpoints") +
+      (parallel ? ", data-parallel over MPI ranks" : "") + ".";
+  return run_example(argc, argv, parallel ? "ddp_cifar" : "cifar", usage, parallelism, options,
+                     flags, [&](ddp::Runtime& runtime) {
+    if (cifar.schedule != "cosine" && cifar.schedule != "step") {
+      throw std::invalid_argument("--schedule '" + cifar.schedule + "' is not one of: cosine, step");
+    }
+    if (cifar.step_size < 1) throw std::invalid_argument("--step-size must be >= 1");
+    torch::manual_seed(static_cast<uint64_t>(flags.seed));
+    const torch::Device device = runtime.device();
+    const ddp::ImageDataset train = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Train).to(device);
+    const ddp::ImageDataset test = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Test).to(device);
+    announce(runtime, train, test, flags.data_dir);
+
+    const Model model = make_model(cifar.model);
+    model.module->to(device);
+    if (cifar.sync_batchnorm && parallel) {
+      const int layers = ddp::convert_sync_batchnorm(
+          *model.module, std::make_shared<ddp::MpiCommunicator>(runtime.comm()));
+      if (runtime.is_main()) std::cout << "SyncBatchNorm: " << layers << " layers" << std::endl;
+    }
+    const auto timeline = make_timeline(runtime, flags);
+    const auto ddp_model = make_ddp(runtime, model.module, flags, parallelism, timeline.get());
+    torch::optim::SGD optimizer(model.module->parameters(),
+                                torch::optim::SGDOptions(flags.lr)
+                                    .momentum(cifar.momentum)
+                                    .nesterov(cifar.nesterov)
+                                    .weight_decay(cifar.weight_decay));
+    std::unique_ptr<torch::optim::LRScheduler> scheduler;
+    if (cifar.schedule == "cosine") {
+      scheduler = std::make_unique<ddp::CosineAnnealingLR>(optimizer, flags.epochs);
+    } else {
+      scheduler = std::make_unique<ddp::StepLR>(optimizer, static_cast<unsigned>(cifar.step_size),
+                                                cifar.gamma);
+    }
+
+    ddp::TrainerOptions options = trainer_options(flags, timeline.get());
+    if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
+    ddp::Trainer trainer(runtime, *model.module, model.forward, optimizer, options, ddp_model.get());
+    trainer.fit(train, test, flags.epochs, scheduler.get());
+    finish(runtime, flags, defaults, timeline.get(), *model.module);
+  });
+}

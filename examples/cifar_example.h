@@ -1,0 +1,9 @@
+#pragma once
+// What `cifar` and `ddp_cifar` share: CIFAR-10 data with augmentation, a small CNN or
+// ResNet-18, SGD with momentum and weight decay under a cosine or step schedule, checkpoints
+// and resume. They differ only in whether the model is wrapped in ddp::DistributedDataParallel.
+
+#include "example_common.h"
+
+// The whole program: parses flags, trains, returns the exit code.
+int run_cifar_example(int argc, char** argv, Parallelism parallelism);

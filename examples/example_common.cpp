@@ -1,0 +1,137 @@
+#include "example_common.h"
+
+#include <iostream>
+#include <stdexcept>
+
+namespace po = boost::program_options;
+
+void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleDefaults& defaults) {
+  d.add_options()
+    ("help,h", "print this help and exit")
+    ("batch-size", po::value(&f.batch_size)->default_value(defaults.batch_size), "input batch size for training, per rank")
+    ("test-batch-size", po::value(&f.test_batch_size)->default_value(1000), "input batch size for testing")
+    ("epochs", po::value(&f.epochs)->default_value(defaults.epochs), "number of epochs to train")
+    ("lr", po::value(&f.lr)->default_value(defaults.lr), "learning rate")
+    ("log-interval", po::value(&f.log_interval)->default_value(10), "how many batches to wait before logging training status")
+    ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
+    ("seed", po::value(&f.seed)->default_value(1), "random seed (model init, data order, augmentation)")
+    ("no-cuda", po::bool_switch(&f.no_cuda), "train on the CPU even when CUDA is available")
+    ("dry-run", po::bool_switch(&f.dry_run), "quickly check a single pass: one batch, one epoch")
+    ("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir), defaults.data_help.c_str())
+    ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)")
+    ("metrics-file", po::value(&f.metrics_file)->default_value(""), "append one JSON object per epoch to this file")
+    ("show-topology", po::bool_switch(&f.show_topology), "print every rank's place (node, local rank, device)")
+    ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
+    ("grad-sync", po::value(&f.grad_sync)->default_value("bucketed"), "gradient sync: bucketed (overlapped with backward) or per-parameter")
+    ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
+    ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
+    ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
+    ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
+    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
+    ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)")
+    ("checkpoint-dir", po::value(&f.checkpoint_dir)->default_value(""), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
+    ("keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3), "keep the newest N epochs of checkpoints (0: all)")
+    ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")
+    ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one");
+}
+
+int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
+                Parallelism parallelism, const po::options_description& options,
+                const CommonFlags& flags, const std::function<void(ddp::Runtime&)>& train) {
+  // Flags first: they decide the device the Runtime picks.
+  po::variables_map vm;
+  std::string flag_error;
+  try {
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    flag_error = e.what();
+  }
+  ddp::RuntimeOptions runtime_options;
+  runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
+  ddp::Runtime runtime(argc, argv, runtime_options);
+  if (!flag_error.empty()) {
+    // Every rank sees the same flags, so every rank stops here; rank 0 explains.
+    if (runtime.is_main()) std::cerr << name << ": " << flag_error << " (see --help)\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    if (runtime.is_main()) {
+      std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
+                << name << " [options]\n" << usage << "\n\n" << options << "\n";
+    }
+    return 0;
+  }
+  return ddp::run_or_abort(runtime, [&] {
+    if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
+      throw std::runtime_error(name + " trains in one process but was started as " +
+                               std::to_string(runtime.world_size()) + " ranks: use ddp_" + name +
+                               " for data-parallel training");
+    }
+    if (flags.show_topology) {
+      const auto lines = ddp::all_gather_strings(runtime.cpu_communicator(), runtime.summary());
+      if (runtime.is_main()) {
+        for (const auto& line : lines) std::cout << line << "\n";
+      }
+    }
+    train(runtime);
+  });
+}
+
+void announce(ddp::Runtime& runtime, const ddp::ImageDataset& train, const ddp::ImageDataset& test,
+              const std::string& data_dir) {
+  if (!runtime.is_main()) return;
+  std::cout << "Train set size: " << train.size() << "\nTest set size: " << test.size()
+            << "\nTraining on " << runtime.world_size() << " rank(s), " << runtime.num_nodes()
+            << " node(s), device " << runtime.device() << ", data " << data_dir << std::endl;
+}
+
+std::unique_ptr<ddp::Timeline> make_timeline(ddp::Runtime& runtime, const CommonFlags& flags) {
+  if (flags.timeline.empty()) return nullptr;
+  return std::make_unique<ddp::Timeline>(runtime.cpu_communicator());
+}
+
+std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
+    ddp::Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const CommonFlags& flags,
+    Parallelism parallelism, ddp::Timeline* timeline) {
+  if (parallelism != Parallelism::DataParallel) return nullptr;
+  ddp::DDPOptions options;
+  options.sync = ddp::parse_grad_sync(flags.grad_sync);
+  options.compression = ddp::parse_compression(flags.compression);
+  options.bucket_cap_mb = flags.bucket_mb;
+  options.first_bucket_mb = flags.first_bucket_mb;
+  options.find_unused_parameters = flags.find_unused_parameters;
+  options.broadcast_buffers = !flags.no_broadcast_buffers;
+  options.timeline = timeline;
+  return std::make_unique<ddp::DistributedDataParallel>(runtime, std::move(model), options);
+}
+
+ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline) {
+  ddp::TrainerOptions options;
+  options.batch_size = flags.batch_size;
+  options.test_batch_size = flags.test_batch_size;
+  options.log_interval = flags.log_interval;
+  options.limit_train_batches = flags.limit_train_batches;
+  options.dry_run = flags.dry_run;
+  options.seed = flags.seed;
+  options.metrics_file = flags.metrics_file;
+  options.timeline = timeline;
+  options.check_sync_every = flags.check_sync_every;
+  options.checkpoint.dir = flags.checkpoint_dir;
+  options.checkpoint.keep = flags.keep_checkpoints;
+  options.checkpoint.resume = flags.resume;
+  options.checkpoint.fallback = flags.resume_fallback;
+  return options;
+}
+
+void finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+            ddp::Timeline* timeline, const torch::nn::Module& model) {
+  if (timeline) {
+    timeline->write(flags.timeline);
+    if (runtime.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
+  }
+  if (flags.save_model && runtime.is_main()) {
+    ddp::save_module(model, defaults.model_file);
+    std::cout << "Saved " << defaults.model_file << std::endl;
+  }
+}

@@ -1,0 +1,65 @@
+#pragma once
+// What the example programs (mnist, ddp_mnist, cifar, ddp_cifar) share: the flags every one of
+// them has, the start-up order (flags, then the Runtime, which needs --no-cuda, then --help),
+// and turning those flags into DistributedDataParallel and Trainer options. Each program adds
+// only its data set, model, optimizer and schedule.
+
+#include <ddp/ddp.h>
+
+#include <boost/program_options.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+enum class Parallelism { SingleProcess, DataParallel };
+
+struct CommonFlags {
+  int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
+  int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
+  double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
+  bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
+  bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
+  std::string data_dir, metrics_file, timeline, grad_sync, compression, checkpoint_dir, resume;
+};
+
+// The defaults that differ between programs.
+struct ExampleDefaults {
+  int64_t batch_size;
+  int64_t epochs;
+  double lr;
+  std::string data_dir;
+  std::string data_help;   // what --data-dir holds
+  std::string model_file;  // what --save-model writes
+};
+
+// Adds the shared flags to `options`, storing into `flags`.
+void add_common_flags(boost::program_options::options_description& options, CommonFlags& flags,
+                      const ExampleDefaults& defaults);
+
+// The whole program around `train`: parses `options` (which holds the common flags and the
+// program's own), starts the Runtime, answers --help with `usage`, refuses several ranks for a
+// SingleProcess program, prints the topology when asked, and runs `train` under run_or_abort.
+// Returns the exit code.
+int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
+                Parallelism parallelism, const boost::program_options::options_description& options,
+                const CommonFlags& flags, const std::function<void(ddp::Runtime&)>& train);
+
+// Rank 0 prints the data set sizes and where training runs.
+void announce(ddp::Runtime& runtime, const ddp::ImageDataset& train, const ddp::ImageDataset& test,
+              const std::string& data_dir);
+
+// Null with --timeline unset.
+std::unique_ptr<ddp::Timeline> make_timeline(ddp::Runtime& runtime, const CommonFlags& flags);
+
+// The data-parallel wrapper the flags describe, or null for a SingleProcess program.
+std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
+    ddp::Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const CommonFlags& flags,
+    Parallelism parallelism, ddp::Timeline* timeline);
+
+ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline);
+
+// After training: writes the timeline and, with --save-model, the weights (rank 0).
+void finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+            ddp::Timeline* timeline, const torch::nn::Module& model);
