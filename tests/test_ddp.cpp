@@ -51,7 +51,7 @@ TEST(DistributedDataParallel, ConstructionBroadcastsParametersAndBuffers) {
   EXPECT_EQ(net->norm->running_mean[0].item<float>(), 0.0f);  // rank 0's buffer
 }
 
-TEST(DistributedDataParallel, SyncBuffersBroadcastsRankZerosBuffersUnlessTurnedOff) {
+TEST(DistributedDataParallel, PrepareForwardBroadcastsRankZerosBuffersUnlessTurnedOff) {
   for (bool broadcast : {true, false}) {
     auto net = std::make_shared<Mlp>();
     ddp::DDPOptions options;
@@ -63,7 +63,7 @@ TEST(DistributedDataParallel, SyncBuffersBroadcastsRankZerosBuffersUnlessTurnedO
       net->norm->running_var.fill_(static_cast<float>(rt().rank()) * 2.0f + 1.0f);
       net->norm->num_batches_tracked.fill_(rt().rank() + 7);
     }
-    model.sync_buffers();
+    model.prepare_forward();
     EXPECT_EQ(net->norm->running_mean[3].item<float>(), broadcast ? 0.5f : rt().rank() + 0.5f);
     EXPECT_EQ(net->norm->running_var[0].item<float>(), broadcast ? 1.0f : rt().rank() * 2.0f + 1.0f);
     EXPECT_EQ(net->norm->num_batches_tracked.item<int64_t>(), broadcast ? 7 : rt().rank() + 7);
@@ -71,6 +71,24 @@ TEST(DistributedDataParallel, SyncBuffersBroadcastsRankZerosBuffersUnlessTurnedO
       EXPECT_TRUE(identical_on_all_ranks(flat_state(*net)));
     }
   }
+}
+
+TEST(DistributedDataParallel, PrepareForwardReattachesHooksAfterStorageSwaps) {
+  if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto net = std::make_shared<Mlp>();
+  ddp::DistributedDataParallel model(rt(), net);
+  {
+    // What torch::load(model, file) does to every parameter: autograd then gives each a new
+    // grad accumulator, without the reducer's hook.
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.set_(p.detach().clone());
+  }
+  model.prepare_forward();
+  torch::Tensor x = torch::randn({8, 10}) + static_cast<float>(rt().rank());  // differs per rank
+  net->forward(x).pow(2).sum().backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : net->parameters()) grads.push_back(p.grad().flatten());
+  EXPECT_TRUE(identical_on_all_ranks(torch::cat(grads))) << "gradients were not averaged";
 }
 
 TEST(DistributedDataParallel, ShapeMismatchFailsOnEveryRankNamingIt) {

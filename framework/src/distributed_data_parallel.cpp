@@ -156,7 +156,8 @@ DistributedDataParallel::DistributedDataParallel(Runtime& runtime,
   reducer_ = std::make_unique<Reducer>(runtime, std::move(params), std::move(names), options_);
 }
 
-void DistributedDataParallel::sync_buffers() {
+void DistributedDataParallel::prepare_forward() {
+  if (reducer_) reducer_->reattach_hooks();
   if (!options_.broadcast_buffers || world_size_ == 1) return;
   // One flat broadcast per dtype: ResNet-18 has 60 small buffers, and a collective each would
   // cost more latency than the bytes.

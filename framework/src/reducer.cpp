@@ -134,17 +134,7 @@ Reducer::Reducer(Runtime& runtime, std::vector<torch::Tensor> params,
   }
 
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (slots_[i].bucket == kNoBucket) continue;
-    std::shared_ptr<torch::autograd::Node> accumulator =
-        torch::autograd::impl::grad_accumulator(params_[i]);
-    const uintptr_t key = accumulator->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, i](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list& /*inputs*/) {
-              on_gradient_ready(i);
-              return outputs;
-            }));
-    hooks_.emplace_back(std::move(accumulator), key);
+    if (slots_[i].bucket != kNoBucket) attach_hook(i);
   }
   if (!nccl && options_.sync == GradSync::Bucketed) {
     comm_thread_ = std::thread([this] { comm_thread_loop(); });
@@ -152,7 +142,7 @@ Reducer::Reducer(Runtime& runtime, std::vector<torch::Tensor> params,
 }
 
 Reducer::~Reducer() {
-  for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
+  for (auto& hook : hooks_) hook.accumulator->del_post_hook(hook.key);
   if (comm_thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -161,6 +151,35 @@ Reducer::~Reducer() {
     work_ready_.notify_all();
     comm_thread_.join();
   }
+}
+
+void Reducer::attach_hook(size_t param) {
+  std::shared_ptr<torch::autograd::Node> accumulator =
+      torch::autograd::impl::grad_accumulator(params_[param]);
+  const uintptr_t key = accumulator->add_post_hook(
+      std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, param](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list& /*inputs*/) {
+            on_gradient_ready(param);
+            return outputs;
+          }));
+  hooks_.push_back(Hook{param, std::move(accumulator), key});
+}
+
+size_t Reducer::reattach_hooks() {
+  std::vector<Hook> current;
+  std::vector<size_t> replaced;
+  for (auto& hook : hooks_) {
+    if (torch::autograd::impl::grad_accumulator(params_[hook.param]) == hook.accumulator) {
+      current.push_back(std::move(hook));
+    } else {
+      hook.accumulator->del_post_hook(hook.key);
+      replaced.push_back(hook.param);
+    }
+  }
+  hooks_ = std::move(current);
+  for (size_t param : replaced) attach_hook(param);
+  return replaced.size();
 }
 
 void Reducer::build_buckets() {

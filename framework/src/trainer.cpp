@@ -112,7 +112,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
       batch.inputs = train.normalise(batch.inputs);
     });
-    if (ddp_) ddp_->sync_buffers();
+    if (ddp_) ddp_->prepare_forward();
     if (options_.check_sync_every > 0 && global_step_ % options_.check_sync_every == 0) {
       // Here, after the buffer broadcast and before forward, healthy replicas are identical.
       check_replicas_in_sync(model_, comm, "at step " + std::to_string(global_step_) +

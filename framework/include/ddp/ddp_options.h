@@ -29,7 +29,7 @@ struct DDPOptions {
   bool find_unused_parameters = false;
   Compression compression = Compression::None;
   Backend backend = Backend::Auto;
-  // true: sync_buffers() broadcasts rank 0's buffers (BatchNorm running statistics), as PyTorch
+  // true: prepare_forward() broadcasts rank 0's buffers (BatchNorm running statistics), as PyTorch
   // DDP does before every forward, so every replica evaluates and checkpoints the same model.
   bool broadcast_buffers = true;
   Timeline* timeline = nullptr;  // records each bucket's all-reduce when set

@@ -57,10 +57,14 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(reducer_.get()); }
 
-  // Call before each training forward (the Trainer does): with options().broadcast_buffers and
-  // more than one rank, overwrites every buffer with rank 0's (one broadcast per buffer dtype);
-  // otherwise does nothing. Collective.
-  void sync_buffers();
+  // Call before each training forward (the Trainer does), as PyTorch's DDP does this work at
+  // the start of its forward. Collective. With more than one rank:
+  //  - with options().broadcast_buffers, overwrites every buffer with rank 0's (one broadcast
+  //    per buffer dtype), so BatchNorm statistics stay identical;
+  //  - re-attaches the gradient hooks of parameters whose storage was swapped since the last
+  //    step (torch::load(model, ...) does that; ddp::load_module copies instead), which would
+  //    otherwise silently stop the averaging.
+  void prepare_forward();
 
   // Wall time the training thread spent on gradient sync that backward did not hide, and the
   // bytes all-reduced, since construction (0 with one rank: nothing to synchronise).

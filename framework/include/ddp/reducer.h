@@ -97,6 +97,13 @@ class Reducer {
   // The backend that all-reduces the buckets (Mpi or Nccl; never Auto).
   Backend backend() const { return options_.backend; }
 
+  // Re-registers the gradient hook of every parameter whose grad accumulator autograd has
+  // replaced since the hooks were registered: Module::load (torch::load) and set_() give a
+  // parameter a new one, and the old hook would never fire again, so the replicas would stop
+  // averaging without a word. Cheap (a pointer comparison per parameter); local. Returns the
+  // number of hooks re-attached.
+  size_t reattach_hooks();
+
  private:
   struct Bucket {
     std::vector<size_t> params;
@@ -136,7 +143,13 @@ class Reducer {
   std::vector<std::unique_ptr<Work>> in_flight_;    // NCCL: per bucket, during backward
 
   // Hooks: the accumulators are held so autograd does not recreate them (and drop the hooks).
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  struct Hook {
+    size_t param;
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    uintptr_t key;
+  };
+  void attach_hook(size_t param);
+  std::vector<Hook> hooks_;
 
   bool sync_enabled_ = true;
   bool in_backward_ = false;
