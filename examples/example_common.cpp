@@ -26,6 +26,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
     ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
     ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
+    ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)")
@@ -98,6 +99,7 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
   ddp::DDPOptions options;
   options.sync = ddp::parse_grad_sync(flags.grad_sync);
   options.compression = ddp::parse_compression(flags.compression);
+  options.backend = ddp::parse_backend(flags.backend);
   options.bucket_cap_mb = flags.bucket_mb;
   options.first_bucket_mb = flags.first_bucket_mb;
   options.find_unused_parameters = flags.find_unused_parameters;

@@ -21,7 +21,7 @@ struct CommonFlags {
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
-  std::string data_dir, metrics_file, timeline, grad_sync, compression, checkpoint_dir, resume;
+  std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
 };
 
 // The defaults that differ between programs.
