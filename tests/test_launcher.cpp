@@ -233,3 +233,14 @@ TEST(DescribeJob, BannerNamesLauncherNodesDevicesAndThreads) {
 }
 
 }  // namespace
+
+TEST(YieldWhenIdle, OnlyWhenTheCommunicationThreadsOversubscribeTheNode) {
+  const ddp::Environment one_thread{{"OMP_NUM_THREADS", "1"}};
+  EXPECT_TRUE(ddp::yield_when_idle(one_thread, 2, 2));    // 2 ranks x 2 threads on 2 cores
+  EXPECT_FALSE(ddp::yield_when_idle(one_thread, 1, 2));   // a core for each thread
+  EXPECT_FALSE(ddp::yield_when_idle(one_thread, -1, 2));  // unknown local size: one rank
+  EXPECT_TRUE(ddp::yield_when_idle({}, 1, 8));            // 8 intra-op threads fill the cores
+  const ddp::Environment slurm{{"SLURM_JOB_ID", "7"}, {"SLURM_CPUS_PER_TASK", "4"}};
+  EXPECT_FALSE(ddp::yield_when_idle(slurm, 2, 16));       // 2 x (4 + 1) of 16
+  EXPECT_TRUE(ddp::yield_when_idle(slurm, 4, 16));        // 4 x (4 + 1) of 16
+}

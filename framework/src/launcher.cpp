@@ -254,6 +254,14 @@ ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_
   return choice;
 }
 
+bool yield_when_idle(const Environment& env, int local_size, int cpus) {
+  const int ranks = std::max(local_size, 1);
+  // Unbound ranks share the node's CPUs (ddprun --bind core gives each its own, and then
+  // threads + 1 > threads: it yields too).
+  const int threads = choose_threads(env, cpus, ranks).threads;
+  return ranks * (threads + 1) > std::max(cpus, 1);
+}
+
 int nccl_timeout_seconds(const Environment& env) {
   const std::string text = get(env, "DDP_NCCL_TIMEOUT_SECONDS");
   if (text.empty()) return 600;

@@ -36,19 +36,18 @@ namespace ddp {
 namespace {
 
 // Returns true when this call initialised MPI (and so must finalise it).
-bool init_mpi(int* argc, char*** argv, int* provided) {
+bool init_mpi(int* argc, char*** argv, int* provided, bool yield) {
   int initialized = 0;
   DDP_MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) {
     DDP_MPI_CHECK(MPI_Query_thread(provided));
     return false;
   }
-  // The bucketed reducer all-reduces on a communication thread beside the training thread.
-  // Open MPI busy-polls while a collective waits and only yields the core when it sees more
-  // ranks than cores, which a second thread per rank hides from it: with 2 ranks on 2 cores the
-  // spinning halved the training speed here. Yielding costs nothing when a core is idle. A
-  // value the user set wins.
-  setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+  // The bucketed reducer all-reduces on a communication thread beside the training thread, and
+  // Open MPI busy-polls while a collective waits; it only yields the core by itself when it
+  // sees more ranks than cores, which the extra thread hides from it. yield_when_idle()
+  // (launcher.h) decides from the node's threads and CPUs. A value the user set wins.
+  if (yield) setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   // MULTIPLE lets a communication thread and the training thread both call MPI.
   DDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, provided));
   return true;
@@ -68,15 +67,23 @@ std::atomic<bool> g_first_runtime_done{false};
 Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
     : uncaught_at_construction_(std::uncaught_exceptions()) {
   check_launch_before_mpi_init();
-  owns_mpi_ = init_mpi(&argc, &argv, &thread_level_);
+  owns_mpi_ = init_mpi(&argc, &argv, &thread_level_, yield_before_init());
   init_topology(options);
 }
 
 Runtime::Runtime(RuntimeOptions options)
     : uncaught_at_construction_(std::uncaught_exceptions()) {
   check_launch_before_mpi_init();
-  owns_mpi_ = init_mpi(nullptr, nullptr, &thread_level_);
+  owns_mpi_ = init_mpi(nullptr, nullptr, &thread_level_, yield_before_init());
   init_topology(options);
+}
+
+bool Runtime::yield_before_init() const {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cpus = 1;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0) cpus = CPU_COUNT(&mask);
+  return yield_when_idle(current_environment(), launch_.local_size, cpus);
 }
 
 void Runtime::check_launch_before_mpi_init() {

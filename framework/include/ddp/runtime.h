@@ -88,6 +88,7 @@ class Runtime {
 
  private:
   void check_launch_before_mpi_init();
+  bool yield_before_init() const;  // from launch_ (read by check_launch_before_mpi_init)
   void init_topology(RuntimeOptions options);
   void set_threads(MPI_Comm node_comm);
   // Every local rank's id of the one GPU it sees ("" if none or several); collective on the node.
