@@ -2,7 +2,7 @@
 # Usage: cifar_resume_check.sh MPIEXEC DDP_CIFAR COMPARE_MODELS DATA_DIR WORK_DIR
 # A 2-rank ddp_cifar run stopped after epoch 1 and resumed ends bit-identical to the same run
 # uninterrupted; a damaged newest snapshot is refused naming it, or skipped with
-# --resume-fallback.
+# --resume-fallback; resuming on another number of ranks works and warns.
 set -euo pipefail
 mpiexec=$1 ddp_cifar=$2 compare=$3 data=$4 work=$5
 rm -rf "$work" && mkdir -p "$work/full" "$work/resumed"
@@ -30,4 +30,10 @@ grep -q "$work/damaged/snapshot_epoch2.pt: truncated" "$work/damaged.log"
 grep -q "trying the previous snapshot" "$work/fallback.log"
 grep -q "Resumed from $work/damaged/snapshot_epoch1.pt" "$work/fallback.log"
 "$compare" "$work/full/model_with_epoch2.pt" "$work/damaged/model_with_epoch2.pt"
+echo "== the 2-rank snapshot resumed by one process"
+mkdir -p "$work/one"
+cp "$work/full/snapshot_epoch1.pt" "$work/one/"
+"$(dirname "$ddp_cifar")/cifar" "${train[@]:4}" --checkpoint-dir "$work/one" --resume > "$work/one.log" 2>&1
+grep -q "the snapshot was written by 2 rank(s), this run has 1: the data order differs" "$work/one.log"
+test -f "$work/one/model_with_epoch2.pt"
 echo "resume check passed"
