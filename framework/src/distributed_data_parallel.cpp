@@ -1,5 +1,7 @@
 #include <ddp/distributed_data_parallel.h>
 
+#include <ddp/replica_check.h>
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -11,21 +13,6 @@
 namespace ddp {
 
 namespace {
-
-// One line per parameter and buffer: what must agree on every rank for the replicas and their
-// collectives to line up.
-std::vector<std::string> describe(const torch::nn::Module& module) {
-  std::vector<std::string> lines;
-  auto add = [&](const char* kind, const std::string& name, const torch::Tensor& t) {
-    std::ostringstream line;
-    line << kind << " '" << name << "' " << t.scalar_type() << " " << t.sizes()
-         << (t.requires_grad() ? "" : " frozen");
-    lines.push_back(line.str());
-  };
-  for (const auto& p : module.named_parameters()) add("parameter", p.key(), p.value());
-  for (const auto& b : module.named_buffers()) add("buffer", b.key(), b.value());
-  return lines;
-}
 
 std::string join(const std::vector<std::string>& lines) {
   std::string text;
@@ -44,7 +31,7 @@ std::vector<std::string> split(const std::string& text) {
 // rank when any differs from rank 0's.
 void verify_same_structure(Communicator& comm, const torch::nn::Module& module) {
   std::vector<std::vector<std::string>> per_rank;
-  for (const auto& text : all_gather_strings(comm, join(describe(module)))) {
+  for (const auto& text : all_gather_strings(comm, join(describe_tensors(module)))) {
     per_rank.push_back(split(text));
   }
   const auto& reference = per_rank[0];

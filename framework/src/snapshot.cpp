@@ -1,6 +1,7 @@
 #include <ddp/snapshot.h>
 
 #include <ddp/checkpoint.h>
+#include <ddp/replica_check.h>
 
 #include <c10/util/Type.h>
 #include <torch/torch.h>
@@ -42,14 +43,9 @@ uint64_t get_u64(const char* in) {
 
 // What must match for a snapshot to fit a model: every parameter and buffer, in order.
 std::string describe(const torch::nn::Module& model) {
-  std::ostringstream text;
-  for (const auto& p : model.named_parameters()) {
-    text << "parameter " << p.key() << " " << p.value().scalar_type() << " " << p.value().sizes() << "\n";
-  }
-  for (const auto& b : model.named_buffers()) {
-    text << "buffer " << b.key() << " " << b.value().scalar_type() << " " << b.value().sizes() << "\n";
-  }
-  return text.str();
+  std::string text;
+  for (const auto& line : describe_tensors(model)) text += line + "\n";
+  return text;
 }
 
 std::string first_difference(const std::string& expected, const std::string& found) {
