@@ -10,10 +10,11 @@
 #include <cstring>
 #include <dirent.h>
 #include <fstream>
-#include <iostream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <typeinfo>
+#include <utility>
 
 namespace ddp {
 

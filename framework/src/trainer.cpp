@@ -1,17 +1,17 @@
 #include <ddp/trainer.h>
 
 #include <ddp/augment.h>
+#include <ddp/checkpoint.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/replica_check.h>
-#include <ddp/checkpoint.h>
 #include <ddp/snapshot.h>
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
