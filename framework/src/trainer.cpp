@@ -112,13 +112,15 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
       batch.inputs = train.normalise(batch.inputs);
     });
-    if (ddp_) ddp_->prepare_forward();
+    phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
+    // The buffer broadcast belongs to forward, as in PyTorch's DDP.
+    if (ddp_) phase("forward", local.forward_backward, [&] { ddp_->prepare_forward(); });
     if (options_.check_sync_every > 0 && global_step_ % options_.check_sync_every == 0) {
       // Here, after the buffer broadcast and before forward, healthy replicas are identical.
+      // A diagnostic: its time counts in no phase.
       check_replicas_in_sync(model_, comm, "at step " + std::to_string(global_step_) +
                                                " (epoch " + std::to_string(epoch) + ")");
     }
-    phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
     phase("forward", local.forward_backward,
           [&] { loss = torch::nll_loss(forward_(batch.inputs), batch.targets); });
     phase("backward", local.forward_backward, [&] { loss.backward(); });
@@ -283,11 +285,14 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
 void Trainer::checkpoint(int64_t epoch) {
   const CheckpointOptions& c = options_.checkpoint;
   if (c.dir.empty()) return;
+  auto model_path = [&](int64_t e) {
+    return c.dir + "/model_with_epoch" + std::to_string(e) + ".pt";
+  };
   if (runtime_.is_main()) {
     std::error_code error;
     std::filesystem::create_directories(c.dir, error);
     if (error) throw std::runtime_error(c.dir + ": cannot create the checkpoint directory: " + error.message());
-    save_module(model_, c.dir + "/model_with_epoch" + std::to_string(epoch) + ".pt");
+    save_module(model_, model_path(epoch));
   }
   TrainingProgress progress;
   progress.epoch = epoch;
@@ -300,7 +305,7 @@ void Trainer::checkpoint(int64_t epoch) {
     // Only after the new files are complete; removing what is absent is fine.
     const int64_t old = epoch - c.keep;
     std::remove(snapshot_path(c.dir, old).c_str());
-    std::remove((c.dir + "/model_with_epoch" + std::to_string(old) + ".pt").c_str());
+    std::remove(model_path(old).c_str());
   }
 }
 
