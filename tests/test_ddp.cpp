@@ -232,6 +232,142 @@ TEST(DistributedDataParallel, DifferentBucketOptionsAcrossRanksAreRejected) {
   }
 }
 
+using Layout = std::vector<std::vector<size_t>>;
+
+// Every parameter's grad equals the reference's and is bit-identical across ranks.
+void expect_grads_match(torch::nn::Module& distributed, torch::nn::Module& reference,
+                        const std::string& what) {
+  auto want = reference.named_parameters();
+  for (const auto& p : distributed.named_parameters()) {
+    const torch::Tensor got = p.value().grad(), expected = want[p.key()].grad();
+    EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-6))
+        << what << ", " << p.key() << ": max diff " << (got - expected).abs().max().item<double>();
+    EXPECT_TRUE(identical_on_all_ranks(got)) << what << ", " << p.key();
+  }
+}
+
+// Backward produces Shuffled's gradients in the order out.bias 12 bytes, out.weight 384,
+// mid.bias 128, mid.weight 4096, in.bias 128, in.weight 1280. With a 512-byte first bucket and a
+// 1.5 KiB cap, that order and reverse registration order give different layouts.
+ddp::DDPOptions small_buckets() {
+  ddp::DDPOptions options;
+  options.first_bucket_mb = 0.5 / 1024;
+  options.bucket_cap_mb = 1.5 / 1024;
+  return options;
+}
+const Layout kRegistered = {{5}, {4}, {3, 2}, {1, 0}};
+const Layout kObserved = {{1, 0}, {5}, {4}, {3, 2}};
+
+TEST(DistributedDataParallel, BucketsAreRebuiltInTheOrderGradientsArrived) {
+  const int w = rt().world_size(), r = rt().rank();
+  if (w < 2) GTEST_SKIP() << "one rank has no reducer";
+  const int64_t b = 2;
+  auto mine = [&](const torch::Tensor& global) { return global.slice(0, r * b, (r + 1) * b); };
+  struct Case {
+    const char* name;
+    bool rebuild;
+    ddp::GradSync sync;
+    Layout before, after;
+  };
+  const Layout one_each = {{5}, {4}, {3}, {2}, {1}, {0}};
+  for (const Case& c :
+       {Case{"rebuild", true, ddp::GradSync::Bucketed, kRegistered, kObserved},
+        Case{"rebuild_buckets off", false, ddp::GradSync::Bucketed, kRegistered, kRegistered},
+        Case{"per-parameter", true, ddp::GradSync::PerParameter, one_each, one_each}}) {
+    torch::manual_seed(31);
+    auto distributed = std::make_shared<Shuffled>();
+    torch::manual_seed(31);
+    auto reference = std::make_shared<Shuffled>();
+    ddp::DDPOptions options = small_buckets();
+    options.rebuild_buckets = c.rebuild;
+    options.sync = c.sync;
+    ddp::DistributedDataParallel model(rt(), distributed, options);
+    EXPECT_EQ(model.bucket_layout(), c.before) << c.name;
+    torch::manual_seed(32);
+    const torch::Tensor x = torch::randn({2, w * b, 10});
+    const torch::Tensor y = torch::randint(0, 3, {2, w * b}, torch::kLong);
+    for (int64_t step = 0; step < 2; ++step) {
+      distributed->zero_grad();
+      reference->zero_grad();
+      const std::string what = std::string(c.name) + ", step " + std::to_string(step);
+      torch::nn::functional::cross_entropy(distributed->forward(mine(x[step])), mine(y[step])).backward();
+      torch::nn::functional::cross_entropy(reference->forward(x[step]), y[step]).backward();
+      EXPECT_EQ(model.bucket_layout(), c.after) << what;
+      expect_grads_match(*distributed, *reference, what);
+    }
+  }
+}
+
+TEST(DistributedDataParallel, BucketsAreRebuiltAfterTheFirstSynchronisedBackwardOnly) {
+  const int w = rt().world_size(), r = rt().rank();
+  if (w < 2) GTEST_SKIP() << "one rank has no reducer";
+  const int64_t b = 2;
+  torch::manual_seed(33);
+  auto distributed = std::make_shared<Shuffled>();
+  torch::manual_seed(33);
+  auto reference = std::make_shared<Shuffled>();
+  ddp::DistributedDataParallel model(rt(), distributed, small_buckets());
+  torch::manual_seed(34);
+  const torch::Tensor x = torch::randn({2, w * b, 10});
+  const torch::Tensor y = torch::randint(0, 3, {2, w * b}, torch::kLong);
+  auto loss = [&](int64_t step) {
+    auto mine = [&](const torch::Tensor& global) { return global.slice(0, r * b, (r + 1) * b); };
+    return torch::nn::functional::cross_entropy(distributed->forward(mine(x[step])), mine(y[step]));
+  };
+  {
+    auto guard = model.no_sync();
+    loss(0).backward();
+  }
+  EXPECT_EQ(model.bucket_layout(), kRegistered);
+  loss(1).backward();
+  EXPECT_EQ(model.bucket_layout(), kObserved);
+  for (int64_t step = 0; step < 2; ++step) {
+    torch::nn::functional::cross_entropy(reference->forward(x[step]), y[step]).backward();
+  }
+  expect_grads_match(*distributed, *reference, "no_sync, then a synchronised backward");
+}
+
+// Two layers applied in an order that depends on the rank's parity, so the ranks see their
+// gradients arrive in different orders.
+struct RankOrdered : torch::nn::Module {
+  RankOrdered()
+      : a(register_module("a", torch::nn::Linear(6, 6))),
+        b(register_module("b", torch::nn::Linear(6, 6))) {}
+  torch::Tensor forward(const torch::Tensor& x, bool a_last) {
+    return a_last ? a(torch::tanh(b(x))) : b(torch::tanh(a(x)));
+  }
+  torch::nn::Linear a, b;
+};
+
+TEST(DistributedDataParallel, RebuiltBucketsFollowRankZerosOrderOnEveryRank) {
+  const int w = rt().world_size(), r = rt().rank();
+  if (w < 2) GTEST_SKIP() << "one rank has no reducer";
+  torch::manual_seed(35);
+  auto distributed = std::make_shared<RankOrdered>();
+  torch::manual_seed(35);
+  auto reference = std::make_shared<RankOrdered>();
+  ddp::DDPOptions options;
+  options.first_bucket_mb = options.bucket_cap_mb = 1e-6;  // one parameter per bucket
+  ddp::DistributedDataParallel model(rt(), distributed, options);
+  EXPECT_EQ(model.bucket_layout(), (Layout{{3}, {2}, {1}, {0}}));
+  torch::manual_seed(36);
+  const torch::Tensor x = torch::randn({3, w, 2, 6});
+  for (int64_t step = 0; step < 3; ++step) {
+    distributed->zero_grad();
+    reference->zero_grad();
+    // Even ranks get a's gradients first; odd ranks b's, as reverse registration order guesses.
+    distributed->forward(x[step][r], r % 2 == 0).pow(2).mean().backward();
+    torch::Tensor total = torch::zeros({});
+    for (int k = 0; k < w; ++k) {
+      total = total + reference->forward(x[step][k], k % 2 == 0).pow(2).mean();
+    }
+    (total / w).backward();
+    // Rank 0's order on every rank.
+    EXPECT_EQ(model.bucket_layout(), (Layout{{1}, {0}, {3}, {2}})) << "rank " << r << ", step " << step;
+    expect_grads_match(*distributed, *reference, "step " + std::to_string(step));
+  }
+}
+
 // k backward passes, all but the last under no_sync(), then one step: the same as one process
 // taking one step on the k*N*b samples.
 TEST(DistributedDataParallel, NoSyncAccumulatesLikeOneBigBatch) {

@@ -122,8 +122,14 @@ Reducer::Reducer(Runtime& runtime, std::vector<torch::Tensor> params,
         "; use an MPI built with thread support, or GradSync::PerParameter (--grad-sync "
         "per-parameter)");
   }
-  build_buckets();
+  // Reverse registration order: roughly the order in which backward produces gradients.
+  std::vector<size_t> order;
+  for (size_t k = params_.size(); k-- > 0;) {
+    if (params_[k].requires_grad()) order.push_back(k);
+  }
+  build_buckets(order);
   check_layout_across_ranks();  // before the backends' collectives: they must match too
+  rebuild_pending_ = options_.rebuild_buckets && options_.sync == GradSync::Bucketed;
   if (nccl) {
     async_comm_ = &runtime.gpu_communicator();
     data_comm_ = async_comm_;
@@ -182,7 +188,8 @@ size_t Reducer::reattach_hooks() {
   return replaced.size();
 }
 
-void Reducer::build_buckets() {
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  buckets_.clear();
   slots_.assign(params_.size(), Slot{kNoBucket, 0, false});
   const double mib = 1024.0 * 1024.0;
   auto cap_bytes = [&](size_t bucket) {
@@ -214,10 +221,8 @@ void Reducer::build_buckets() {
     current.clear();
     current_bytes = 0;
   };
-  // Reverse registration order: roughly the order in which backward produces gradients.
-  for (size_t k = params_.size(); k-- > 0;) {
+  for (size_t k : order) {
     const torch::Tensor& p = params_[k];
-    if (!p.requires_grad()) continue;
     const double bytes = static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
     const bool new_bucket =
         options_.sync == GradSync::PerParameter ||
@@ -229,6 +234,27 @@ void Reducer::build_buckets() {
     if (bytes >= options_.first_bucket_mb * mib) close();  // large: launch it as soon as it is ready
   }
   close();
+}
+
+void Reducer::rebuild_buckets() {
+  std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
+  std::vector<bool> seen(params_.size(), false);
+  for (size_t k : ready_order_) seen[k] = true;
+  for (size_t k = params_.size(); k-- > 0;) {
+    if (slots_[k].bucket != kNoBucket && !seen[k]) order.push_back(static_cast<int64_t>(k));
+  }
+  // Every rank has the same parameters, so the same length; rank 0's order wins.
+  torch::Tensor shared = torch::tensor(order, torch::kLong);
+  control_comm_.broadcast(shared, 0);
+  const std::vector<size_t> agreed(shared.data_ptr<int64_t>(),
+                                   shared.data_ptr<int64_t>() + shared.numel());
+  // With NCCL the GPU may still be all-reducing the old buckets: the caching allocator keeps
+  // their memory until the NCCL stream is done with it (NcclCommunicator records that stream).
+  build_buckets(agreed);
+  check_layout_across_ranks();
+  if (async_comm_) in_flight_.resize(buckets_.size());
+  rebuild_pending_ = false;
+  ready_order_.clear();
 }
 
 void Reducer::check_layout_across_ranks() {
@@ -275,6 +301,7 @@ void Reducer::on_gradient_ready(size_t param) {
   }
   view_of(param).copy_(grad.reshape(-1));
   slot.ready = true;
+  if (rebuild_pending_) ready_order_.push_back(param);
   if (--buckets_[slot.bucket].pending == 0) launch_ready_buckets();
 }
 
@@ -287,6 +314,7 @@ void Reducer::begin_backward() {
   }
   for (Slot& slot : slots_) slot.ready = false;
   for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();
+  ready_order_.clear();  // a backward that failed before step 5 may have left a partial order
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 
@@ -428,6 +456,7 @@ void Reducer::finish_backward() {
   }
   sync_seconds_ += seconds_since(start);
   if (options_.timeline) options_.timeline->span("wait for gradient sync", "sync", start, Clock::now());
+  if (rebuild_pending_) rebuild_buckets();
 
   // 4. Unused parameters: an error on every rank unless they were declared possible.
   if (options_.find_unused_parameters) return;

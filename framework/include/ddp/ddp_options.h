@@ -32,6 +32,11 @@ struct DDPOptions {
   // true: prepare_forward() broadcasts rank 0's buffers (BatchNorm running statistics), as PyTorch
   // DDP does before every forward, so every replica evaluates and checkpoints the same model.
   bool broadcast_buffers = true;
+  // true: after the first synchronised backward, buckets are regrouped (same caps) in the order
+  // rank 0 saw gradients arrive, as PyTorch's Reducer does. Reverse registration order only
+  // guesses that order; where it guesses wrong, a bucket waits for its latest gradient and its
+  // all-reduce overlaps less of backward. Bucketed sync only (per-parameter buckets gain nothing).
+  bool rebuild_buckets = true;
   Timeline* timeline = nullptr;  // records each bucket's all-reduce when set
 };
 

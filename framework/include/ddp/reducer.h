@@ -9,6 +9,10 @@
 // it is worth an all-reduce of its own, and sharing a bucket with earlier layers would hold its
 // all-reduce back until their gradients exist (the seed CNN's fc1.weight would wait for every
 // convolution). GradSync::PerParameter is the same machinery with one parameter per bucket.
+// Reverse registration order is only a guess at the order of the gradients: with
+// rebuild_buckets (Bucketed mode), the first synchronised backward records the order they
+// actually arrive in, and the buckets are regrouped, by the same rules, in rank 0's order
+// (step 5).
 //
 // One backward pass:
 //   1. When autograd has accumulated a parameter's gradient (a post-hook on its grad
@@ -29,6 +33,12 @@
 //   4. A parameter without a gradient on any rank is an error raised on every rank, naming the
 //      parameters and ranks (find_unused_parameters=false), or counts as zero
 //      (find_unused_parameters=true; a parameter unused on every rank keeps its grad as it was).
+//   5. Once, at the end of the first synchronised backward with rebuild_buckets, between 3 and
+//      4: rank 0 broadcasts the order in which its hooks fired (over the control communicator),
+//      followed by the parameters it got no gradient for in reverse registration order; every
+//      rank regroups buckets_ and slots_ in that order and the layout check runs again. Rank 0's
+//      order, not each rank's own: a rank whose gradients arrive in another order must still
+//      launch the same collectives in the same order.
 //
 // Averaging: each bucket is divided by the world size, then summed over ranks. Because the
 // bucket holds the accumulated grad(), gradient accumulation and no_sync() stay exact.
@@ -38,9 +48,10 @@
 // reduce(), on the communication thread or inline; NCCL (an AsyncCommunicator) starts the
 // all-reduce with all_reduce_async() in step 2 and waits for its Work in step 3.
 //
-// Invariants: every rank has the same bucket layout (checked at construction); between
-// backward passes no bucket is in flight; params_, buckets_ and slots_ never change after
-// construction.
+// Invariants: every rank has the same bucket layout (checked at construction and after the
+// rebuild); between backward passes no bucket is in flight; params_ never changes after
+// construction; buckets_ and slots_ change at most once, in step 5, identically on all ranks,
+// with nothing in flight.
 
 #include <ddp/async_communicator.h>
 #include <ddp/ddp_options.h>
@@ -117,7 +128,10 @@ class Reducer {
     bool ready = false;   // copied in during this backward
   };
 
-  void build_buckets();
+  // Groups `order` (the indices of the parameters that require grad) into buckets_, in that
+  // order, and points slots_ at them.
+  void build_buckets(const std::vector<size_t>& order);
+  void rebuild_buckets();  // step 5
   void check_layout_across_ranks();
   void on_gradient_ready(size_t param);
   void begin_backward();
@@ -153,6 +167,8 @@ class Reducer {
 
   bool sync_enabled_ = true;
   bool in_backward_ = false;
+  bool rebuild_pending_ = false;     // until step 5 has run
+  std::vector<size_t> ready_order_;  // parameters in hook order, while rebuild_pending_
   size_t next_to_launch_ = 0;
   double sync_seconds_ = 0;
   int64_t sync_bytes_ = 0;
