@@ -81,8 +81,8 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
     const Model model = make_model(cifar.model);
     model.module->to(device);
     if (cifar.sync_batchnorm && parallel) {
-      const int layers = ddp::convert_sync_batchnorm(
-          *model.module, std::make_shared<ddp::MpiCommunicator>(runtime.comm()));
+      const int layers =
+          ddp::convert_sync_batchnorm(*model.module, runtime.communicator_for(device));
       if (runtime.is_main()) std::cout << "SyncBatchNorm: " << layers << " layers" << std::endl;
     }
     const auto timeline = make_timeline(runtime, flags);

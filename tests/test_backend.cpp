@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -56,6 +57,27 @@ TEST(Backend, GpuCommunicatorOnACpuRankSaysWhy) {
     EXPECT_TRUE(contains(e.what(), "rank " + std::to_string(rt().rank()) +
                                        " has no NCCL communicator: it computes on the CPU"))
         << e.what();
+  }
+}
+
+// SyncBatchNorm's communicator: a fresh MPI one for CPU layers, and on a CPU rank the same
+// explanation as gpu_communicator() for CUDA ones.
+TEST(Backend, CommunicatorForTheCpuIsAnMpiCommunicatorOverAllRanks) {
+  const std::shared_ptr<ddp::Communicator> comm = rt().communicator_for(torch::kCPU);
+  ASSERT_NE(comm, nullptr);
+  EXPECT_EQ(comm->rank(), rt().rank());
+  EXPECT_EQ(comm->size(), rt().world_size());
+  torch::Tensor x = torch::full({3}, static_cast<double>(rt().rank() + 1), torch::kDouble);
+  comm->all_reduce(x);
+  const double n = rt().world_size();
+  EXPECT_TRUE(torch::equal(x, torch::full({3}, n * (n + 1) / 2, torch::kDouble)));
+
+  if (rt().device().is_cuda()) return;
+  try {
+    rt().communicator_for(torch::kCUDA);
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "has no NCCL communicator: it computes on the CPU")) << e.what();
   }
 }
 

@@ -266,9 +266,19 @@ AsyncCommunicator& Runtime::gpu_communicator() {
                "cpu_communicator()"));
   }
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
-  gpu_comm_ = std::make_unique<NcclCommunicator>(*this);
+  gpu_comm_ = std::make_shared<NcclCommunicator>(*this);
 #endif
   return *gpu_comm_;
+}
+
+std::shared_ptr<Communicator> Runtime::communicator_for(torch::Device device) {
+  if (!device.is_cuda()) return std::make_shared<MpiCommunicator>(comm());
+  if (device_.is_cuda() && device.has_index() && device.index() != device_.index()) {
+    throw std::invalid_argument("Runtime::communicator_for: rank " + std::to_string(rank_) +
+                                " computes on " + device_.str() + ", not " + device.str());
+  }
+  gpu_communicator();
+  return gpu_comm_;
 }
 
 std::string Runtime::summary() const {

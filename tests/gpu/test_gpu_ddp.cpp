@@ -1,7 +1,8 @@
 // DistributedDataParallel and the Reducer on a GPU over NCCL: the backend choice, equivalence
 // with one process on the global batch, and backward leaving the host free (the reducer orders
-// the current stream after the bucket all-reduces instead of waiting). Run under mpirun (one
-// rank per GPU); every test skips on a rank without a CUDA device.
+// the current stream after the bucket all-reduces instead of waiting), and SyncBatchNorm over
+// NCCL. Run under mpirun (one rank per GPU); every test skips on a rank without a CUDA device.
+#include <ddp/batch_norm.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/reducer.h>
 
@@ -166,6 +167,32 @@ TEST_F(GpuDdp, BackwardDoesNotMakeTheHostWaitForTheGpu) {
     const torch::Tensor want = reference->named_parameters()[p.key()].grad();
     EXPECT_TRUE(torch::allclose(p.value().grad(), want, 1e-5, 1e-6)) << p.key();
   }
+}
+
+// SyncBatchNorm over NCCL (Runtime::communicator_for on the rank's GPU): N ranks on their slices
+// of a batch compute what torch::nn::BatchNorm2d computes on the whole batch, on the GPU.
+TEST_F(GpuDdp, SyncBatchNormOverNcclEqualsOneProcessOnTheGlobalBatch) {
+  const int w = rt().world_size(), r = rt().rank();
+  const int64_t b = 3, c = 4;
+  const torch::Device device = rt().device();
+  torch::manual_seed(8);
+  const torch::Tensor x = (torch::randn({w * b, c, 5, 5}) * 2 + 1).to(device);
+  const torch::Tensor weights = torch::randn({w * b, c, 5, 5}).to(device);
+  torch::nn::BatchNorm2d reference(c);
+  ddp::BatchNorm2d mine(c);
+  reference->to(device);
+  mine->to(device);
+  ASSERT_EQ(ddp::convert_sync_batchnorm(*mine, rt().communicator_for(device)), 1);
+
+  torch::Tensor x_mine = x.slice(0, r * b, (r + 1) * b).clone().requires_grad_();
+  torch::Tensor x_ref = x.clone().requires_grad_();
+  const torch::Tensor out_mine = mine(x_mine), out_ref = reference(x_ref);
+  (out_mine * weights.slice(0, r * b, (r + 1) * b)).sum().backward();
+  (out_ref * weights).sum().backward();
+  EXPECT_TRUE(torch::allclose(out_mine, out_ref.slice(0, r * b, (r + 1) * b), 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(x_mine.grad(), x_ref.grad().slice(0, r * b, (r + 1) * b), 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(mine->running_mean, reference->running_mean, 1e-4, 1e-6));
+  EXPECT_TRUE(torch::allclose(mine->running_var, reference->running_var, 1e-4, 1e-6));
 }
 
 }  // namespace

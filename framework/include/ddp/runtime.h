@@ -82,6 +82,12 @@ class Runtime {
   // and is therefore collective: every rank must make it (DistributedDataParallel does, when it
   // picks NCCL). Throws std::runtime_error saying why when has_gpu_communicator() is false.
   AsyncCommunicator& gpu_communicator();
+  // A communicator for collectives on tensors of `device`, for model layers that communicate
+  // (SyncBatchNorm) and share its ownership: the NCCL one (gpu_communicator(), collective on
+  // first use) for a CUDA device, a new duplicate of the MPI one for the CPU, so that its traffic
+  // cannot be confused with the gradient reducer's. Collective; throws as gpu_communicator()
+  // does for a CUDA device this rank cannot serve.
+  std::shared_ptr<Communicator> communicator_for(torch::Device device);
 
   // Prints "ddp: rank R (host): message" to stderr and ends every rank of the job.
   [[noreturn]] void abort(const std::string& message, int exit_code = 1) const;
@@ -108,7 +114,7 @@ class Runtime {
   int visible_gpus_ = 0;  // CUDA devices this rank sees (0 without CUDA or with use_cuda off)
   bool own_gpu_ = false;  // every rank of the node sees one GPU, its own
   std::unique_ptr<MpiCommunicator> cpu_comm_;
-  std::unique_ptr<AsyncCommunicator> gpu_comm_;
+  std::shared_ptr<AsyncCommunicator> gpu_comm_;  // shared with communicator_for()'s users
 };
 
 // Runs `body`; an exception escaping it is printed with the rank and host and the whole job is
