@@ -8,6 +8,7 @@
 #include <ddp/ddp.h>
 
 #include <boost/program_options.hpp>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,8 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <unistd.h>
 
 namespace po = boost::program_options;
@@ -57,13 +60,14 @@ Model make_model(const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name, grad_sync, compression, label, out, link, timeline_path;
+  std::string model_name, device_name, grad_sync, compression, label, out, link, timeline_path;
   int64_t batch, warmup, window_steps, windows;
   double bucket_mb;
   po::options_description options("bench_throughput options");
   options.add_options()
     ("help,h", "print this help")
     ("model", po::value(&model_name)->default_value("cnn"), "cnn, resnet18 or mlp")
+    ("device", po::value(&device_name)->default_value("cpu"), "cpu, or cuda (the rank's GPU)")
     ("batch-size", po::value(&batch)->default_value(64), "per rank")
     ("warmup-steps", po::value(&warmup)->default_value(5), "untimed steps first")
     ("window-steps", po::value(&window_steps)->default_value(10), "steps per timed window")
@@ -80,17 +84,26 @@ int main(int argc, char** argv) {
   po::notify(vm);
 
   ddp::RuntimeOptions runtime_options;
-  runtime_options.use_cuda = false;
+  runtime_options.use_cuda = device_name == "cuda";
   ddp::Runtime runtime(argc, argv, runtime_options);
   if (vm.count("help")) {
     if (runtime.is_main()) std::cout << options << "\n";
     return 0;
   }
   return ddp::run_or_abort(runtime, [&] {
+    if (device_name != "cpu" && device_name != "cuda") {
+      throw std::invalid_argument("--device: unknown device '" + device_name + "' (cpu, cuda)");
+    }
+    const torch::Device device = runtime.device();
+    if (device_name == "cuda" && !device.is_cuda()) {
+      throw std::runtime_error("--device cuda: rank " + std::to_string(runtime.rank()) +
+                               " has no CUDA device (" + runtime.summary() + ")");
+    }
     std::unique_ptr<ddp::Timeline> timeline;
     if (!timeline_path.empty()) timeline = std::make_unique<ddp::Timeline>(runtime.cpu_communicator());
     torch::manual_seed(1);
     Model model = make_model(model_name);
+    model.module->to(device);
     ddp::DDPOptions ddp_options;
     ddp_options.sync = ddp::parse_grad_sync(grad_sync);
     ddp_options.compression = ddp::parse_compression(compression);
@@ -102,8 +115,8 @@ int main(int argc, char** argv) {
     torch::manual_seed(1234 + runtime.rank());
     std::vector<int64_t> shape{batch};
     shape.insert(shape.end(), model.input_shape.begin(), model.input_shape.end());
-    const torch::Tensor inputs = torch::randn(shape);
-    const torch::Tensor targets = torch::randint(0, 10, {batch}, torch::kLong);
+    const torch::Tensor inputs = torch::randn(shape).to(device);
+    const torch::Tensor targets = torch::randint(0, 10, {batch}, torch::kLong).to(device);
 
     auto step = [&] {
       using Clock = ddp::Timeline::Clock;
@@ -126,6 +139,7 @@ int main(int argc, char** argv) {
       comm.barrier();
       const auto start = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < window_steps; ++i) step();
+      if (device.is_cuda()) torch::cuda::synchronize();  // the host runs ahead of the GPU
       comm.barrier();
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       rates.push_back(static_cast<double>(runtime.world_size() * batch * window_steps) / seconds);
@@ -141,6 +155,7 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof host - 1);
     std::ostringstream json;
     json << "{\"impl\": \"" << label << "\", \"model\": \"" << model_name
+         << "\", \"device\": \"" << device_name
          << "\", \"world\": " << runtime.world_size() << ", \"batch\": " << batch
          << ", \"threads\": " << torch::get_num_threads() << ", \"samples_per_sec\": " << median
          << ", \"step_ms\": " << 1000.0 * runtime.world_size() * batch / median << ", \"windows\": [";

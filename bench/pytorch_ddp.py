@@ -5,10 +5,10 @@ Launched by Open MPI exactly like the C++ benchmark, e.g.
     mpirun -np 2 /usr/bin/python3 bench/pytorch_ddp.py --model cnn --batch-size 64 \
         --warmup-steps 5 --window-steps 20 --windows 5 --out results.jsonl
 
-Rank and world size come from Open MPI's environment; the process group is gloo over TCP
-at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500). Every step trains on the same
-synthetic batch, so the numbers measure the training step (forward, backward with gradient
-all-reduce, optimizer), not data loading. The models match the C++ benchmark's layer for layer.
+Rank and world size come from Open MPI's environment; the process group is gloo (NCCL with
+--device cuda) over TCP at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500). Every step
+trains on the same synthetic batch, so the numbers measure the training step (forward,
+backward with gradient all-reduce, optimizer), not data loading. The models match the C++ benchmark's layer for layer.
 """
 
 import argparse
@@ -108,6 +108,8 @@ MODELS = {
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the rank's GPU (local rank), NCCL instead of gloo")
     p.add_argument("--batch-size", type=int, required=True, help="samples per rank per step")
     p.add_argument("--warmup-steps", type=int, required=True)
     p.add_argument("--window-steps", type=int, required=True)
@@ -133,22 +135,30 @@ def main():
 
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = os.environ.get("MASTER_PORT", "29500")
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
-                            rank=rank, world_size=world)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"pytorch_ddp.py: --device cuda, but rank {rank} sees no CUDA device")
+        device = torch.device("cuda", int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
 
     # Seeds as in bench/bench_throughput.cpp: one for the weights, one per rank for the data.
     make_model, sample_shape = MODELS[args.model]
     torch.manual_seed(1)
-    model = make_model()
+    model = make_model().to(device)
     if args.model == "resnet18":
         n = len(list(model.parameters()))
         assert n == 62, f"ResNet-18 has {n} parameter tensors, expected 62"
     # DDP also at world size 1, so that this is the code path users run.
-    ddp = nn.parallel.DistributedDataParallel(model)
+    device_ids = [device] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(1234 + rank)
-    inputs = torch.randn(args.batch_size, *sample_shape)
-    targets = torch.randint(0, 10, (args.batch_size,))
+    inputs = torch.randn(args.batch_size, *sample_shape).to(device)
+    targets = torch.randint(0, 10, (args.batch_size,)).to(device)
 
     def step():
         optimizer.zero_grad()
@@ -165,6 +175,8 @@ def main():
         t0 = time.perf_counter()
         for _ in range(args.window_steps):
             step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the host runs ahead of the GPU
         dist.barrier()
         dt = time.perf_counter() - t0
         windows.append(world * args.batch_size * args.window_steps / dt)
@@ -175,6 +187,7 @@ def main():
         result = {
             "impl": args.label,
             "model": args.model,
+            "device": args.device,
             "world": world,
             "batch": args.batch_size,
             "threads": threads,

@@ -6,7 +6,7 @@
 #   3. the same at 2 ranks across two emulated hosts (network namespaces, tbf-shaped links at
 #      1 Gbit/s and 100 Mbit/s), needs root
 #   4. a timeline picture of a 2-rank step
-# Takes about 25 minutes on 2 cores; run it on an otherwise idle machine.
+# Takes about 45 minutes on 2 cores; run it on an otherwise idle machine.
 # Usage: bench/run_all.sh [--quick]   (--quick: fewer and shorter windows, for a smoke test)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +39,7 @@ run() {
   echo "memory:    $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "os:        $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
   echo "libtorch:  $(dpkg-query -W -f='${Version}' libtorch-dev) (C++, Debian); python3-torch $($python -c 'import torch; print(torch.__version__)')"
+  echo "blas:      $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3) (LibTorch's, C++ and Python alike)"
   echo "mpi:       $(mpirun --version | head -n 1)"
   echo "ddp:       $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet || echo '+changes')"
 } > "$results/machine.txt"
@@ -52,8 +53,8 @@ done
 # Per model: batch per rank, warm-up steps, steps per window.
 declare -A batch=([mlp]=64 [cnn]=64 [resnet18]=16)
 declare -A warmup=([mlp]=50 [cnn]=3 [resnet18]=1)
-declare -A window=([mlp]=200 [cnn]=5 [resnet18]=2)
-windows=5
+declare -A window=([mlp]=500 [cnn]=10 [resnet18]=3)
+windows=7
 if [ $quick = 1 ]; then windows=2; window=([mlp]=20 [cnn]=2 [resnet18]=1); fi
 
 # One measurement of each implementation; $1 = model, $2 = ranks, $3 = output, rest: mpirun flags.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds ddp against the CUDA PyTorch of python3 and proves the GPU path on this machine: the GPU
-# tests (NCCL communicator, DDP on CUDA, the watchdog), the unit tests, `mnist` on the GPU and
-# `ddp_mnist` on one rank over NCCL. Meant for a GPU machine with python3 + CUDA torch, nvcc and
+# tests (NCCL communicator, DDP on CUDA, SyncBatchNorm over NCCL, the watchdog), the unit tests,
+# `mnist` on the GPU, `ddp_mnist` on one rank over NCCL, and the seed CNN's training throughput
+# against PyTorch DDP on the same GPU. Meant for a GPU machine with python3 + CUDA torch, nvcc and
 # CMake, but maybe without MPI, Boost, GoogleTest or zlib headers, and without internet: what is
 # missing is unpacked with `dpkg -x` from .debs/, which scripts/fetch_gpu_debs.sh downloads on a
 # Debian 12 machine. docs/gpu.md explains what the steps prove.
@@ -214,7 +215,7 @@ fi
 
 # --- Build and run -----------------------------------------------------------------------------
 step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=ON \
-  -DDDP_BUILD_BENCH=OFF -DDDP_BUILD_EXAMPLES=$examples -DCMAKE_PREFIX_PATH="$cmake_prefix" \
+  -DDDP_BUILD_BENCH=$examples -DDDP_BUILD_EXAMPLES=$examples -DCMAKE_PREFIX_PATH="$cmake_prefix" \
   -DDDP_PYTHON="$(command -v "$python")" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} "${cmake_args[@]}"
 if ! grep -q "building the NCCL communicator and the GPU tests" "$out/configure.log"; then
   log "FAIL configure: no CUDA LibTorch + NCCL communicator; its ddp: lines:"
@@ -222,7 +223,7 @@ if ! grep -q "building the NCCL communicator and the GPU tests" "$out/configure.
   exit 1
 fi
 targets=(gpu_tests nccl_timeout_probe unit_tests distributed_tests)
-[ $examples = ON ] && targets+=(mnist ddp_mnist)
+[ $examples = ON ] && targets+=(mnist ddp_mnist bench_throughput)
 step build cmake --build "$build" -j "$jobs" --target "${targets[@]}" || exit 1
 
 step gpu_tests bash -c "cd '$build' && ctest -R '^gpu_' --output-on-failure"
@@ -242,6 +243,23 @@ if [ $examples = ON ]; then
     --data-dir "$data" --metrics-file "$out/ddp_mnist_metrics.jsonl"
   grep -q "NCCL INFO" "$out/ddp_mnist_nccl.log" ||
     { log "FAIL ddp_mnist_nccl: NCCL never started (did the rank get a GPU?)"; failed=1; }
+  # The data pipeline's share of mnist's step (the whole data set lives on the GPU).
+  grep "^Epoch" "$out/mnist_gpu.log" | tee -a "$out/summary.txt"
+
+  # Training steps of the seed CNN at batch 64 on this GPU: ddp (C++) against PyTorch DDP from
+  # this python, both at one rank over NCCL, the same model, batch and synthetic data.
+  bench=(--model cnn --batch-size 64 --warmup-steps 50 --window-steps 500 --windows 5
+         --device cuda --out "$out/throughput_gpu.jsonl")
+  step throughput_ddp "$mpirun" -np 1 "$build/bench/bench_throughput" "${bench[@]}"
+  step throughput_pytorch "$mpirun" -np 1 "$python" "$root/bench/pytorch_ddp.py" "${bench[@]}"
+  "$python" - "$out/throughput_gpu.jsonl" <<'EOF' 2>&1 | tee -a "$out/summary.txt"
+import json, sys
+rate = {r["impl"]: r["samples_per_sec"] for r in map(json.loads, open(sys.argv[1]))}
+for impl in sorted(rate):
+    print(f"gpu_proof: {impl}: {rate[impl]:.0f} samples/s")
+if "ddp-bucketed" in rate and "pytorch-ddp" in rate:
+    print(f"gpu_proof: ddp / PyTorch DDP = {rate['ddp-bucketed'] / rate['pytorch-ddp']:.2f}x")
+EOF
 fi
 log "results in $out"
 exit $failed
