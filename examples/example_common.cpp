@@ -1,5 +1,6 @@
 #include "example_common.h"
 
+#include <cstdio>
 #include <iostream>
 #include <stdexcept>
 
@@ -77,6 +78,27 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
     }
     train(runtime);
   });
+}
+
+ddp::ImageDataset place_data(ddp::Runtime& runtime, const ddp::ImageDataset& data,
+                             const std::string& name) {
+  const torch::Device device = runtime.device();
+  const bool fits = ddp::fits_on(device, data.bytes(), runtime.rank());
+  if (runtime.is_main()) {
+    char size[32];
+    std::snprintf(size, sizeof size, "%.1f MB", static_cast<double>(data.bytes()) / 1e6);
+    std::cout << name << " set (" << size << ") ";
+    if (!device.is_cuda()) {
+      std::cout << "in host memory: training on " << device;
+    } else if (fits) {
+      std::cout << "on " << device << ": at most half of its free memory";
+    } else {
+      std::cout << "in host memory: more than half of " << device << "'s free memory; batches "
+                << "are gathered into pinned memory and copied one step ahead";
+    }
+    std::cout << std::endl;
+  }
+  return fits ? data.to(device) : data;
 }
 
 void announce(ddp::Runtime& runtime, const ddp::ImageDataset& train, const ddp::ImageDataset& test,

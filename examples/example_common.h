@@ -46,6 +46,13 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
                 Parallelism parallelism, const boost::program_options::options_description& options,
                 const CommonFlags& flags, const std::function<void(ddp::Runtime&)>& train);
 
+// `data` where training on runtime.device() reads it: moved to that device when it fits there
+// (ddp::fits_on), else left in host memory, from which each batch is copied one step ahead.
+// Rank 0 says which and why, naming the data set `name`. Each rank decides for its own device;
+// the batches are the same either way.
+ddp::ImageDataset place_data(ddp::Runtime& runtime, const ddp::ImageDataset& data,
+                             const std::string& name);
+
 // Rank 0 prints the data set sizes and where training runs.
 void announce(ddp::Runtime& runtime, const ddp::ImageDataset& train, const ddp::ImageDataset& test,
               const std::string& data_dir);

@@ -1,4 +1,7 @@
 #include <ddp/adadelta.h>
+#include <ddp/augment.h>
+#include <ddp/dataset.h>
+#include <ddp/distributed_sampler.h>
 #include <ddp/mnist.h>
 #include <ddp/trainer.h>
 
@@ -8,7 +11,9 @@
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <numeric>
+#include <vector>
 
 namespace {
 
@@ -62,6 +67,90 @@ TEST(Trainer, SeveralRanksWithoutDdpIsRejected) {
   ddp::Adadelta optimizer(net->parameters());
   EXPECT_THROW(ddp::Trainer(rt(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
                             optimizer, ddp::TrainerOptions{}),
+               std::invalid_argument);
+}
+
+// 100 random 3x8x8 images in 10 classes.
+ddp::ImageDataset small_images() {
+  torch::manual_seed(7);
+  return ddp::ImageDataset{torch::randint(0, 256, {100, 3, 8, 8}, torch::kByte),
+                           torch::randint(0, 10, {100}, torch::kLong), {0.5, 0.4, 0.3},
+                           {0.2, 0.25, 0.3}};
+}
+
+torch::nn::Sequential small_cnn() {
+  torch::manual_seed(1);
+  return torch::nn::Sequential(torch::nn::Conv2d(3, 4, 3), torch::nn::ReLU(), torch::nn::Flatten(),
+                               torch::nn::Linear(4 * 6 * 6, 10), torch::nn::LogSoftmax(1));
+}
+
+// The Trainer gathers batch b+1 during step b. It must still train on exactly the batches of the
+// plain loop (gather, augment, normalise, then the step), and end with the same weights.
+TEST(Trainer, TrainEpochIsThePlainLoopBitForBit) {
+  const ddp::ImageDataset data = small_images();
+  torch::nn::Sequential net = small_cnn(), plain = small_cnn();
+  ddp::DistributedDataParallel model(rt(), net.ptr()), plain_model(rt(), plain.ptr());
+  auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);
+  torch::optim::SGD optimizer(net->parameters(), sgd), plain_optimizer(plain->parameters(), sgd);
+  ddp::TrainerOptions options;
+  options.batch_size = 7;  // shards of 100, 50 and 25 samples: a short last batch
+  options.log_interval = 0;
+  options.seed = 5;
+  options.augment = ddp::RandomCropFlip{2, true};
+  std::vector<torch::Tensor> seen;
+  ddp::Trainer trainer(rt(), *net,
+                       [&](const torch::Tensor& x) {
+                         seen.push_back(x);
+                         return net->forward(x);
+                       },
+                       optimizer, options, &model);
+  const int64_t epoch = 3;
+  trainer.train_epoch(data, epoch);
+
+  ddp::DistributedSampler sampler(data.size(), rt().world_size(), rt().rank(), true, options.seed);
+  sampler.set_epoch(epoch);
+  const std::vector<int64_t> indices = sampler.indices();
+  const int64_t n = static_cast<int64_t>(indices.size());
+  at::Generator generator = ddp::augmentation_generator(options.seed, rt().rank(), epoch);
+  size_t steps = 0;
+  for (int64_t begin = 0; begin < n; begin += options.batch_size, ++steps) {
+    const ddp::Batch batch =
+        data.gather(indices, begin, std::min(n, begin + options.batch_size), torch::kCPU);
+    const torch::Tensor inputs = data.normalise(options.augment(batch.inputs, generator));
+    ASSERT_LT(steps, seen.size());
+    EXPECT_TRUE(torch::equal(seen[steps], inputs)) << "batch " << steps;
+    plain_optimizer.zero_grad();
+    plain_model.prepare_forward();
+    torch::nll_loss(plain->forward(inputs), batch.targets).backward();
+    plain_optimizer.step();
+  }
+  EXPECT_EQ(seen.size(), steps);
+  const auto trained = net->named_parameters(), expected = plain->named_parameters();
+  for (const auto& p : trained) {
+    EXPECT_TRUE(torch::equal(p.value(), expected[p.key()])) << p.key();
+  }
+}
+
+TEST(ImageDataset, GatherFromHostMemoryPicksTheIndexedRangeOnTheCpu) {
+  const ddp::ImageDataset data = small_images();
+  const std::vector<int64_t> indices = {99, 3, 42, 42, 0, 17};
+  const ddp::Batch batch = data.gather(indices, 1, 5, torch::kCPU);
+  const torch::Tensor rows = torch::tensor({3, 42, 42, 0}, torch::kLong);
+  EXPECT_EQ(batch.inputs.dtype(), torch::kByte);
+  EXPECT_TRUE(batch.inputs.device().is_cpu());
+  EXPECT_TRUE(torch::equal(batch.inputs, data.images.index_select(0, rows)));
+  EXPECT_TRUE(torch::equal(batch.targets, data.labels.index_select(0, rows)));
+  EXPECT_TRUE(torch::equal(data.batch(indices, 1, 5, torch::kCPU).inputs,
+                           data.normalise(batch.inputs)));
+  EXPECT_THROW(data.gather(indices, 4, 7, torch::kCPU), std::out_of_range);
+}
+
+TEST(ImageDataset, HostMemoryAlwaysHoldsTheDataSet) {
+  const ddp::ImageDataset data = small_images();
+  EXPECT_EQ(data.bytes(), 100 * 3 * 8 * 8 + 100 * 8);
+  EXPECT_TRUE(ddp::fits_on(torch::kCPU, data.bytes(), rt().rank()));
+  EXPECT_TRUE(ddp::fits_on(torch::kCPU, std::numeric_limits<int64_t>::max(), rt().rank()));
+  EXPECT_THROW(ddp::fits_on(torch::Device(torch::kMeta), data.bytes(), rt().rank()),
                std::invalid_argument);
 }
 

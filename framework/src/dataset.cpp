@@ -1,5 +1,10 @@
 #include <ddp/dataset.h>
 
+#include <ddp/config.h>
+#if DDP_WITH_CUDA
+#include "cuda_device.h"
+#endif
+
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -25,8 +30,17 @@ Batch ImageDataset::gather(const std::vector<int64_t>& indices, int64_t begin, i
   }
   // Gather uint8 first (4x less to move); conversion happens where the batch lives.
   torch::Tensor index =
-      torch::from_blob(const_cast<int64_t*>(indices.data()) + begin, {end - begin}, torch::kLong)
-          .to(images.device());
+      torch::from_blob(const_cast<int64_t*>(indices.data()) + begin, {end - begin}, torch::kLong);
+#if DDP_WITH_CUDA
+  if (images.is_cpu() && device.is_cuda()) {
+    return Batch{detail::gather_to_device_async(images, index, device),
+                 detail::gather_to_device_async(labels, index, device)};
+  }
+  // A plain copy of the indices to the GPU would make the host wait for all the work queued
+  // there, and the data phase would time the previous step.
+  if (images.is_cuda()) index = detail::copy_to_device_async(index, images.device());
+#endif
+  index = index.to(images.device());
   return Batch{images.index_select(0, index).to(device), labels.index_select(0, index).to(device)};
 }
 
@@ -44,6 +58,15 @@ torch::Tensor ImageDataset::normalise(const torch::Tensor& pixels) const {
       .div_(255.0f)
       .sub_(shift.view({1, channels, 1, 1}))
       .div_(scale.view({1, channels, 1, 1}));
+}
+
+bool fits_on(torch::Device device, [[maybe_unused]] int64_t bytes, [[maybe_unused]] int rank) {
+  if (device.is_cpu()) return true;
+#if DDP_WITH_CUDA
+  if (device.is_cuda()) return bytes <= detail::cuda_free_bytes(device.index(), rank) / 2;
+#endif
+  throw std::invalid_argument("fits_on: no memory query for device " + device.str() +
+                              " in this build");
 }
 
 }  // namespace ddp

@@ -103,12 +103,17 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     if (timeline) timeline->span(name, "step", start, end);
   };
 
+  auto gather = [&](int64_t b) {
+    return train.gather(indices, b * batch_size, std::min(n, (b + 1) * batch_size), device);
+  };
+  // Batch b+1 is gathered one step ahead, once step b's backward is queued (see below).
+  Batch next;
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t begin = b * batch_size, end = std::min(n, begin + batch_size);
     Batch batch;
     torch::Tensor loss;
     phase("data", local.data, [&] {
-      batch = train.gather(indices, begin, end, device);
+      batch = b == 0 ? gather(b) : std::move(next);
       if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
       batch.inputs = train.normalise(batch.inputs);
     });
@@ -124,6 +129,12 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     phase("forward", local.forward_backward,
           [&] { loss = torch::nll_loss(forward_(batch.inputs), batch.targets); });
     phase("backward", local.forward_backward, [&] { loss.backward(); });
+    // On a GPU, backward has mostly only been queued here: the host gathers the next batch while
+    // the GPU computes, and a copy from host memory (ImageDataset::gather) runs on a side stream
+    // during this step's backward and optimizer kernels. Only the gather moves: augmentation and
+    // normalisation stay in their step, so the generator's draws keep their order and training
+    // is bit-identical to gathering at the start of each step.
+    if (b + 1 < batches) phase("data", local.data, [&] { next = gather(b + 1); });
     phase("optimizer", local.optimizer, [&] { optimizer_.step(); });
     ++global_step_;
 
