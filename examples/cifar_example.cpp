@@ -74,11 +74,9 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
     if (cifar.step_size < 1) throw std::invalid_argument("--step-size must be >= 1");
     torch::manual_seed(static_cast<uint64_t>(flags.seed));
     const torch::Device device = runtime.device();
-    const ddp::ImageDataset train =
-        place_data(runtime, ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Train), "Train");
-    const ddp::ImageDataset test =
-        place_data(runtime, ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Test), "Test");
-    announce(runtime, train, test, flags.data_dir);
+    ddp::ImageDataset train = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Train);
+    ddp::ImageDataset test = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Test);
+    place_data(runtime, train, test, flags.data_dir);
 
     const Model model = make_model(cifar.model);
     model.module->to(device);

@@ -80,8 +80,10 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
   });
 }
 
-ddp::ImageDataset place_data(ddp::Runtime& runtime, const ddp::ImageDataset& data,
-                             const std::string& name) {
+namespace {
+
+ddp::ImageDataset place(ddp::Runtime& runtime, const ddp::ImageDataset& data,
+                        const std::string& name) {
   const torch::Device device = runtime.device();
   const bool fits = ddp::fits_on(device, data.bytes(), runtime.rank());
   if (runtime.is_main()) {
@@ -101,12 +103,17 @@ ddp::ImageDataset place_data(ddp::Runtime& runtime, const ddp::ImageDataset& dat
   return fits ? data.to(device) : data;
 }
 
-void announce(ddp::Runtime& runtime, const ddp::ImageDataset& train, const ddp::ImageDataset& test,
-              const std::string& data_dir) {
-  if (!runtime.is_main()) return;
-  std::cout << "Train set size: " << train.size() << "\nTest set size: " << test.size()
-            << "\nTraining on " << runtime.world_size() << " rank(s), " << runtime.num_nodes()
-            << " node(s), device " << runtime.device() << ", data " << data_dir << std::endl;
+}  // namespace
+
+void place_data(ddp::Runtime& runtime, ddp::ImageDataset& train, ddp::ImageDataset& test,
+                const std::string& data_dir) {
+  train = place(runtime, train, "Train");
+  test = place(runtime, test, "Test");
+  if (runtime.is_main()) {
+    std::cout << "Train set size: " << train.size() << "\nTest set size: " << test.size()
+              << "\nTraining on " << runtime.world_size() << " rank(s), " << runtime.num_nodes()
+              << " node(s), device " << runtime.device() << ", data " << data_dir << std::endl;
+  }
 }
 
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::Runtime& runtime, const CommonFlags& flags) {

@@ -46,16 +46,13 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
                 Parallelism parallelism, const boost::program_options::options_description& options,
                 const CommonFlags& flags, const std::function<void(ddp::Runtime&)>& train);
 
-// `data` where training on runtime.device() reads it: moved to that device when it fits there
-// (ddp::fits_on), else left in host memory, from which each batch is copied one step ahead.
-// Rank 0 says which and why, naming the data set `name`. Each rank decides for its own device;
-// the batches are the same either way.
-ddp::ImageDataset place_data(ddp::Runtime& runtime, const ddp::ImageDataset& data,
-                             const std::string& name);
-
-// Rank 0 prints the data set sizes and where training runs.
-void announce(ddp::Runtime& runtime, const ddp::ImageDataset& train, const ddp::ImageDataset& test,
-              const std::string& data_dir);
+// Puts the loaded train and test sets where training on runtime.device() reads them: each moved to
+// that device when it fits there (ddp::fits_on; the train set first, the test set against what
+// is left), else left in host memory, from which each batch is copied one step ahead. Each rank
+// decides for its own device; the batches are the same either way. Rank 0 says where each set
+// went, their sizes and where training runs (`data_dir` names where they came from).
+void place_data(ddp::Runtime& runtime, ddp::ImageDataset& train, ddp::ImageDataset& test,
+                const std::string& data_dir);
 
 // Null with --timeline unset.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::Runtime& runtime, const CommonFlags& flags);

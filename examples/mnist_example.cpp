@@ -29,11 +29,9 @@ int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
                      flags, [&](ddp::Runtime& runtime) {
     torch::manual_seed(static_cast<uint64_t>(flags.seed));
     const torch::Device device = runtime.device();
-    const ddp::ImageDataset train =
-        place_data(runtime, ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Train), "Train");
-    const ddp::ImageDataset test =
-        place_data(runtime, ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Test), "Test");
-    announce(runtime, train, test, flags.data_dir);
+    ddp::ImageDataset train = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Train);
+    ddp::ImageDataset test = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Test);
+    place_data(runtime, train, test, flags.data_dir);
 
     const auto timeline = make_timeline(runtime, flags);
     auto net = std::make_shared<MnistCnn>();
