@@ -122,6 +122,9 @@ int main(int argc, char** argv) {
       using Clock = ddp::Timeline::Clock;
       auto t = Clock::now();
       optimizer.zero_grad();
+      // What a user's step does, and PyTorch DDP's forward: the buffer broadcast (ResNet's
+      // BatchNorm statistics) and the hook check before the forward.
+      ddp_model.prepare_forward();
       torch::Tensor loss = torch::nll_loss(model.forward(inputs), targets);
       if (timeline) timeline->span("forward", "step", t, Clock::now());
       t = Clock::now();

@@ -50,7 +50,7 @@ for rate in 1gbit 100mbit; do
     launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed
     launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync per-parameter
     launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --compression bf16
-    launch /usr/bin/python3 "$root/bench/pytorch_ddp.py" "${common[@]}" --link "$rate"
+    launch "${DDP_PYTHON:-$root/.venv/bin/python}" "$root/bench/pytorch_ddp.py" "${common[@]}" --link "$rate"
     echo "  $model at $rate: $(( ($(netns_bytes h1) - before) / 1000000 )) MB crossed h1's link"
   done
 done

@@ -1,8 +1,9 @@
-#!/usr/bin/python3
-"""PyTorch DistributedDataParallel reference benchmark.
+#!/usr/bin/env python3
+"""PyTorch DistributedDataParallel reference benchmark, run with the torch wheel that ddp is
+built against (.venv, from scripts/setup.sh).
 
 Launched by Open MPI exactly like the C++ benchmark, e.g.
-    mpirun -np 2 /usr/bin/python3 bench/pytorch_ddp.py --model cnn --batch-size 64 \
+    mpirun -np 2 .venv/bin/python bench/pytorch_ddp.py --model cnn --batch-size 64 \
         --warmup-steps 5 --window-steps 20 --windows 5 --out results.jsonl
 
 Rank and world size come from Open MPI's environment; the process group is gloo (NCCL with

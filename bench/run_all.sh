@@ -23,7 +23,10 @@ dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q 'install o
 
 . "$root/scripts/mpi_env.sh"
 export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1
-python=/usr/bin/python3
+# The torch wheel ddp is built against runs PyTorch DDP; Debian's python3 draws the plots.
+python=${DDP_PYTHON:-$root/.venv/bin/python}
+export DDP_PYTHON=$python
+plot_python=/usr/bin/python3
 rm -rf "$results" && mkdir -p "$results" "$root/docs/img"
 commands=$results/commands.txt
 
@@ -38,8 +41,8 @@ run() {
   echo "cpu:       $(lscpu | sed -n 's/^Model name: *//p') ($(nproc --all) cores)"
   echo "memory:    $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "os:        $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
-  echo "libtorch:  $(dpkg-query -W -f='${Version}' libtorch-dev) (C++, Debian); python3-torch $($python -c 'import torch; print(torch.__version__)')"
-  echo "blas:      $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3) (LibTorch's, C++ and Python alike)"
+  echo "torch:     $($python -c 'import torch; print(torch.__version__, "(CUDA", torch.version.cuda, "build), pip wheel in", torch.__path__[0])') -- LibTorch for ddp (C++) and PyTorch DDP (Python) alike"
+  echo "blas:      $($python -c 'import torch, re; print(re.search(r"BLAS_INFO=(\w+)", torch.__config__.show()).group(1))') (the wheel's own)"
   echo "mpi:       $(mpirun --version | head -n 1)"
   echo "ddp:       $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet || echo '+changes')"
 } > "$results/machine.txt"
@@ -86,9 +89,9 @@ fi
 echo "== timeline"
 run mpirun -np 2 "$build/bench/bench_throughput" --model cnn --warmup-steps 2 --window-steps 3 --windows 1 \
   --timeline "$results/timeline_cnn_2ranks.json" | grep -v '^ddp:'
-run $python "$root/scripts/timeline_png.py" "$results/timeline_cnn_2ranks.json" "$root/docs/img/timeline_cnn_2ranks.png" \
+run $plot_python "$root/scripts/timeline_png.py" "$results/timeline_cnn_2ranks.json" "$root/docs/img/timeline_cnn_2ranks.png" \
   --title "ddp, seed MNIST CNN, 2 ranks, batch 64 per rank: bucket all-reduces during backward"
 
 echo "== report"
-$python "$root/bench/plot.py" --out-dir "$root/docs/img" "$results"/*.jsonl
-$python "$root/bench/report.py" --results "$results" --out "$root/docs/performance.md"
+$plot_python "$root/bench/plot.py" --out-dir "$root/docs/img" "$results"/*.jsonl
+$plot_python "$root/bench/report.py" --results "$results" --out "$root/docs/performance.md"

@@ -1,13 +1,21 @@
-# Finds NCCL: NCCL_ROOT (variable or environment), CUDA_HOME, then /usr/local/cuda.
+# Finds NCCL: in NCCL_ROOT (variable or environment) alone when one is given, else CUDA_HOME,
+# then /usr/local/cuda, then the system. Header and library come from the same place, so a
+# program does not compile against one NCCL and load another.
 # Defines NCCL_FOUND, NCCL_VERSION and the imported target NCCL::NCCL.
-set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{CUDA_HOME} /usr/local/cuda)
-find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
+set(_nccl_root ${NCCL_ROOT} $ENV{NCCL_ROOT})
+if(_nccl_root)
+  set(_nccl_where HINTS ${_nccl_root} NO_DEFAULT_PATH)
+else()
+  set(_nccl_where HINTS $ENV{CUDA_HOME} /usr/local/cuda)
+endif()
+find_path(NCCL_INCLUDE_DIR nccl.h ${_nccl_where} PATH_SUFFIXES include)
 # pip's nvidia-nccl package (the NCCL inside a pip-installed torch) has only libnccl.so.2.
-find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints}
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR ${_nccl_where}
              PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 # nccl.h includes cuda_runtime.h.
 find_path(NCCL_CUDA_INCLUDE_DIR cuda_runtime.h
-          HINTS ${_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+          HINTS ${CUDAToolkit_INCLUDE_DIRS} ${_nccl_root} $ENV{CUDA_HOME} /usr/local/cuda
+          PATH_SUFFIXES include)
 
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
   file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_version_lines

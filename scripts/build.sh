@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# Configures and builds ddp (library, examples, tests) in build/ (or $DDP_BUILD_DIR).
-# Extra arguments go to CMake's configure step, e.g. -DCMAKE_PREFIX_PATH=<torch cmake prefix>.
+# Configures and builds ddp (library, examples, tests) in build/ (or $DDP_BUILD_DIR) against the
+# LibTorch of the project's environment (.venv, from scripts/setup.sh) unless the arguments name
+# another. Extra arguments go to CMake's configure step, e.g. -DCMAKE_PREFIX_PATH=<libtorch>.
+# ccache, when installed, keeps compiled objects for the next build of the same sources.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=ON "$@"
+launcher=()
+if command -v ccache > /dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # Precompiled headers: without these ccache would not cache the sources that use them.
+  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+fi
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=ON "${launcher[@]}" "$@"
 cmake --build "$build" -j "$(nproc)"

@@ -1,11 +1,16 @@
 // main() for the multi-rank tests, run under mpirun with 1, 2 and 4 ranks. Rank 0 prints the
 // usual GoogleTest report; other ranks print only their failures, prefixed with their rank. The
-// exit code is non-zero on every rank if any rank failed.
+// exit code is non-zero on every rank if any rank failed. Built with DDP_TESTS_NEED_CUDA (the GPU
+// tests), it exits 77, which ctest reports as skipped, when a rank has no CUDA device.
 #include "test_support.h"
 
 #include <gtest/gtest.h>
 
 #include <iostream>
+
+#ifdef DDP_TESTS_NEED_CUDA
+#include <torch/cuda.h>
+#endif
 
 namespace {
 
@@ -32,6 +37,19 @@ int main(int argc, char** argv) {
   ddp::Runtime runtime(argc, argv);
   g_runtime = &runtime;
   ::testing::InitGoogleTest(&argc, argv);
+#ifdef DDP_TESTS_NEED_CUDA
+  // Skipped as a whole, not test by test: GTEST_SKIP alone would leave ctest saying "Passed".
+  torch::Tensor no_gpu = torch::tensor({torch::cuda::is_available() ? 0 : 1}, torch::kInt);
+  runtime.cpu_communicator().all_reduce(no_gpu, ddp::ReduceOp::Max);
+  if (no_gpu.item<int>() != 0) {
+    if (runtime.is_main()) {
+      std::cout << "skipped: no CUDA device on " << (torch::cuda::is_available() ? "another rank" : "rank 0")
+                << " (torch::cuda::is_available() is false); the GPU tests need one GPU per rank"
+                << std::endl;
+    }
+    return 77;
+  }
+#endif
   if (!runtime.is_main()) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

@@ -160,8 +160,7 @@ Reducer::~Reducer() {
 }
 
 void Reducer::attach_hook(size_t param) {
-  std::shared_ptr<torch::autograd::Node> accumulator =
-      torch::autograd::impl::grad_accumulator(params_[param]);
+  NodePtr accumulator = torch::autograd::impl::grad_accumulator(params_[param]);
   const uintptr_t key = accumulator->add_post_hook(
       std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [this, param](const torch::autograd::variable_list& outputs,

@@ -214,7 +214,9 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
   }
   if (progress.world_size == comm.size()) {
     at::Generator generator = torch::globalContext().defaultGenerator(torch::kCPU);  // shared, not a copy
-    generator.set_state(generators[comm.rank()]);
+    // A tensor of its own: given a row view of the gathered states (storage offset > 0 on every
+    // rank but 0), LibTorch 2.15's set_state crashed on rank 1; a clone starts at offset 0.
+    generator.set_state(generators[comm.rank()].clone());
   }
   return progress;
 }

@@ -59,6 +59,7 @@
 #include <ddp/runtime.h>
 
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/types.h>
 
 #include <condition_variable>
@@ -69,6 +70,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace ddp {
@@ -157,9 +159,13 @@ class Reducer {
   std::vector<std::unique_ptr<Work>> in_flight_;    // NCCL: per bucket, during backward
 
   // Hooks: the accumulators are held so autograd does not recreate them (and drop the hooks).
+  // LibTorch's pointer to an autograd Node: std::shared_ptr up to some 2.x, c10::intrusive_ptr
+  // after (2.15); whatever grad_accumulator returns.
+  using NodePtr =
+      decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
   struct Hook {
     size_t param;
-    std::shared_ptr<torch::autograd::Node> accumulator;
+    NodePtr accumulator;
     uintptr_t key;
   };
   void attach_hook(size_t param);

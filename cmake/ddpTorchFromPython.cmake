@@ -1,0 +1,77 @@
+# Where LibTorch comes from when the user names none.
+#
+# scripts/setup.sh installs a pinned torch wheel (CUDA build) in the project's virtual
+# environment, .venv. That wheel's LibTorch is the tested build, its NCCL is the one torch itself
+# loads, and its Python is the reference the tests and benchmarks compare against. So a plain
+# `cmake -S . -B build` uses it. A user who brings their own LibTorch (the official archive, say)
+# names it with Torch_DIR or CMAKE_PREFIX_PATH, and then nothing here touches the search.
+#
+# Sets (cache):  DDP_PYTHON   the Python with torch for the reference tests and benchmarks
+# Sets (normal): DDP_TORCH_SOURCE   "<python>" or "user's Torch_DIR/CMAKE_PREFIX_PATH" or "none"
+# May append to CMAKE_PREFIX_PATH, and set NCCL_ROOT and CUDAToolkit_ROOT when they are unset.
+
+set(DDP_VENV "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
+    "The project's virtual environment (scripts/setup.sh): its torch is the default LibTorch")
+if(EXISTS "${DDP_VENV}/bin/python")
+  set(_ddp_default_python "${DDP_VENV}/bin/python")
+else()
+  find_program(_ddp_default_python NAMES python3 NO_CACHE)
+endif()
+set(DDP_PYTHON "${_ddp_default_python}" CACHE FILEPATH
+    "Python with torch: the reference of the tests and benchmarks, and the default LibTorch")
+
+# Does the user already point at a LibTorch?
+set(_ddp_user_torch "")
+if(DEFINED Torch_DIR OR DEFINED ENV{Torch_DIR})
+  set(_ddp_user_torch "Torch_DIR")
+else()
+  string(REPLACE ":" ";" _ddp_env_prefixes "$ENV{CMAKE_PREFIX_PATH}")
+  foreach(_prefix IN LISTS CMAKE_PREFIX_PATH _ddp_env_prefixes)
+    foreach(_suffix Torch share/cmake/Torch lib/cmake/Torch)
+      if(EXISTS "${_prefix}/${_suffix}/TorchConfig.cmake")
+        set(_ddp_user_torch "CMAKE_PREFIX_PATH (${_prefix})")
+      endif()
+    endforeach()
+  endforeach()
+endif()
+
+set(DDP_TORCH_SOURCE "none")
+if(_ddp_user_torch)
+  set(DDP_TORCH_SOURCE "${_ddp_user_torch}")
+elseif(DDP_PYTHON)
+  execute_process(
+    COMMAND "${DDP_PYTHON}" -c
+      "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE _ddp_out ERROR_QUIET RESULT_VARIABLE _ddp_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_ddp_rc EQUAL 0)
+    string(REPLACE "\n" ";" _ddp_out "${_ddp_out}")
+    list(GET _ddp_out 0 _ddp_torch_root)
+    list(GET _ddp_out 1 _ddp_torch_cmake)
+    # The torch folder itself first: its lib/ then comes before the system's library folders,
+    # so TorchConfig's find_library calls cannot pick up another LibTorch installed in /usr.
+    list(APPEND CMAKE_PREFIX_PATH "${_ddp_torch_root}" "${_ddp_torch_cmake}")
+    set(DDP_TORCH_SOURCE "${DDP_PYTHON}")
+    # The NCCL that this torch loads (pip's nvidia-nccl), so a process has one NCCL, not two.
+    get_filename_component(_ddp_site "${_ddp_torch_root}" DIRECTORY)
+    if(NOT DEFINED NCCL_ROOT AND NOT DEFINED ENV{NCCL_ROOT}
+       AND EXISTS "${_ddp_site}/nvidia/nccl/include/nccl.h")
+      set(NCCL_ROOT "${_ddp_site}/nvidia/nccl")
+    endif()
+  endif()
+endif()
+
+# A CUDA LibTorch's package needs a CUDA toolkit to configure. Where the machine has none (no
+# nvcc in CUDA_HOME, CUDA_PATH, /usr/local/cuda or on PATH), scripts/setup.sh puts NVIDIA's
+# toolkit wheels in the environment as .venv/cuda (scripts/pip_cuda_toolkit.sh).
+if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED CMAKE_CUDA_COMPILER
+   AND EXISTS "${DDP_VENV}/cuda/bin/nvcc")
+  find_program(_ddp_nvcc nvcc HINTS "$ENV{CUDA_HOME}/bin" "$ENV{CUDA_PATH}/bin" /usr/local/cuda/bin
+               NO_CACHE)
+  if(NOT _ddp_nvcc)
+    set(CUDAToolkit_ROOT "${DDP_VENV}/cuda")
+    set(ENV{CUDA_HOME} "${DDP_VENV}/cuda")  # not an existing toolkit: it has no nvcc
+    set(CUDA_TOOLKIT_ROOT_DIR "${DDP_VENV}/cuda" CACHE PATH "CUDA toolkit (NVIDIA's wheels)")
+    set(CMAKE_CUDA_COMPILER "${DDP_VENV}/cuda/bin/nvcc" CACHE FILEPATH "nvcc (NVIDIA's wheel)")
+    message(STATUS "ddp: no CUDA toolkit on this machine: using NVIDIA's wheels in ${DDP_VENV}/cuda")
+  endif()
+endif()
