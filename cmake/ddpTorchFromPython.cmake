@@ -7,8 +7,8 @@
 # names it with Torch_DIR or CMAKE_PREFIX_PATH, and then nothing here touches the search.
 #
 # Sets (cache):  DDP_PYTHON   the Python with torch for the reference tests and benchmarks
-# Sets (normal): DDP_TORCH_SOURCE   "<python>" or "user's Torch_DIR/CMAKE_PREFIX_PATH" or "none"
-# May append to CMAKE_PREFIX_PATH, and set NCCL_ROOT and CUDAToolkit_ROOT when they are unset.
+# Sets (normal): DDP_TORCH_SOURCE   DDP_PYTHON, "Torch_DIR", "CMAKE_PREFIX_PATH (...)" or "none"
+# May append to CMAKE_PREFIX_PATH, and set CUDAToolkit_ROOT when it is unset.
 
 set(DDP_VENV "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
     "The project's virtual environment (scripts/setup.sh): its torch is the default LibTorch")
@@ -20,9 +20,25 @@ endif()
 set(DDP_PYTHON "${_ddp_default_python}" CACHE FILEPATH
     "Python with torch: the reference of the tests and benchmarks, and the default LibTorch")
 
-# Does the user already point at a LibTorch?
+# The torch of DDP_PYTHON, if it has one.
+set(_ddp_torch_root "")
+if(DDP_PYTHON)
+  execute_process(
+    COMMAND "${DDP_PYTHON}" -c
+      "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE _ddp_out ERROR_QUIET RESULT_VARIABLE _ddp_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_ddp_rc EQUAL 0)
+    string(REPLACE "\n" ";" _ddp_out "${_ddp_out}")
+    list(GET _ddp_out 0 _ddp_torch_root)
+    list(GET _ddp_out 1 _ddp_torch_cmake)
+  endif()
+endif()
+
+# Does the user already point at another LibTorch? (A Torch_DIR cached by an earlier configure
+# that used DDP_PYTHON's torch is not the user's.)
 set(_ddp_user_torch "")
-if(DEFINED Torch_DIR OR DEFINED ENV{Torch_DIR})
+if(DEFINED ENV{Torch_DIR}
+   OR (DEFINED Torch_DIR AND NOT (_ddp_torch_root AND Torch_DIR STREQUAL "${_ddp_torch_cmake}/Torch")))
   set(_ddp_user_torch "Torch_DIR")
 else()
   string(REPLACE ":" ";" _ddp_env_prefixes "$ENV{CMAKE_PREFIX_PATH}")
@@ -38,26 +54,11 @@ endif()
 set(DDP_TORCH_SOURCE "none")
 if(_ddp_user_torch)
   set(DDP_TORCH_SOURCE "${_ddp_user_torch}")
-elseif(DDP_PYTHON)
-  execute_process(
-    COMMAND "${DDP_PYTHON}" -c
-      "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.utils.cmake_prefix_path)"
-    OUTPUT_VARIABLE _ddp_out ERROR_QUIET RESULT_VARIABLE _ddp_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(_ddp_rc EQUAL 0)
-    string(REPLACE "\n" ";" _ddp_out "${_ddp_out}")
-    list(GET _ddp_out 0 _ddp_torch_root)
-    list(GET _ddp_out 1 _ddp_torch_cmake)
-    # The torch folder itself first: its lib/ then comes before the system's library folders,
-    # so TorchConfig's find_library calls cannot pick up another LibTorch installed in /usr.
-    list(APPEND CMAKE_PREFIX_PATH "${_ddp_torch_root}" "${_ddp_torch_cmake}")
-    set(DDP_TORCH_SOURCE "${DDP_PYTHON}")
-    # The NCCL that this torch loads (pip's nvidia-nccl), so a process has one NCCL, not two.
-    get_filename_component(_ddp_site "${_ddp_torch_root}" DIRECTORY)
-    if(NOT DEFINED NCCL_ROOT AND NOT DEFINED ENV{NCCL_ROOT}
-       AND EXISTS "${_ddp_site}/nvidia/nccl/include/nccl.h")
-      set(NCCL_ROOT "${_ddp_site}/nvidia/nccl")
-    endif()
-  endif()
+elseif(_ddp_torch_root)
+  # The torch folder itself first: its lib/ then comes before the system's library folders,
+  # so TorchConfig's find_library calls cannot pick up another LibTorch installed in /usr.
+  list(APPEND CMAKE_PREFIX_PATH "${_ddp_torch_root}" "${_ddp_torch_cmake}")
+  set(DDP_TORCH_SOURCE "${DDP_PYTHON}")
 endif()
 
 # A CUDA LibTorch's package needs a CUDA toolkit to configure. Where the machine has none (no
@@ -75,3 +76,4 @@ if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED CMAKE_CUDA_COMPILER
     message(STATUS "ddp: no CUDA toolkit on this machine: using NVIDIA's wheels in ${DDP_VENV}/cuda")
   endif()
 endif()
+

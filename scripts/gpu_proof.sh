@@ -115,7 +115,9 @@ nccl_root=$("$python" -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/
 [ -n "$nccl_root" ] && [ -e "$nccl_root/include/nccl.h" ] || nccl_root=
 
 # --- Dependencies: the machine's own where present, else unpacked from .debs/ ------------------
-cmake_prefix="$torch_prefix;$prefix/usr"
+# The torch folder first, so its lib/ wins over any other LibTorch in the system's folders.
+torch_root=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+cmake_prefix="$torch_root;$torch_prefix;$prefix/usr"
 cmake_args=()
 lib=$prefix/usr/lib/x86_64-linux-gnu
 

@@ -26,7 +26,7 @@ inline std::string run_command(const std::string& command) {
   const int status = pclose(pipe.release());
   if (status != 0) {
     throw std::runtime_error("command failed (status " + std::to_string(status) + "): " + command +
-                             "\n(the reference tests need Debian's python3-torch: scripts/setup.sh)");
+                             "\n(the reference tests need the torch of .venv, which scripts/setup.sh installs)");
   }
   return out;
 }
