@@ -123,7 +123,7 @@ case "$scenario" in
     expect "$mnist" "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "2N4G evaluation"
     expect "$mnist" "^== last epoch \(metrics.jsonl\): \{\"epoch\": ?1," "2N4G metrics in the summary"
 
-    for i in $(seq 240); do  # the replica_check jobs: wait up to 2 minutes
+    for i in $(seq 480); do  # the replica_check jobs: wait up to 4 minutes (13 ranks on 2 cores)
       [ -n "$(squeue -h -o %i -t PENDING,RUNNING,COMPLETING -j "$(IFS=,; echo "${ids[*]}")" 2> /dev/null)" ] || break
       sleep 0.5
     done
