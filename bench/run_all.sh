@@ -6,7 +6,7 @@
 #   3. the same at 2 ranks across two emulated hosts (network namespaces, tbf-shaped links at
 #      1 Gbit/s and 100 Mbit/s), needs root
 #   4. a timeline picture of a 2-rank step
-# Takes about 45 minutes on 2 cores; run it on an otherwise idle machine.
+# Takes about 17 minutes on 2 cores (2026-11-22); run it on an otherwise idle machine.
 # Usage: bench/run_all.sh [--quick]   (--quick: fewer and shorter windows, for a smoke test)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
