@@ -4,7 +4,37 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh" > "${TMPDIR:-/tmp}/ddp-build.log" || { tail -n 40 "${TMPDIR:-/tmp}/ddp-build.log"; exit 1; }
+
+# The build's log goes to a file; the screen gets one status line that moves (on a terminal,
+# redrawn in place) or a line per 10% (into a file), and the log's tail if the build fails.
+log=${TMPDIR:-/tmp}/ddp-build.log
+echo "demo: building ddp (full log: $log)"
+progress() {
+  local line percent shown=-10 tty=0 width=${COLUMNS:-100}
+  [ -t 1 ] && tty=1
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >> "$log"
+    [[ $line =~ ^\[\ *([0-9]+)%\]\ (.*)$ ]] || continue
+    percent=${BASH_REMATCH[1]}
+    if [ $tty = 1 ]; then
+      printf '\r\033[K%s' "$(printf 'demo: build [%3d%%] %s' "$percent" "${BASH_REMATCH[2]}" |
+                              cut -c "1-$((width - 1))")"
+    elif [ "$percent" -ge $((shown + 10)) ]; then
+      shown=$percent
+      echo "demo: build [$percent%] ${BASH_REMATCH[2]}"
+    fi
+  done
+  [ $tty = 0 ] || printf '\r\033[K'
+}
+: > "$log"
+start=$(date +%s)
+if ! "$root/scripts/build.sh" 2>&1 | progress; then
+  echo "demo: the build failed; the end of $log:"
+  tail -n 40 "$log"
+  exit 1
+fi
+echo "demo: built in $(( $(date +%s) - start )) s"
+
 . "$root/scripts/mpi_env.sh"
 ranks=2
 # Split the cores between the ranks unless the user chose a thread count.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ddp needs to build, test and run its demo on Debian 12:
 #   1. Debian's packages: compiler, CMake, Open MPI, Boost.Program_options, GoogleTest, zlib,
-#      Fashion-MNIST, Slurm (the launch tests' local cluster), python3-venv;
+#      Fashion-MNIST, Slurm (the launch tests' local cluster), python3-venv, matplotlib;
 #   2. the project's own virtual environment (.venv, or $DDP_VENV) with the pinned PyTorch wheel
 #      from PyPI (scripts/requirements.txt): its LibTorch, built with CUDA, is the one ddp compiles
 #      against, its NCCL the one ddp's NCCL communicator uses, and its Python the reference the
@@ -24,6 +24,7 @@ packages=(
   zlib1g-dev
   dataset-fashion-mnist
   python3-venv             # the environment that holds the torch wheel
+  python3-matplotlib       # scripts/plot_metrics.py and the benchmarks' plots
   slurm-wlm munge          # the local Slurm cluster the launch tests start (tests/cluster/)
   iproute2                 # network namespaces as hosts for the mpirun tests (tests/cluster/)
 )
