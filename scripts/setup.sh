@@ -51,7 +51,7 @@ if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
 else
   start=$(date +%s)
   echo "setup: installing $(grep -v '^#' "$requirements" | tr '\n' ' ')into $venv" \
-       "(about 3 GB from PyPI, 5 GB installed; pip keeps the download in its cache)"
+       "(about 3 GB from PyPI, 5.8 GB installed)"
   # Debian's python3, not one that happens to be first on PATH: the wheel's ABI tag must match.
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
