@@ -14,6 +14,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("epochs", po::value(&f.epochs)->default_value(defaults.epochs), "number of epochs to train")
     ("lr", po::value(&f.lr)->default_value(defaults.lr), "learning rate")
     ("log-interval", po::value(&f.log_interval)->default_value(10), "how many batches to wait before logging training status")
+    ("progress", po::value(&f.progress)->default_value("auto"), "during an epoch: bar (a live line with ETA), log (a line per --log-interval, with ETA), none, or auto (bar on a terminal, else log)")
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
     ("seed", po::value(&f.seed)->default_value(1), "random seed (model init, data order, augmentation)")
     ("no-cuda", po::bool_switch(&f.no_cuda), "train on the CPU even when CUDA is available")
@@ -142,6 +143,11 @@ ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* tim
   options.batch_size = flags.batch_size;
   options.test_batch_size = flags.test_batch_size;
   options.log_interval = flags.log_interval;
+  try {
+    options.progress = ddp::parse_progress_mode(flags.progress);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--progress: ") + e.what());
+  }
   options.limit_train_batches = flags.limit_train_batches;
   options.dry_run = flags.dry_run;
   options.seed = flags.seed;

@@ -22,6 +22,7 @@ struct CommonFlags {
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
+  std::string progress;
 };
 
 // The defaults that differ between programs.

@@ -92,6 +92,12 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   int64_t samples = 0;
   const auto epoch_start = Clock::now();
+  // Rank 0 reports progress; every rank takes part in the log interval's loss average.
+  const ProgressMode progress =
+      runtime_.is_main() ? resolve_progress_mode(options_.progress) : ProgressMode::None;
+  double shown_loss = -1;  // the latest loss averaged over ranks; -1 before the first
+  Clock::time_point drawn{};
+  bool bar_drawn = false;
 
   Timeline* timeline = options_.timeline;
   // Times one phase into `total` and, when recording, into the timeline.
@@ -144,17 +150,33 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     if (options_.log_interval > 0 && b % options_.log_interval == 0) {
       torch::Tensor mean_loss = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
       comm.all_reduce(mean_loss, ReduceOp::Avg);
-      if (runtime_.is_main()) {
+      shown_loss = mean_loss.item<double>();
+      if (progress == ProgressMode::Log) {
         const int64_t seen = b * batch_size * runtime_.world_size();
-        std::printf("Train Epoch: %lld [%lld/%lld (%.0f%%)]\tLoss: %.6f\n",
+        std::printf("Train Epoch: %lld [%lld/%lld (%.0f%%)]\tLoss: %.6f\tETA %s\n",
                     static_cast<long long>(epoch), static_cast<long long>(seen),
                     static_cast<long long>(train.size()),
                     100.0 * static_cast<double>(b) / static_cast<double>(batches_per_epoch),
-                    mean_loss.item<double>());
+                    shown_loss,
+                    format_duration(eta_seconds(seconds_since(epoch_start), b + 1, batches)).c_str());
         std::fflush(stdout);
       }
     }
+    // The bar: redrawn in place at most 10 times a second, and after the last batch.
+    if (progress == ProgressMode::Bar &&
+        (b + 1 == batches || Clock::now() - drawn >= std::chrono::milliseconds(100))) {
+      drawn = Clock::now();
+      const double elapsed = seconds_since(epoch_start);
+      const double rate =
+          elapsed > 0 ? static_cast<double>(samples * runtime_.world_size()) / elapsed : 0.0;
+      const std::string line =
+          format_progress_bar(epoch, b + 1, batches, rate, shown_loss, elapsed, terminal_width());
+      std::printf("\r%s\033[K", line.c_str());
+      std::fflush(stdout);
+      bar_drawn = true;
+    }
   }
+  if (bar_drawn) std::printf("\n");
   const double seconds = seconds_since(epoch_start);
   local.sync = ddp_ ? ddp_->sync_seconds() - sync_at_start : 0.0;
   local.forward_backward -= local.sync;  // the sync ran inside backward

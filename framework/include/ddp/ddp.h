@@ -16,6 +16,7 @@
 #include <ddp/lr_scheduler.h>
 #include <ddp/mnist.h>
 #include <ddp/mpi_communicator.h>
+#include <ddp/progress.h>
 #include <ddp/reducer.h>
 #include <ddp/replica_check.h>
 #include <ddp/runtime.h>

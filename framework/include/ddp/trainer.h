@@ -11,6 +11,7 @@
 
 #include <ddp/dataset.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/progress.h>
 #include <ddp/runtime.h>
 #include <ddp/timeline.h>
 
@@ -48,7 +49,8 @@ using Augment = std::function<torch::Tensor(const torch::Tensor&, at::Generator&
 struct TrainerOptions {
   int64_t batch_size = 64;            // per rank
   int64_t test_batch_size = 1000;     // per rank
-  int64_t log_interval = 10;          // batches between progress lines; 0: none
+  int64_t log_interval = 10;          // batches between progress lines (and loss updates); 0: none
+  ProgressMode progress = ProgressMode::Auto;  // rank 0's live bar or log lines (progress.h)
   int64_t limit_train_batches = 0;    // per epoch; 0: the whole shard
   bool dry_run = false;               // one batch per epoch
   bool shuffle = true;
