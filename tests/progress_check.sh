@@ -3,7 +3,8 @@
 # What a user sees during an epoch (--progress auto), checked on the screen's bytes:
 #  1. in a pseudo-terminal (script(1), as a person's terminal is), the live bar: one line redrawn
 #     with \r, with samples/s and elapsed<ETA, ending at 20/20 100%, and no "Train Epoch" lines;
-#  2. into a pipe (a Slurm log, CI), "Train Epoch" lines with an ETA, and no bar.
+#  2. into a pipe (a Slurm log, CI), "Train Epoch" lines with an ETA, no bar, and the end-of-run
+#     summary table.
 set -u
 mpiexec=$1
 ddp_mnist=$2
@@ -23,5 +24,8 @@ grep -a "Train Epoch" <<< "$piped"
 [ "$(grep -acE $'^Train Epoch: 1 \\[[0-9]+/60000 \\([0-9]+%\\)\\]\tLoss: [0-9.]+\tETA [0-9]+:[0-9][0-9]$' <<< "$piped")" -eq 4 ] ||
   fail "pipe: expected 4 'Train Epoch ... ETA m:ss' lines (batches 0, 5, 10, 15)"
 grep -aq $'\r' <<< "$piped" && fail "pipe: a bar (carriage return) in a non-terminal output"
+grep -aA2 "^Summary over 2 rank(s):" <<< "$piped"
+grep -aqE '^ +1 +[0-9.]+ +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9]+ +[0-9.]+%$' <<< "$piped" ||
+  fail "pipe: no end-of-run summary row for epoch 1"
 [ $status -eq 0 ] && echo "progress_check: bar on a terminal, log lines with ETA into a pipe"
 exit $status

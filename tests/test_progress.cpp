@@ -1,5 +1,6 @@
-// Progress display (progress.h): the pure formatting, parsing and ETA.
+// Progress display (progress.h): the pure formatting, parsing and ETA; the end-of-run table.
 #include <ddp/progress.h>
+#include <ddp/trainer.h>
 
 #include <gtest/gtest.h>
 
@@ -50,4 +51,23 @@ TEST(Progress, BarLineHoldsEveryFieldAndFitsTheWidth) {
   EXPECT_LE(narrow.size(), 50u);
   EXPECT_EQ(narrow.find('|'), std::string::npos) << "no room for a bar: " << narrow;
   EXPECT_NE(ddp::format_progress_bar(1, 1, 10, 0, -1, 0, 100).find("loss -"), std::string::npos);
+}
+
+TEST(Progress, SummaryTableHasARowPerEpoch) {
+  ddp::EpochResult first;
+  first.epoch = 1;
+  first.train_loss = 0.52667;
+  first.test_loss = 0.33434;
+  first.test_accuracy = 0.8743;
+  first.seconds = 50.21;
+  first.samples_per_sec = 1194.9;
+  first.phases.sync = 2.41;
+  ddp::EpochResult second = first;
+  second.epoch = 2;
+  second.test_accuracy = 0.9016;
+  const std::string table = ddp::summary_table({first, second});
+  EXPECT_EQ(table,
+            "epoch  train loss  test loss  test acc  time (s)  samples/s    sync\n"
+            "    1      0.5267     0.3343    87.43%     50.21       1195    4.8%\n"
+            "    2      0.5267     0.3343    90.16%     50.21       1195    4.8%\n");
 }

@@ -262,7 +262,25 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
     checkpoint(epoch);
     if (options_.dry_run) break;
   }
+  if (runtime_.is_main() && !results.empty()) {
+    std::printf("Summary over %d rank(s):\n%s", runtime_.world_size(),
+                summary_table(results).c_str());
+    std::fflush(stdout);
+  }
   return results;
+}
+
+std::string summary_table(const std::vector<EpochResult>& epochs) {
+  std::string table = "epoch  train loss  test loss  test acc  time (s)  samples/s    sync\n";
+  char row[160];
+  for (const EpochResult& e : epochs) {
+    std::snprintf(row, sizeof row, "%5lld  %10.4f  %9.4f  %7.2f%%  %8.2f  %9.0f  %6s\n",
+                  static_cast<long long>(e.epoch), e.train_loss, e.test_loss,
+                  100.0 * e.test_accuracy, e.seconds, e.samples_per_sec,
+                  percent(e.phases.sync, e.seconds).c_str());
+    table += row;
+  }
+  return table;
 }
 
 int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {

@@ -106,7 +106,8 @@ class Trainer {
   Evaluation evaluate(const ImageDataset& test);
 
   // Epochs 1..epochs (or from the resumed snapshot's next epoch): train, evaluate, log, write
-  // metrics, scheduler->step() if given, then checkpoint. Returns the epochs it ran.
+  // metrics, scheduler->step() if given, then checkpoint. Rank 0 ends with summary_table() of
+  // the epochs it ran. Returns those epochs.
   std::vector<EpochResult> fit(const ImageDataset& train, const ImageDataset& test,
                                int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
@@ -128,5 +129,11 @@ class Trainer {
   std::ofstream metrics_;
   int64_t global_step_ = 0;
 };
+
+// The end-of-run table, one row per epoch: train loss, test loss and accuracy, training time,
+// samples/s over all ranks and the share of the epoch spent in gradient sync, e.g.
+//   epoch  train loss  test loss  test acc  time (s)  samples/s   sync
+//       1      0.5267     0.3343    87.43%     50.21       1195   4.8%
+std::string summary_table(const std::vector<EpochResult>& epochs);
 
 }  // namespace ddp
