@@ -50,16 +50,16 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
                                  "cifar_model.pt"};
   CommonFlags flags;
   CifarFlags cifar;
-  po::options_description options("Options");
+  po::options_description options("Model and optimizer");
   add_common_flags(options, flags, defaults);
   options.add_options()
     ("model", po::value(&cifar.model)->default_value("resnet18"), "cnn (small, 0.8 M parameters) or resnet18 (11.2 M)")
-    ("momentum", po::value(&cifar.momentum)->default_value(0.9), "SGD momentum")
+    ("momentum", po::value(&cifar.momentum)->default_value(0.9, "0.9"), "SGD momentum")
     ("nesterov", po::bool_switch(&cifar.nesterov), "Nesterov momentum")
-    ("weight-decay", po::value(&cifar.weight_decay)->default_value(5e-4), "SGD weight decay (L2)")
+    ("weight-decay", po::value(&cifar.weight_decay)->default_value(5e-4, "5e-4"), "SGD weight decay (L2)")
     ("schedule", po::value(&cifar.schedule)->default_value("cosine"), "learning rate schedule: cosine (over --epochs) or step")
     ("step-size", po::value(&cifar.step_size)->default_value(30), "step schedule: epochs between decays")
-    ("gamma", po::value(&cifar.gamma)->default_value(0.1), "step schedule: decay factor")
+    ("gamma", po::value(&cifar.gamma)->default_value(0.1, "0.1"), "step schedule: decay factor")
     ("sync-batchnorm", po::bool_switch(&cifar.sync_batchnorm), "BatchNorm statistics over all ranks' batches (SyncBatchNorm)")
     ("no-augment", po::bool_switch(&cifar.no_augment), "train without random crops and flips");
 

@@ -2,40 +2,62 @@
 
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 
 namespace po = boost::program_options;
 
+namespace {
+
+// 0.1 as "0.1" in --help, not Boost's round-trip "0.10000000000000001".
+std::string short_text(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+}  // namespace
+
 void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleDefaults& defaults) {
-  d.add_options()
-    ("help,h", "print this help and exit")
+  d.add_options()("help,h", "print this help and exit");
+  po::options_description training("Training");
+  training.add_options()
     ("batch-size", po::value(&f.batch_size)->default_value(defaults.batch_size), "input batch size for training, per rank")
     ("test-batch-size", po::value(&f.test_batch_size)->default_value(1000), "input batch size for testing")
     ("epochs", po::value(&f.epochs)->default_value(defaults.epochs), "number of epochs to train")
-    ("lr", po::value(&f.lr)->default_value(defaults.lr), "learning rate")
-    ("log-interval", po::value(&f.log_interval)->default_value(10), "how many batches to wait before logging training status")
-    ("progress", po::value(&f.progress)->default_value("auto"), "during an epoch: bar (a live line with ETA), log (a line per --log-interval, with ETA), none, or auto (bar on a terminal, else log)")
-    ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
+    ("lr", po::value(&f.lr)->default_value(defaults.lr, short_text(defaults.lr)), "learning rate")
     ("seed", po::value(&f.seed)->default_value(1), "random seed (model init, data order, augmentation)")
     ("no-cuda", po::bool_switch(&f.no_cuda), "train on the CPU even when CUDA is available")
     ("dry-run", po::bool_switch(&f.dry_run), "quickly check a single pass: one batch, one epoch")
-    ("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir), defaults.data_help.c_str())
-    ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)")
-    ("metrics-file", po::value(&f.metrics_file)->default_value(""), "append one JSON object per epoch to this file")
-    ("show-topology", po::bool_switch(&f.show_topology), "print every rank's place (node, local rank, device)")
-    ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
+    ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)");
+  po::options_description data("Data");
+  data.add_options()
+    ("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir), defaults.data_help.c_str());
+  po::options_description distributed("Distributed");
+  distributed.add_options()
     ("grad-sync", po::value(&f.grad_sync)->default_value("bucketed"), "gradient sync: bucketed (overlapped with backward) or per-parameter")
     ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
     ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
     ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
-    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
-    ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)")
+    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward");
+  po::options_description checkpoints("Checkpoints");
+  checkpoints.add_options()
+    ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
     ("checkpoint-dir", po::value(&f.checkpoint_dir)->default_value(""), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
     ("keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3), "keep the newest N epochs of checkpoints (0: all)")
     ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")
     ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one");
+  po::options_description diagnostics("Progress and diagnostics");
+  diagnostics.add_options()
+    ("log-interval", po::value(&f.log_interval)->default_value(10), "how many batches to wait before logging training status")
+    ("progress", po::value(&f.progress)->default_value("auto"), "during an epoch: bar (a live line with ETA), log (a line per --log-interval, with ETA), none, or auto (bar on a terminal, else log)")
+    ("metrics-file", po::value(&f.metrics_file)->default_value(""), "append one JSON object per epoch to this file")
+    ("show-topology", po::bool_switch(&f.show_topology), "print every rank's place (node, local rank, device)")
+    ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
+    ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)");
+  d.add(training).add(data).add(distributed).add(checkpoints).add(diagnostics);
 }
 
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,

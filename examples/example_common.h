@@ -35,7 +35,8 @@ struct ExampleDefaults {
   std::string model_file;  // what --save-model writes
 };
 
-// Adds the shared flags to `options`, storing into `flags`.
+// Adds --help to `options`, and the shared flags in groups by topic (training, data, distributed,
+// checkpoints, progress and diagnostics), storing into `flags`.
 void add_common_flags(boost::program_options::options_description& options, CommonFlags& flags,
                       const ExampleDefaults& defaults);
 

@@ -17,10 +17,10 @@ int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
                                  "mnist_cnn.pt"};
   CommonFlags flags;
   double gamma = 0.7;
-  po::options_description options("Options");
+  po::options_description options("Model and optimizer");
   add_common_flags(options, flags, defaults);
   options.add_options()
-    ("gamma", po::value(&gamma)->default_value(0.7), "learning rate step gamma");
+    ("gamma", po::value(&gamma)->default_value(0.7, "0.7"), "learning rate step gamma");
 
   const bool parallel = parallelism == Parallelism::DataParallel;
   const std::string usage = std::string("Trains the seed MNIST CNN with Adadelta + StepLR") +
