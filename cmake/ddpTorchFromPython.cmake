@@ -9,6 +9,7 @@
 # Sets (cache):  DDP_PYTHON   the Python with torch for the reference tests and benchmarks
 # Sets (normal): DDP_TORCH_SOURCE   DDP_PYTHON, "Torch_DIR", "CMAKE_PREFIX_PATH (...)" or "none"
 # May append to CMAKE_PREFIX_PATH, and set CUDAToolkit_ROOT when it is unset.
+# Defines ddp_use_torch_wheel_libraries() (below), for after find_package(Torch).
 
 set(DDP_VENV "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
     "The project's virtual environment (scripts/setup.sh): its torch is the default LibTorch")
@@ -77,3 +78,26 @@ if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED CMAKE_CUDA_COMPILER
   endif()
 endif()
 
+# ddp_use_torch_wheel_libraries(), after find_package(Torch) and, with CUDA, CUDAToolkit: a pip
+# wheel's LibTorch loads the CUDA runtime and NCCL of the wheels beside it (nvidia/cu13/lib,
+# nvidia/nccl). ddp uses the same ones, so a process has one of each:
+#  - DDP_TORCH_CUDART is set to the wheel's libcudart.so.N, and CUDA::cudart (which LibTorch's
+#    targets link too) points at it instead of the toolkit's, which may be older;
+#  - NCCL_ROOT is set to the wheel's NCCL unless NCCL_ROOT (variable or environment) is given.
+# With another LibTorch (an archive, a CPU build) it changes nothing.
+macro(ddp_use_torch_wheel_libraries)
+  set(DDP_TORCH_CUDART "")
+  if(DDP_WITH_CUDA)
+    file(GLOB _ddp_wheel_cudart "${TORCH_INSTALL_PREFIX}/../nvidia/cu*/lib/libcudart.so.*")
+    if(_ddp_wheel_cudart)
+      list(SORT _ddp_wheel_cudart)
+      list(GET _ddp_wheel_cudart -1 DDP_TORCH_CUDART)
+      get_filename_component(DDP_TORCH_CUDART "${DDP_TORCH_CUDART}" REALPATH)
+      set_target_properties(CUDA::cudart PROPERTIES IMPORTED_LOCATION "${DDP_TORCH_CUDART}")
+    endif()
+  endif()
+  if(NOT DEFINED NCCL_ROOT AND NOT DEFINED ENV{NCCL_ROOT}
+     AND EXISTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include/nccl.h")
+    get_filename_component(NCCL_ROOT "${TORCH_INSTALL_PREFIX}/../nvidia/nccl" ABSOLUTE)
+  endif()
+endmacro()

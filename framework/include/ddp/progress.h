@@ -6,7 +6,8 @@
 // spent and the time left (ETA). Where the output is not a terminal (a Slurm log, a file, CI),
 // the Trainer prints the seeds' "Train Epoch" lines at the log interval with the ETA added.
 //
-// Everything here is pure except output_is_terminal(): the Trainer decides, formats and prints.
+// The formatting and parsing are pure; output_is_terminal(), resolve_progress_mode() and
+// terminal_width() look at the process's output. The Trainer decides and prints.
 
 #include <cstdint>
 #include <string>
@@ -41,7 +42,7 @@ std::string format_duration(double seconds);
 double eta_seconds(double elapsed, int64_t done, int64_t total);
 
 // One bar line, at most `width` characters (the bar shrinks to fit), e.g.
-//   Epoch 1 [ 120/469  26%] |#####...............| 1169 samples/s loss 0.5234 0:12<0:35
+//   Epoch 1 [120/469  26%] |#######.......................| 1169 samples/s loss 0.5234 0:12<0:35
 // `loss` < 0: not known yet (shown as "-").
 std::string format_progress_bar(int64_t epoch, int64_t done, int64_t total,
                                 double samples_per_sec, double loss, double elapsed, int width);

@@ -159,8 +159,8 @@ class Reducer {
   std::vector<std::unique_ptr<Work>> in_flight_;    // NCCL: per bucket, during backward
 
   // Hooks: the accumulators are held so autograd does not recreate them (and drop the hooks).
-  // LibTorch's pointer to an autograd Node: std::shared_ptr up to some 2.x, c10::intrusive_ptr
-  // after (2.15); whatever grad_accumulator returns.
+  // LibTorch's pointer to an autograd Node, whatever grad_accumulator returns: std::shared_ptr
+  // in 1.13, c10::intrusive_ptr in 2.15.
   using NodePtr =
       decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
   struct Hook {

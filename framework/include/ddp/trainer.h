@@ -132,8 +132,8 @@ class Trainer {
 
 // The end-of-run table, one row per epoch: train loss, test loss and accuracy, training time,
 // samples/s over all ranks and the share of the epoch spent in gradient sync, e.g.
-//   epoch  train loss  test loss  test acc  time (s)  samples/s   sync
-//       1      0.5267     0.3343    87.43%     50.21       1195   4.8%
+//   epoch  train loss  test loss  test acc  time (s)  samples/s    sync
+//       1      0.5267     0.3343    87.43%     50.21       1195    4.8%
 std::string summary_table(const std::vector<EpochResult>& epochs);
 
 }  // namespace ddp
