@@ -93,11 +93,11 @@ void for_each_chunk(const torch::Tensor& t, Fn fn) {
 // Slow but correct; CUDA tensors belong on the NCCL backend.
 torch::Tensor on_host(const torch::Tensor& t) { return t.is_cpu() ? t : t.to(torch::kCPU); }
 
-// Waits for a non-blocking collective. MPI moves a TCP transfer along only while a thread polls
-// it (MPI_Test here), and a blocking MPI call polls without pause: a core spent for the whole
-// transfer, taken from backward on a busy node, which then also delays the polling. So the
-// worker spins only briefly (small collectives finish in microseconds), then sleeps
-// `poll` between tests while the kernel moves the bytes; poll == 0 spins throughout.
+// Waits for a non-blocking collective (MpiOptions::poll_interval > 0). MPI moves a TCP transfer
+// along only while a thread polls it, and a blocking MPI call polls without pause: a core spent
+// for the whole transfer. Here the worker spins only briefly (small collectives finish in
+// microseconds), then sleeps `poll` between tests. Measured on two emulated hosts it burns far
+// less CPU but is slower (docs/performance.md), so it is not the default.
 void wait_for(MPI_Request& request, std::chrono::microseconds poll) {
   using Clock = std::chrono::steady_clock;
   constexpr auto kSpin = std::chrono::microseconds(50);
@@ -253,6 +253,10 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(const torch::Tensor& ten
   const auto poll = options_.poll_interval;
   auto task = submit([host, type, mpi_reduce_op, op, comm, size, poll] {
     for_each_chunk(host, [&](void* data, int count) {
+      if (poll.count() == 0) {
+        DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_reduce_op, comm));
+        return;
+      }
       MPI_Request request;
       DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_reduce_op, comm, &request));
       wait_for(request, poll);
@@ -270,6 +274,10 @@ void MpiCommunicator::broadcast(const torch::Tensor& tensor, int root) {
   const auto poll = options_.poll_interval;
   auto task = submit([host, type, root, comm, poll] {
     for_each_chunk(host, [&](void* data, int count) {
+      if (poll.count() == 0) {
+        DDP_MPI_CHECK(MPI_Bcast(data, count, type, root, comm));
+        return;
+      }
       MPI_Request request;
       DDP_MPI_CHECK(MPI_Ibcast(data, count, type, root, comm, &request));
       wait_for(request, poll);
@@ -292,6 +300,10 @@ torch::Tensor MpiCommunicator::all_gather(const torch::Tensor& tensor) {
   auto task = submit([host, out, comm, poll] {
     const int count = static_cast<int>(host.numel());
     const MPI_Datatype type = mpi_type(host);
+    if (poll.count() == 0) {
+      DDP_MPI_CHECK(MPI_Allgather(host.data_ptr(), count, type, out.data_ptr(), count, type, comm));
+      return;
+    }
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Iallgather(host.data_ptr(), count, type, out.data_ptr(), count, type, comm,
                                  &request));
@@ -305,6 +317,10 @@ void MpiCommunicator::barrier() {
   const MPI_Comm comm = comm_;
   const auto poll = options_.poll_interval;
   auto task = submit([comm, poll] {
+    if (poll.count() == 0) {
+      DDP_MPI_CHECK(MPI_Barrier(comm));
+      return;
+    }
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
     wait_for(request, poll);

@@ -5,9 +5,6 @@
 // all_reduce_async() returns at once and the worker reduces while the caller computes, and the
 // blocking collectives queue behind it and wait.
 //
-// The worker starts each collective non-blocking (MPI_Iallreduce, ...) and waits for it as
-// MpiOptions says: mostly asleep, so that a transfer over a slow link does not cost a core.
-//
 // It owns a duplicate of the communicator it is given, so its messages never match the
 // application's own MPI traffic, nor another MpiCommunicator's (each worker thread then has a
 // communicator of its own, which MPI needs for concurrent collectives).
@@ -33,10 +30,13 @@
 namespace ddp {
 
 struct MpiOptions {
-  // How the worker waits for a collective: spinning on MPI_Test for at most 50 us, then testing
-  // every poll_interval and sleeping between tests, which leaves the core to training while the
-  // kernel moves the bytes. 0: spin throughout (as a blocking MPI call does).
-  std::chrono::microseconds poll_interval{100};
+  // How the worker waits for a collective. 0 (the default): a blocking MPI call, which
+  // busy-polls (Open MPI yields the core when OMPI_MCA_mpi_yield_when_idle is set, as the
+  // Runtime does when threads outnumber cores). > 0: a non-blocking call, tested in a spin for
+  // at most 50 us, then every poll_interval with the worker asleep in between: far less CPU,
+  // but slower over TCP in our measurements (docs/performance.md). DDP_MPI_POLL_US sets it for
+  // ProcessGroup's communicators.
+  std::chrono::microseconds poll_interval{0};
 };
 
 namespace detail {
