@@ -4,8 +4,8 @@
 // time is the mean over iterations of the slowest rank, and every result is checked.
 //   algbw = bytes / time;  busbw = algbw * 2 (n - 1) / n  (the per-rank traffic of a ring)
 //   mpirun -np 2 bench_allreduce --min-bytes 4096 --max-bytes 268435456
-#include <ddp/mpi_communicator.h>
-#include <ddp/runtime.h>
+#include <ddp/comm/mpi_communicator.h>
+#include <ddp/runtime/runtime.h>
 
 #include <mpi.h>
 #include <torch/torch.h>
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       else if (flag == "--max-bytes") max_bytes = parse_bytes(argv[i + 1]);
       else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes)");
     }
-    ddp::MpiCommunicator& comm = runtime.cpu_communicator();
+    ddp::MpiCommunicator comm(runtime.comm());
     const int w = comm.size();
     const double bus_factor = w > 1 ? 2.0 * (w - 1) / w : 0.0;
     if (runtime.is_main()) {

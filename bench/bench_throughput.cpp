@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   return ddp::run_or_abort(runtime, [&] {
+    ddp::ProcessGroup group(runtime);
     if (device_name != "cpu" && device_name != "cuda") {
       throw std::invalid_argument("--device: unknown device '" + device_name + "' (cpu, cuda)");
     }
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
                                " has no CUDA device (" + runtime.summary() + ")");
     }
     std::unique_ptr<ddp::Timeline> timeline;
-    if (!timeline_path.empty()) timeline = std::make_unique<ddp::Timeline>(runtime.cpu_communicator());
+    if (!timeline_path.empty()) timeline = std::make_unique<ddp::Timeline>(group.cpu());
     torch::manual_seed(1);
     Model model = make_model(model_name);
     model.module->to(device);
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
     ddp_options.compression = ddp::parse_compression(compression);
     ddp_options.bucket_cap_mb = bucket_mb;
     ddp_options.timeline = timeline.get();
-    ddp::DistributedDataParallel ddp_model(runtime, model.module, ddp_options);
+    ddp::DistributedDataParallel ddp_model(group, model.module, ddp_options);
     torch::optim::SGD optimizer(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
 
     torch::manual_seed(1234 + runtime.rank());
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
     };
     for (int64_t i = 0; i < warmup; ++i) step();
 
-    ddp::Communicator& comm = runtime.cpu_communicator();
+    ddp::Communicator& comm = group.cpu();
     std::vector<double> rates;
     for (int64_t w = 0; w < windows; ++w) {
       comm.barrier();

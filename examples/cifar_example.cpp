@@ -67,7 +67,8 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
       std::string("Trains a CIFAR-10 CNN or ResNet-18 with SGD, augmentation and checkpoints") +
       (parallel ? ", data-parallel over MPI ranks" : "") + ".";
   return run_example(argc, argv, parallel ? "ddp_cifar" : "cifar", usage, parallelism, options,
-                     flags, [&](ddp::Runtime& runtime) {
+                     flags, [&](ddp::ProcessGroup& group) {
+    ddp::Runtime& runtime = group.runtime();
     if (cifar.schedule != "cosine" && cifar.schedule != "step") {
       throw std::invalid_argument("--schedule '" + cifar.schedule + "' is not one of: cosine, step");
     }
@@ -82,11 +83,11 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
     model.module->to(device);
     if (cifar.sync_batchnorm && parallel) {
       const int layers =
-          ddp::convert_sync_batchnorm(*model.module, runtime.communicator_for(device));
+          ddp::convert_sync_batchnorm(*model.module, group.for_device(device));
       if (runtime.is_main()) std::cout << "SyncBatchNorm: " << layers << " layers" << std::endl;
     }
-    const auto timeline = make_timeline(runtime, flags);
-    const auto ddp_model = make_ddp(runtime, model.module, flags, parallelism, timeline.get());
+    const auto timeline = make_timeline(group, flags);
+    const auto ddp_model = make_ddp(group, model.module, flags, parallelism, timeline.get());
     torch::optim::SGD optimizer(model.module->parameters(),
                                 torch::optim::SGDOptions(flags.lr)
                                     .momentum(cifar.momentum)
@@ -102,7 +103,7 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
 
     ddp::TrainerOptions options = trainer_options(flags, timeline.get());
     if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
-    ddp::Trainer trainer(runtime, *model.module, model.forward, optimizer, options, ddp_model.get());
+    ddp::Trainer trainer(group, *model.module, model.forward, optimizer, options, ddp_model.get());
     trainer.fit(train, test, flags.epochs, scheduler.get());
     finish(runtime, flags, defaults, timeline.get(), *model.module);
   });

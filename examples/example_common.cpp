@@ -62,7 +62,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
 
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const po::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::Runtime&)>& train) {
+                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train) {
   // Flags first: they decide the device the Runtime picks.
   po::variables_map vm;
   std::string flag_error;
@@ -88,18 +88,19 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
     return 0;
   }
   return ddp::run_or_abort(runtime, [&] {
+    ddp::ProcessGroup group(runtime);
     if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
                                std::to_string(runtime.world_size()) + " ranks: use ddp_" + name +
                                " for data-parallel training");
     }
     if (flags.show_topology) {
-      const auto lines = ddp::all_gather_strings(runtime.cpu_communicator(), runtime.summary());
+      const auto lines = ddp::all_gather_strings(group.cpu(), runtime.summary());
       if (runtime.is_main()) {
         for (const auto& line : lines) std::cout << line << "\n";
       }
     }
-    train(runtime);
+    train(group);
   });
 }
 
@@ -139,13 +140,13 @@ void place_data(ddp::Runtime& runtime, ddp::ImageDataset& train, ddp::ImageDatas
   }
 }
 
-std::unique_ptr<ddp::Timeline> make_timeline(ddp::Runtime& runtime, const CommonFlags& flags) {
+std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const CommonFlags& flags) {
   if (flags.timeline.empty()) return nullptr;
-  return std::make_unique<ddp::Timeline>(runtime.cpu_communicator());
+  return std::make_unique<ddp::Timeline>(group.cpu());
 }
 
 std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
-    ddp::Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const CommonFlags& flags,
+    ddp::ProcessGroup& group, std::shared_ptr<torch::nn::Module> model, const CommonFlags& flags,
     Parallelism parallelism, ddp::Timeline* timeline) {
   if (parallelism != Parallelism::DataParallel) return nullptr;
   ddp::DDPOptions options;
@@ -157,10 +158,24 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
   options.find_unused_parameters = flags.find_unused_parameters;
   options.broadcast_buffers = !flags.no_broadcast_buffers;
   options.timeline = timeline;
-  return std::make_unique<ddp::DistributedDataParallel>(runtime, std::move(model), options);
+  return std::make_unique<ddp::DistributedDataParallel>(group, std::move(model), options);
 }
 
 ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline) {
+  // The Trainer checks its options too, but in its own terms: here the user hears of the flag.
+  auto at_least = [](const char* flag, int64_t value, int64_t least) {
+    if (value >= least) return;
+    throw std::invalid_argument(std::string(flag) + " must be >= " + std::to_string(least) +
+                                " (got " + std::to_string(value) + ")");
+  };
+  at_least("--batch-size", flags.batch_size, 1);
+  at_least("--test-batch-size", flags.test_batch_size, 1);
+  at_least("--limit-train-batches", flags.limit_train_batches, 0);
+  at_least("--check-sync-every", flags.check_sync_every, 0);
+  at_least("--keep-checkpoints", flags.keep_checkpoints, 0);
+  if (flags.resume == "latest" && flags.checkpoint_dir.empty()) {
+    throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
+  }
   ddp::TrainerOptions options;
   options.batch_size = flags.batch_size;
   options.test_batch_size = flags.test_batch_size;

@@ -46,7 +46,7 @@ void add_common_flags(boost::program_options::options_description& options, Comm
 // Returns the exit code.
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const boost::program_options::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::Runtime&)>& train);
+                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train);
 
 // Puts the loaded train and test sets where training on runtime.device() reads them: each moved to
 // that device when it fits there (ddp::fits_on; the train set first, the test set against what
@@ -57,11 +57,11 @@ void place_data(ddp::Runtime& runtime, ddp::ImageDataset& train, ddp::ImageDatas
                 const std::string& data_dir);
 
 // Null with --timeline unset.
-std::unique_ptr<ddp::Timeline> make_timeline(ddp::Runtime& runtime, const CommonFlags& flags);
+std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const CommonFlags& flags);
 
 // The data-parallel wrapper the flags describe, or null for a SingleProcess program.
 std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
-    ddp::Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const CommonFlags& flags,
+    ddp::ProcessGroup& group, std::shared_ptr<torch::nn::Module> model, const CommonFlags& flags,
     Parallelism parallelism, ddp::Timeline* timeline);
 
 ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline);

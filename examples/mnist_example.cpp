@@ -26,21 +26,22 @@ int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
   const std::string usage = std::string("Trains the seed MNIST CNN with Adadelta + StepLR") +
                             (parallel ? ", data-parallel over MPI ranks" : "") + ".";
   return run_example(argc, argv, parallel ? "ddp_mnist" : "mnist", usage, parallelism, options,
-                     flags, [&](ddp::Runtime& runtime) {
+                     flags, [&](ddp::ProcessGroup& group) {
+    ddp::Runtime& runtime = group.runtime();
     torch::manual_seed(static_cast<uint64_t>(flags.seed));
     const torch::Device device = runtime.device();
     ddp::ImageDataset train = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Train);
     ddp::ImageDataset test = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Test);
     place_data(runtime, train, test, flags.data_dir);
 
-    const auto timeline = make_timeline(runtime, flags);
+    const auto timeline = make_timeline(group, flags);
     auto net = std::make_shared<MnistCnn>();
     net->to(device);
-    const auto ddp_model = make_ddp(runtime, net, flags, parallelism, timeline.get());
+    const auto ddp_model = make_ddp(group, net, flags, parallelism, timeline.get());
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
     ddp::StepLR scheduler(optimizer, /*step_size=*/1, gamma);
 
-    ddp::Trainer trainer(runtime, *net, [&](const torch::Tensor& x) { return net->forward(x); },
+    ddp::Trainer trainer(group, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                          optimizer, trainer_options(flags, timeline.get()), ddp_model.get());
     trainer.fit(train, test, flags.epochs, &scheduler);
     finish(runtime, flags, defaults, timeline.get(), *net);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downloads into .debs/ (git-ignored) the Debian 12 packages that scripts/gpu_proof.sh unpacks on
 # a GPU machine that lacks them and has no internet: Open MPI (mpirun, headers, libmpi and the
-# libraries it loads), Boost.Program_options, GoogleTest's sources, zlib and Fashion-MNIST.
+# libraries it loads), Boost.Program_options, GoogleTest's sources, zlib, xxHash, nlohmann-json and Fashion-MNIST.
 # Run it here (apt must reach its mirrors), then take the repository with .debs/ to the GPU
 # machine. Usage: scripts/fetch_gpu_debs.sh
 #
@@ -20,6 +20,8 @@ declare -A runtime_roots=(
   [boost]="libboost-program-options1.74.0"
   [gtest]=""
   [zlib]="zlib1g"
+  [xxhash]="libxxhash0"
+  [json]=""
   [data]=""
 )
 declare -A without_deps=(
@@ -27,6 +29,8 @@ declare -A without_deps=(
   [boost]="libboost-program-options1.74-dev libboost1.74-dev"
   [gtest]="googletest"  # sources: gpu_proof.sh builds them with the compiler and ABI of torch
   [zlib]="zlib1g-dev"
+  [xxhash]="libxxhash-dev"
+  [json]="nlohmann-json3-dev"
   [data]="dataset-fashion-mnist"
 )
 base=(libc6 libgcc-s1 gcc-12-base libstdc++6 zlib1g libudev1 libuuid1 openssh-client
@@ -63,7 +67,7 @@ closure() {
   printf '%s\n' "${result[@]}"
 }
 
-for component in mpi boost gtest zlib data; do
+for component in mpi boost gtest zlib xxhash json data; do
   # shellcheck disable=SC2086  # word splitting of the package lists is intended
   mapfile -t packages < <({ [ -n "${runtime_roots[$component]}" ] &&
                               closure ${runtime_roots[$component]};

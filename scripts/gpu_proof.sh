@@ -186,6 +186,19 @@ else
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
+if have_system test -e /usr/include/xxhash.h; then
+  log "xxHash: the machine's"
+else
+  unpack xxhash
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
+if have_system test -e /usr/include/nlohmann/json.hpp; then
+  log "nlohmann-json: the machine's"
+else
+  unpack json
+fi
+
 data=/usr/share/datasets/fashion-mnist
 if ! have_system test -e "$data/train-images-idx3-ubyte.gz"; then
   unpack data

@@ -22,6 +22,8 @@ packages=(
   libboost-program-options-dev
   libgtest-dev
   zlib1g-dev
+  libxxhash-dev
+  nlohmann-json3-dev
   dataset-fashion-mnist
   python3-venv             # the environment that holds the torch wheel
   python3-matplotlib       # scripts/plot_metrics.py and the benchmarks' plots

@@ -2,7 +2,8 @@
 // quickly with a message naming the failed rank, never hang.
 //   abort_probe throw : the rank throws; ddp::run_or_abort reports it and aborts the job
 //   abort_probe exit  : the rank dies without a word (exit without MPI_Finalize)
-#include <ddp/runtime.h>
+#include <ddp/parallel/process_group.h>
+#include <ddp/runtime/runtime.h>
 
 #include <cstdlib>
 #include <stdexcept>
@@ -12,10 +13,11 @@ int main(int argc, char** argv) {
   ddp::Runtime runtime(argc, argv);
   const std::string mode = argc > 1 ? argv[1] : "throw";
   return ddp::run_or_abort(runtime, [&] {
+    ddp::ProcessGroup group(runtime);
     if (runtime.rank() == runtime.world_size() - 1) {
       if (mode == "exit") std::_Exit(3);
       throw std::runtime_error("deliberate failure in the probe");
     }
-    runtime.cpu_communicator().barrier();  // never completes: the last rank is gone
+    group.cpu().barrier();  // never completes: the last rank is gone
   });
 }

@@ -15,6 +15,7 @@
 namespace {
 
 ddp::Runtime* g_runtime = nullptr;
+ddp::ProcessGroup* g_group = nullptr;
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -32,15 +33,18 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 ddp::Runtime& ddp_test::runtime() { return *g_runtime; }
+ddp::ProcessGroup& ddp_test::group() { return *g_group; }
 
 int main(int argc, char** argv) {
   ddp::Runtime runtime(argc, argv);
+  ddp::ProcessGroup group(runtime);
   g_runtime = &runtime;
+  g_group = &group;
   ::testing::InitGoogleTest(&argc, argv);
 #ifdef DDP_TESTS_NEED_CUDA
   // Skipped as a whole, not test by test: GTEST_SKIP alone would leave ctest saying "Passed".
   torch::Tensor no_gpu = torch::tensor({torch::cuda::is_available() ? 0 : 1}, torch::kInt);
-  runtime.cpu_communicator().all_reduce(no_gpu, ddp::ReduceOp::Max);
+  group.cpu().all_reduce(no_gpu, ddp::ReduceOp::Max);
   if (no_gpu.item<int>() != 0) {
     if (runtime.is_main()) {
       std::cout << "skipped: no CUDA device on " << (torch::cuda::is_available() ? "another rank" : "rank 0")
@@ -57,7 +61,7 @@ int main(int argc, char** argv) {
   }
   const int local = RUN_ALL_TESTS();
   torch::Tensor any_failed = torch::tensor({local}, torch::kInt);
-  runtime.cpu_communicator().all_reduce(any_failed, ddp::ReduceOp::Max);
+  group.cpu().all_reduce(any_failed, ddp::ReduceOp::Max);
   if (runtime.is_main() && any_failed.item<int>() != 0 && local == 0) {
     std::cerr << "rank 0 passed, but another rank failed (see its [rank N] lines)" << std::endl;
   }

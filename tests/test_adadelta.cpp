@@ -1,5 +1,5 @@
-#include <ddp/adadelta.h>
-#include <ddp/lr_scheduler.h>
+#include <ddp/optim/adadelta.h>
+#include <ddp/optim/lr_scheduler.h>
 
 #include "test_support.h"
 

@@ -1,8 +1,8 @@
 // The backend choice on a real Runtime (multi-rank): CPU models reduce over MPI, and asking for
 // NCCL where it cannot work fails on every rank, naming the option, before any collective that
 // could leave a rank waiting.
-#include <ddp/distributed_data_parallel.h>
-#include <ddp/reducer.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include "parallel/reducer.h"
 
 #include "test_support.h"
 
@@ -17,6 +17,7 @@
 namespace {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -24,7 +25,7 @@ bool contains(const std::string& text, const std::string& part) {
 
 TEST(Backend, AutoReducesACpuModelOverMpi) {
   torch::nn::Linear net(4, 2);
-  ddp::DistributedDataParallel model(rt(), net.ptr());
+  ddp::DistributedDataParallel model(pg(), net.ptr());
   EXPECT_EQ(model.options().backend, ddp::Backend::Mpi);
   net->forward(torch::ones({1, 4})).sum().backward();
   // d(sum(Wx + b))/db = 1 on every rank, so the average is 1.
@@ -36,22 +37,23 @@ TEST(Backend, ExplicitNcclForACpuModelFailsOnEveryRankNamingTheOption) {
   ddp::DDPOptions options;
   options.backend = ddp::Backend::Nccl;
   try {
-    ddp::DistributedDataParallel model(rt(), net.ptr(), options);
+    ddp::DistributedDataParallel model(pg(), net.ptr(), options);
     FAIL() << "no exception on rank " << rt().rank();
   } catch (const std::invalid_argument& e) {
     EXPECT_TRUE(contains(e.what(), "DDPOptions::backend is nccl, but the parameters are on cpu"))
         << e.what();
   }
-  // The Reducer on its own checks the same.
-  EXPECT_THROW(ddp::Reducer(rt(), {net->weight, net->bias}, {"weight", "bias"}, options),
+  // The pure backend choice says the same.
+  EXPECT_THROW(ddp::resolve_backend(ddp::Backend::Nccl, torch::kCPU, rt().device(),
+                                    ddp::nccl_communicator_built()),
                std::invalid_argument);
 }
 
 TEST(Backend, GpuCommunicatorOnACpuRankSaysWhy) {
   if (rt().device().is_cuda()) GTEST_SKIP() << "this rank has a GPU";
-  EXPECT_FALSE(rt().has_gpu_communicator());
+  EXPECT_FALSE(pg().has_gpu());
   try {
-    rt().gpu_communicator();
+    pg().gpu();
     FAIL() << "no exception";
   } catch (const std::runtime_error& e) {
     EXPECT_TRUE(contains(e.what(), "rank " + std::to_string(rt().rank()) +
@@ -61,9 +63,9 @@ TEST(Backend, GpuCommunicatorOnACpuRankSaysWhy) {
 }
 
 // SyncBatchNorm's communicator: a fresh MPI one for CPU layers, and on a CPU rank the same
-// explanation as gpu_communicator() for CUDA ones.
+// explanation as ProcessGroup::gpu() for CUDA ones.
 TEST(Backend, CommunicatorForTheCpuIsAnMpiCommunicatorOverAllRanks) {
-  const std::shared_ptr<ddp::Communicator> comm = rt().communicator_for(torch::kCPU);
+  const std::shared_ptr<ddp::Communicator> comm = pg().for_device(torch::kCPU);
   ASSERT_NE(comm, nullptr);
   EXPECT_EQ(comm->rank(), rt().rank());
   EXPECT_EQ(comm->size(), rt().world_size());
@@ -74,7 +76,7 @@ TEST(Backend, CommunicatorForTheCpuIsAnMpiCommunicatorOverAllRanks) {
 
   if (rt().device().is_cuda()) return;
   try {
-    rt().communicator_for(torch::kCUDA);
+    pg().for_device(torch::kCUDA);
     FAIL() << "no exception";
   } catch (const std::runtime_error& e) {
     EXPECT_TRUE(contains(e.what(), "has no NCCL communicator: it computes on the CPU")) << e.what();

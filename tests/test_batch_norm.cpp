@@ -1,5 +1,5 @@
-#include <ddp/batch_norm.h>
-#include <ddp/mpi_communicator.h>
+#include <ddp/nn/batch_norm.h>
+#include <ddp/comm/mpi_communicator.h>
 
 #include "test_support.h"
 
@@ -14,6 +14,7 @@
 namespace {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 // Forwards to an MpiCommunicator of its own and counts the all-reduces.
 class CountingCommunicator final : public ddp::Communicator {
@@ -22,9 +23,10 @@ class CountingCommunicator final : public ddp::Communicator {
   std::string backend() const override { return mpi_.backend(); }
   int rank() const override { return mpi_.rank(); }
   int size() const override { return mpi_.size(); }
-  void all_reduce(const torch::Tensor& tensor, ddp::ReduceOp op) override {
+  std::unique_ptr<ddp::Work> all_reduce_async(const torch::Tensor& tensor,
+                                              ddp::ReduceOp op) override {
     ++all_reduces;
-    mpi_.all_reduce(tensor, op);
+    return mpi_.all_reduce_async(tensor, op);
   }
   void broadcast(const torch::Tensor& tensor, int root) override { mpi_.broadcast(tensor, root); }
   torch::Tensor all_gather(const torch::Tensor& tensor) override { return mpi_.all_gather(tensor); }
@@ -194,7 +196,7 @@ TEST(BatchNorm2d, SynchronisedEqualsOneProcessOnTheGlobalBatch) {
       if (sc.options.affine()) {
         for (const char* p : {"weight", "bias"}) {
           const torch::Tensor summed = mine->named_parameters()[p].grad().clone();
-          rt().cpu_communicator().all_reduce(summed);
+          pg().cpu().all_reduce(summed);
           expect_close(summed, reference->named_parameters()[p].grad(), sc.tolerance,
                        where + ": " + p + " gradient summed over ranks");
         }
@@ -232,7 +234,7 @@ TEST(BatchNorm2d, SynchronisedBackwardSkipsTheAllReduceWithoutAnInputGradient) {
   EXPECT_EQ(comm->all_reduces, 1);
   for (const char* p : {"weight", "bias"}) {
     const torch::Tensor summed = mine->named_parameters()[p].grad().clone();
-    rt().cpu_communicator().all_reduce(summed);
+    pg().cpu().all_reduce(summed);
     expect_close(summed, reference->named_parameters()[p].grad(), 1e-12, std::string(p) + " gradient");
   }
 }

@@ -1,5 +1,5 @@
-#include <ddp/augment.h>
-#include <ddp/cifar.h>
+#include <ddp/data/augment.h>
+#include <ddp/data/cifar.h>
 
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-#include <ddp/communicator.h>
+#include <ddp/comm/communicator.h>
 
 #include "test_support.h"
 
@@ -6,7 +6,7 @@
 
 namespace {
 
-ddp::Communicator& comm() { return ddp_test::runtime().cpu_communicator(); }
+ddp::Communicator& comm() { return ddp_test::group().cpu(); }
 
 TEST(MpiCommunicator, AllReduceSumEveryDtype) {
   const int w = comm().size(), r = comm().rank();

@@ -1,5 +1,5 @@
-#include <ddp/distributed_data_parallel.h>
-#include <ddp/timeline.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/timeline.h>
 
 #include "test_support.h"
 
@@ -10,6 +10,7 @@
 namespace {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 struct Mlp : torch::nn::Module {
   explicit Mlp(int64_t hidden = 16)
@@ -32,7 +33,7 @@ torch::Tensor flat_state(torch::nn::Module& m) {
 
 // True on every rank iff every rank's tensor is bit-identical to rank 0's.
 bool identical_on_all_ranks(const torch::Tensor& t) {
-  const torch::Tensor all = rt().cpu_communicator().all_gather(t.contiguous());
+  const torch::Tensor all = pg().cpu().all_gather(t.contiguous());
   for (int r = 1; r < rt().world_size(); ++r) {
     if (!torch::equal(all[r], all[0])) return false;
   }
@@ -46,7 +47,7 @@ TEST(DistributedDataParallel, ConstructionBroadcastsParametersAndBuffers) {
     torch::NoGradGuard no_grad;
     net->norm->running_mean.fill_(static_cast<float>(rt().rank()));
   }
-  ddp::DistributedDataParallel model(rt(), net);
+  ddp::DistributedDataParallel model(pg(), net);
   EXPECT_TRUE(identical_on_all_ranks(flat_state(*net)));
   EXPECT_EQ(net->norm->running_mean[0].item<float>(), 0.0f);  // rank 0's buffer
 }
@@ -56,7 +57,7 @@ TEST(DistributedDataParallel, PrepareForwardBroadcastsRankZerosBuffersUnlessTurn
     auto net = std::make_shared<Mlp>();
     ddp::DDPOptions options;
     options.broadcast_buffers = broadcast;
-    ddp::DistributedDataParallel model(rt(), net, options);
+    ddp::DistributedDataParallel model(pg(), net, options);
     {
       torch::NoGradGuard no_grad;  // local statistics drift apart, as BatchNorm's do in training
       net->norm->running_mean.fill_(static_cast<float>(rt().rank()) + 0.5f);
@@ -76,7 +77,7 @@ TEST(DistributedDataParallel, PrepareForwardBroadcastsRankZerosBuffersUnlessTurn
 TEST(DistributedDataParallel, PrepareForwardReattachesHooksAfterStorageSwaps) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   auto net = std::make_shared<Mlp>();
-  ddp::DistributedDataParallel model(rt(), net);
+  ddp::DistributedDataParallel model(pg(), net);
   {
     // What torch::load(model, file) does to every parameter: autograd then gives each a new
     // grad accumulator, without the reducer's hook.
@@ -95,7 +96,7 @@ TEST(DistributedDataParallel, ShapeMismatchFailsOnEveryRankNamingIt) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   auto net = std::make_shared<Mlp>(rt().rank() == 1 ? 17 : 16);
   try {
-    ddp::DistributedDataParallel model(rt(), net);
+    ddp::DistributedDataParallel model(pg(), net);
     FAIL() << "no exception on rank " << rt().rank();
   } catch (const std::runtime_error& e) {
     const std::string msg = e.what();
@@ -110,7 +111,7 @@ TEST(DistributedDataParallel, DtypeMismatchIsCaughtToo) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   auto net = std::make_shared<Mlp>();
   if (rt().rank() == rt().world_size() - 1) net->fc2->to(torch::kDouble);
-  EXPECT_THROW(ddp::DistributedDataParallel(rt(), net), std::runtime_error);
+  EXPECT_THROW(ddp::DistributedDataParallel(pg(), net), std::runtime_error);
 }
 
 // A model whose parameters are registered in an order different from their use, so gradients
@@ -161,7 +162,7 @@ TEST(DistributedDataParallel, EquivalentToOneProcessOnTheGlobalBatch) {
     auto distributed = std::make_shared<Shuffled>();
     torch::manual_seed(3);
     auto reference = std::make_shared<Shuffled>();
-    ddp::DistributedDataParallel model(rt(), distributed, config.options);
+    ddp::DistributedDataParallel model(pg(), distributed, config.options);
     torch::optim::SGD opt(distributed->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 
@@ -197,25 +198,25 @@ TEST(DistributedDataParallel, BucketsFollowReverseRegistrationOrderAndCaps) {
   auto net = std::make_shared<Shuffled>();  // out(w,b) in(w,b) mid(w,b): indices 0..5
   ddp::DDPOptions all_in_one;
   all_in_one.first_bucket_mb = all_in_one.bucket_cap_mb = 1000;
-  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, all_in_one).bucket_layout(),
+  EXPECT_EQ(ddp::DistributedDataParallel(pg(), net, all_in_one).bucket_layout(),
             (std::vector<std::vector<size_t>>{{5, 4, 3, 2, 1, 0}}));
   ddp::DDPOptions tiny;
   tiny.first_bucket_mb = tiny.bucket_cap_mb = 1e-6;
-  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, tiny).bucket_layout(),
+  EXPECT_EQ(ddp::DistributedDataParallel(pg(), net, tiny).bucket_layout(),
             (std::vector<std::vector<size_t>>{{5}, {4}, {3}, {2}, {1}, {0}}));
   // Bytes: mid.bias 128, mid.weight 4096, in.bias 128, in.weight 1280, out.bias 12, out.weight
   // 384. A 5 KiB first bucket takes the first three; in.weight exceeds a 1 KiB cap alone.
   ddp::DDPOptions mixed;
   mixed.first_bucket_mb = 5.0 / 1024;
   mixed.bucket_cap_mb = 1.0 / 1024;
-  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, mixed).bucket_layout(),
+  EXPECT_EQ(ddp::DistributedDataParallel(pg(), net, mixed).bucket_layout(),
             (std::vector<std::vector<size_t>>{{5, 4, 3}, {2}, {1, 0}}));
   // A parameter of at least first_bucket_mb closes its bucket: mid.weight (4 KiB) with a 4 KiB
   // first bucket and a large cap.
   ddp::DDPOptions large_alone;
   large_alone.first_bucket_mb = 4.0 / 1024;
   large_alone.bucket_cap_mb = 1000;
-  EXPECT_EQ(ddp::DistributedDataParallel(rt(), net, large_alone).bucket_layout(),
+  EXPECT_EQ(ddp::DistributedDataParallel(pg(), net, large_alone).bucket_layout(),
             (std::vector<std::vector<size_t>>{{5}, {4}, {3, 2, 1, 0}}));
 }
 
@@ -225,7 +226,7 @@ TEST(DistributedDataParallel, DifferentBucketOptionsAcrossRanksAreRejected) {
   ddp::DDPOptions options;
   if (rt().rank() == 1) options.bucket_cap_mb = options.first_bucket_mb = 1e-6;
   try {
-    ddp::DistributedDataParallel model(rt(), net, options);
+    ddp::DistributedDataParallel model(pg(), net, options);
     FAIL() << "no exception on rank " << rt().rank();
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("bucket layouts differ"), std::string::npos) << e.what();
@@ -281,7 +282,7 @@ TEST(DistributedDataParallel, BucketsAreRebuiltInTheOrderGradientsArrived) {
     ddp::DDPOptions options = small_buckets();
     options.rebuild_buckets = c.rebuild;
     options.sync = c.sync;
-    ddp::DistributedDataParallel model(rt(), distributed, options);
+    ddp::DistributedDataParallel model(pg(), distributed, options);
     EXPECT_EQ(model.bucket_layout(), c.before) << c.name;
     torch::manual_seed(32);
     const torch::Tensor x = torch::randn({2, w * b, 10});
@@ -306,7 +307,7 @@ TEST(DistributedDataParallel, BucketsAreRebuiltAfterTheFirstSynchronisedBackward
   auto distributed = std::make_shared<Shuffled>();
   torch::manual_seed(33);
   auto reference = std::make_shared<Shuffled>();
-  ddp::DistributedDataParallel model(rt(), distributed, small_buckets());
+  ddp::DistributedDataParallel model(pg(), distributed, small_buckets());
   torch::manual_seed(34);
   const torch::Tensor x = torch::randn({2, w * b, 10});
   const torch::Tensor y = torch::randint(0, 3, {2, w * b}, torch::kLong);
@@ -348,7 +349,7 @@ TEST(DistributedDataParallel, RebuiltBucketsFollowRankZerosOrderOnEveryRank) {
   auto reference = std::make_shared<RankOrdered>();
   ddp::DDPOptions options;
   options.first_bucket_mb = options.bucket_cap_mb = 1e-6;  // one parameter per bucket
-  ddp::DistributedDataParallel model(rt(), distributed, options);
+  ddp::DistributedDataParallel model(pg(), distributed, options);
   EXPECT_EQ(model.bucket_layout(), (Layout{{3}, {2}, {1}, {0}}));
   torch::manual_seed(36);
   const torch::Tensor x = torch::randn({3, w, 2, 6});
@@ -380,7 +381,7 @@ TEST(DistributedDataParallel, NoSyncAccumulatesLikeOneBigBatch) {
     auto reference = std::make_shared<Shuffled>();
     ddp::DDPOptions options;
     options.sync = sync;
-    ddp::DistributedDataParallel model(rt(), distributed, options);
+    ddp::DistributedDataParallel model(pg(), distributed, options);
     torch::manual_seed(22);
     const torch::Tensor x = torch::randn({k, w * b, 10});
     const torch::Tensor y = torch::randint(0, 3, {k, w * b}, torch::kLong);
@@ -431,7 +432,7 @@ TEST(DistributedDataParallel, UnusedParameterIsAnErrorOnEveryRankNamingIt) {
     auto net = std::make_shared<TwoHeads>();
     ddp::DDPOptions options;
     options.sync = sync;
-    ddp::DistributedDataParallel model(rt(), net, options);
+    ddp::DistributedDataParallel model(pg(), net, options);
     const torch::Tensor x = torch::ones({2, 4});
     try {
       net->forward(x, /*use_extra=*/rt().rank() != 1).sum().backward();
@@ -459,7 +460,7 @@ TEST(DistributedDataParallel, FindUnusedParametersCountsThemAsZero) {
     ddp::DDPOptions options;
     options.sync = sync;
     options.find_unused_parameters = true;
-    ddp::DistributedDataParallel model(rt(), net, options);
+    ddp::DistributedDataParallel model(pg(), net, options);
     torch::manual_seed(9);
     const torch::Tensor x = torch::randn({w, 2, 4});
     // Only rank 0 uses `extra`; the reference sums what every rank computes, over ranks.
@@ -484,12 +485,12 @@ TEST(DistributedDataParallel, FindUnusedParametersCountsThemAsZero) {
 
 TEST(DistributedDataParallel, TimelineRecordsBucketAllReduces) {
   if (rt().world_size() < 2) GTEST_SKIP() << "one rank has no reducer";
-  ddp::Timeline timeline(rt().cpu_communicator());
+  ddp::Timeline timeline(pg().cpu());
   ddp::DDPOptions options;
   options.timeline = &timeline;
   options.first_bucket_mb = options.bucket_cap_mb = 1e-6;  // one bucket per parameter
   auto net = std::make_shared<Shuffled>();
-  ddp::DistributedDataParallel model(rt(), net, options);
+  ddp::DistributedDataParallel model(pg(), net, options);
   net->forward(torch::ones({2, 10})).sum().backward();
   EXPECT_EQ(timeline.size(), 6u * 2 + 1);  // queued + all-reduce per bucket, one wait
   const std::string path = std::string(DDP_TEST_TMP) + "/timeline.json";
@@ -513,7 +514,7 @@ TEST(DistributedDataParallel, GradientAccumulationAveragesEachPass) {
     ref->weight.copy_(net->weight);
     ref->bias.copy_(net->bias);
   }
-  ddp::DistributedDataParallel model(rt(), net.ptr());
+  ddp::DistributedDataParallel model(pg(), net.ptr());
   torch::manual_seed(6);
   const torch::Tensor x = torch::randn({2, w, 4});
   for (int k = 0; k < 2; ++k) {
@@ -527,7 +528,7 @@ TEST(DistributedDataParallel, GradientAccumulationAveragesEachPass) {
 
 TEST(DistributedDataParallel, DestructionRemovesTheHooks) {
   torch::nn::Linear net(3, 1);
-  { ddp::DistributedDataParallel model(rt(), net.ptr()); }
+  { ddp::DistributedDataParallel model(pg(), net.ptr()); }
   // Only this rank runs backward: with hooks left behind it would wait for the others forever.
   if (rt().is_main()) {
     net->forward(torch::ones({1, 3})).sum().backward();

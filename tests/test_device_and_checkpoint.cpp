@@ -1,5 +1,5 @@
-#include <ddp/checkpoint.h>
-#include <ddp/runtime.h>
+#include <ddp/util/checkpoint.h>
+#include <ddp/runtime/runtime.h>
 
 #include "test_support.h"
 

@@ -1,9 +1,9 @@
-#include <ddp/adadelta.h>
-#include <ddp/augment.h>
-#include <ddp/dataset.h>
-#include <ddp/distributed_sampler.h>
-#include <ddp/mnist.h>
-#include <ddp/trainer.h>
+#include <ddp/optim/adadelta.h>
+#include <ddp/data/augment.h>
+#include <ddp/data/dataset.h>
+#include <ddp/data/distributed_sampler.h>
+#include <ddp/data/mnist.h>
+#include <ddp/train/trainer.h>
 
 #include "test_support.h"
 
@@ -18,6 +18,7 @@
 namespace {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 // Single-process evaluation written out plainly, with batches of a different size.
 ddp::Evaluation evaluate_alone(torch::nn::Sequential& net, const ddp::ImageDataset& data) {
@@ -45,11 +46,11 @@ TEST(Trainer, DistributedEvaluationEqualsSingleProcess) {
   torch::manual_seed(1);
   torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(784, 10),
                             torch::nn::LogSoftmax(1));
-  ddp::DistributedDataParallel model(rt(), net.ptr());
+  ddp::DistributedDataParallel model(pg(), net.ptr());
   ddp::Adadelta optimizer(net->parameters());
   ddp::TrainerOptions options;
   options.test_batch_size = 1000;
-  ddp::Trainer trainer(rt(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
+  ddp::Trainer trainer(pg(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
                        optimizer, options, &model);
   for (const ddp::ImageDataset* data : {&full, &odd}) {
     const ddp::Evaluation distributed = trainer.evaluate(*data);
@@ -65,7 +66,7 @@ TEST(Trainer, SeveralRanksWithoutDdpIsRejected) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   torch::nn::Linear net(2, 2);
   ddp::Adadelta optimizer(net->parameters());
-  EXPECT_THROW(ddp::Trainer(rt(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
+  EXPECT_THROW(ddp::Trainer(pg(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
                             optimizer, ddp::TrainerOptions{}),
                std::invalid_argument);
 }
@@ -89,7 +90,7 @@ torch::nn::Sequential small_cnn() {
 TEST(Trainer, TrainEpochIsThePlainLoopBitForBit) {
   const ddp::ImageDataset data = small_images();
   torch::nn::Sequential net = small_cnn(), plain = small_cnn();
-  ddp::DistributedDataParallel model(rt(), net.ptr()), plain_model(rt(), plain.ptr());
+  ddp::DistributedDataParallel model(pg(), net.ptr()), plain_model(pg(), plain.ptr());
   auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);
   torch::optim::SGD optimizer(net->parameters(), sgd), plain_optimizer(plain->parameters(), sgd);
   ddp::TrainerOptions options;
@@ -98,7 +99,7 @@ TEST(Trainer, TrainEpochIsThePlainLoopBitForBit) {
   options.seed = 5;
   options.augment = ddp::RandomCropFlip{2, true};
   std::vector<torch::Tensor> seen;
-  ddp::Trainer trainer(rt(), *net,
+  ddp::Trainer trainer(pg(), *net,
                        [&](const torch::Tensor& x) {
                          seen.push_back(x);
                          return net->forward(x);

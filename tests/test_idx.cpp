@@ -1,4 +1,4 @@
-#include <ddp/mnist.h>
+#include <ddp/data/mnist.h>
 
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-#include <ddp/lr_scheduler.h>
+#include <ddp/optim/lr_scheduler.h>
 
 #include "test_support.h"
 

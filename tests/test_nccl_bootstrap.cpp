@@ -1,4 +1,4 @@
-#include <ddp/nccl_bootstrap.h>
+#include "comm/nccl_bootstrap.h"
 
 #include "test_support.h"
 
@@ -9,10 +9,10 @@
 namespace {
 
 TEST(NcclBootstrap, EveryRankHoldsRankZerosUniqueId) {
-  const ncclUniqueId id = ddp::broadcast_nccl_unique_id(ddp_test::runtime());
+  const ncclUniqueId id = ddp::broadcast_nccl_unique_id(ddp_test::runtime().comm(), ddp_test::runtime().rank());
   torch::Tensor mine = torch::empty({static_cast<int64_t>(sizeof id)}, torch::kByte);
   std::memcpy(mine.data_ptr(), &id, sizeof id);
-  const torch::Tensor all = ddp_test::runtime().cpu_communicator().all_gather(mine);
+  const torch::Tensor all = ddp_test::group().cpu().all_gather(mine);
   for (int r = 0; r < ddp_test::runtime().world_size(); ++r) {
     EXPECT_TRUE(torch::equal(all[r], all[0])) << "rank " << r << " holds other bytes";
   }

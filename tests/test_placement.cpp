@@ -1,9 +1,9 @@
 // GPU placement (select_device and friends in runtime.h, gpus_to_pair and gpu_rank_mismatch in
 // launcher.h) for every way a node's GPUs reach its ranks, and the backend choice and NCCL
 // timeout that follow from it. Fake environments and device counts: no GPU needed.
-#include <ddp/launcher.h>
-#include <ddp/reducer.h>
-#include <ddp/runtime.h>
+#include <ddp/runtime/launcher.h>
+#include "parallel/reducer.h"
+#include <ddp/runtime/runtime.h>
 
 #include <gtest/gtest.h>
 
@@ -105,7 +105,7 @@ TEST(Placement, MoreRanksThanGpusIsAnErrorNamingTheCountsAndTheFixes) {
   EXPECT_TRUE(contains(error, "srun --ntasks-per-node=2")) << error;
   EXPECT_TRUE(contains(error, "mpirun --npernode 2")) << error;
   EXPECT_TRUE(contains(error, "srun --gpus-per-task=1")) << error;
-  EXPECT_TRUE(contains(error, "--no-cuda")) << error;
+  EXPECT_TRUE(contains(error, "RuntimeOptions::use_cuda")) << error;
 }
 
 TEST(Placement, RanksSharingTheirOneVisibleGpuIsAnError) {

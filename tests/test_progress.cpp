@@ -1,6 +1,6 @@
 // Progress display (progress.h): the pure formatting, parsing and ETA; the end-of-run table.
-#include <ddp/progress.h>
-#include <ddp/trainer.h>
+#include <ddp/train/progress.h>
+#include <ddp/train/trainer.h>
 
 #include <gtest/gtest.h>
 

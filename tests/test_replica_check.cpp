@@ -1,5 +1,5 @@
-#include <ddp/checkpoint.h>
-#include <ddp/replica_check.h>
+#include <ddp/util/checkpoint.h>
+#include <ddp/parallel/replica_check.h>
 
 #include "test_support.h"
 
@@ -21,7 +21,7 @@
 
 namespace {
 
-ddp::Communicator& comm() { return ddp_test::runtime().cpu_communicator(); }
+ddp::Communicator& comm() { return ddp_test::group().cpu(); }
 
 // 6 parameters (fc1, norm, fc2: weight and bias each), 3 buffers (norm's), plus "extra".
 struct Net : torch::nn::Module {

@@ -1,4 +1,4 @@
-#include <ddp/runtime.h>
+#include <ddp/runtime/runtime.h>
 
 #include "test_support.h"
 
@@ -58,7 +58,7 @@ TEST(Runtime, WorksWhenMpiIsAlreadyInitialised) {
   int finalized = 1;
   MPI_Finalized(&finalized);
   EXPECT_EQ(finalized, 0);
-  ddp_test::runtime().cpu_communicator().barrier();  // and MPI still works
+  ddp_test::group().cpu().barrier();  // and MPI still works
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include <ddp/distributed_sampler.h>
+#include <ddp/data/distributed_sampler.h>
 
 #include "test_support.h"
 

@@ -1,6 +1,6 @@
-#include <ddp/adadelta.h>
-#include <ddp/lr_scheduler.h>
-#include <ddp/snapshot.h>
+#include <ddp/optim/adadelta.h>
+#include <ddp/optim/lr_scheduler.h>
+#include <ddp/train/snapshot.h>
 
 #include "test_support.h"
 
@@ -13,7 +13,8 @@
 namespace {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
-ddp::Communicator& comm() { return rt().cpu_communicator(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
+ddp::Communicator& comm() { return pg().cpu(); }
 
 struct Net : torch::nn::Module {
   explicit Net(int64_t hidden = 8)

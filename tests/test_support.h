@@ -1,7 +1,8 @@
 #pragma once
 // Helpers shared by the test files.
 
-#include <ddp/runtime.h>
+#include <ddp/parallel/process_group.h>
+#include <ddp/runtime/runtime.h>
 
 #include <torch/torch.h>
 
@@ -15,6 +16,8 @@ namespace ddp_test {
 
 // The process's Runtime in the multi-rank test binary (set by mpi_test_main.cpp).
 ddp::Runtime& runtime();
+// Its ProcessGroup (the communicators), made right after the Runtime.
+ddp::ProcessGroup& group();
 
 // Runs a command and returns its stdout; throws if it exits non-zero.
 inline std::string run_command(const std::string& command) {

@@ -2,7 +2,7 @@
 // file's, bit for bit, and prints each one that differs ("name<TAB>what"). Finds the replica
 // that drifted when every rank saved its model. Exit status: 0 all identical, 1 some differ,
 // 2 usage error or a file that cannot be read.
-#include <ddp/replica_check.h>
+#include <ddp/parallel/replica_check.h>
 
 #include <exception>
 #include <iostream>

@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
       }
     }
 
+    ddp::ProcessGroup group(runtime);
     const std::string place = check_topology(runtime);
-    const auto places = ddp::all_gather_strings(runtime.cpu_communicator(), place);
+    const auto places = ddp::all_gather_strings(group.cpu(), place);
     if (runtime.is_main()) {
       for (const auto& line : places) std::cout << line << "\n";
     }
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(static_cast<uint64_t>(runtime.rank()));  // different initial weights
     auto net = std::make_shared<MnistCnn>();
     std::unique_ptr<ddp::DistributedDataParallel> model;
-    if (use_ddp) model = std::make_unique<ddp::DistributedDataParallel>(runtime, net);
+    if (use_ddp) model = std::make_unique<ddp::DistributedDataParallel>(group, net);
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     torch::manual_seed(static_cast<uint64_t>(1000 + runtime.rank()));  // different data
     for (int step = 0; step < steps; ++step) {
@@ -106,7 +107,7 @@ int main(int argc, char** argv) {
       optimizer.step();
     }
 
-    const auto hashes = ddp::all_gather_strings(runtime.cpu_communicator(), weights_hash(*net));
+    const auto hashes = ddp::all_gather_strings(group.cpu(), weights_hash(*net));
     for (size_t r = 1; r < hashes.size(); ++r) {
       require(hashes[r] == hashes[0], "replicas differ after " + std::to_string(steps) +
                                           " steps: rank 0 has weights " + hashes[0] + ", rank " +

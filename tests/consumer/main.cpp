@@ -8,8 +8,9 @@
 int main(int argc, char** argv) {
   ddp::Runtime runtime(argc, argv);
   return ddp::run_or_abort(runtime, [&] {
+    ddp::ProcessGroup group(runtime);
     torch::nn::Linear net(torch::nn::LinearOptions(1, 1).bias(false));
-    ddp::DistributedDataParallel model(runtime, net.ptr());
+    ddp::DistributedDataParallel model(group, net.ptr());
     // d(w*x)/dw = x = rank + 1 on each rank, so the average is (world_size + 1) / 2.
     net->forward(torch::full({1, 1}, runtime.rank() + 1.0)).sum().backward();
     const double expected = (runtime.world_size() + 1) / 2.0;

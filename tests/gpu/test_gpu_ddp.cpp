@@ -2,9 +2,9 @@
 // with one process on the global batch, and backward leaving the host free (the reducer orders
 // the current stream after the bucket all-reduces instead of waiting), and SyncBatchNorm over
 // NCCL. Run under mpirun (one rank per GPU); every test skips on a rank without a CUDA device.
-#include <ddp/batch_norm.h>
-#include <ddp/distributed_data_parallel.h>
-#include <ddp/reducer.h>
+#include <ddp/nn/batch_norm.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include "parallel/reducer.h"
 
 #include "test_support.h"
 
@@ -21,6 +21,7 @@
 namespace {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 struct Net : torch::nn::Module {
   Net()
@@ -49,21 +50,22 @@ std::unique_ptr<ddp::Reducer> own_reducer(torch::nn::Module& m, const ddp::DDPOp
     names.push_back(p.key());
     params.push_back(p.value());
   }
-  return std::make_unique<ddp::Reducer>(rt(), params, names, options);
+  // The reducer's data communicator is the group's NCCL one, its control one the group's MPI one.
+  return std::make_unique<ddp::Reducer>(pg().gpu(), pg().cpu(), params, names, options);
 }
 
 class GpuDdp : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!rt().has_gpu_communicator()) GTEST_SKIP() << "no CUDA device on this rank";
+    if (!pg().has_gpu()) GTEST_SKIP() << "no CUDA device on this rank";
   }
 };
 
 TEST_F(GpuDdp, AutoPicksNcclForAModelOnTheGpuAndMpiForOneOnTheCpu) {
   auto on_gpu = std::make_shared<Net>();
   on_gpu->to(rt().device());
-  EXPECT_EQ(ddp::DistributedDataParallel(rt(), on_gpu).options().backend, ddp::Backend::Nccl);
-  EXPECT_EQ(ddp::DistributedDataParallel(rt(), std::make_shared<Net>()).options().backend,
+  EXPECT_EQ(ddp::DistributedDataParallel(pg(), on_gpu).options().backend, ddp::Backend::Nccl);
+  EXPECT_EQ(ddp::DistributedDataParallel(pg(), std::make_shared<Net>()).options().backend,
             ddp::Backend::Mpi);
 }
 
@@ -73,7 +75,7 @@ TEST_F(GpuDdp, ModelSplitAcrossDevicesIsRejectedNamingTheTensor) {
   ddp::DDPOptions options;
   options.backend = ddp::Backend::Nccl;
   try {
-    ddp::DistributedDataParallel model(rt(), net, options);
+    ddp::DistributedDataParallel model(pg(), net, options);
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("parameter 'mid.weight' is on cpu"), std::string::npos)
@@ -110,7 +112,7 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
     torch::manual_seed(3);
     auto reference = std::make_shared<Net>();
     reference->to(rt().device());
-    ddp::DistributedDataParallel model(rt(), distributed, options);
+    ddp::DistributedDataParallel model(pg(), distributed, options);
     ASSERT_EQ(model.options().backend, ddp::Backend::Nccl) << c.name;
     const std::unique_ptr<ddp::Reducer> reducer = own_reducer(*distributed, model.options());
     const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
@@ -136,9 +138,7 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
       EXPECT_TRUE(torch::allclose(got, want, c.tolerance, c.tolerance))
           << c.name << ", step " << s << ": max diff " << (got - want).abs().max().item<double>();
     }
-    if (reducer) {
-      EXPECT_EQ(reducer->backend(), ddp::Backend::Nccl) << c.name;
-    }
+    EXPECT_EQ(model.options().backend, ddp::Backend::Nccl) << c.name;
   }
 }
 
@@ -149,7 +149,7 @@ TEST_F(GpuDdp, BackwardDoesNotMakeTheHostWaitForTheGpu) {
   torch::manual_seed(5);
   auto net = std::make_shared<Net>();
   net->to(rt().device());
-  ddp::DistributedDataParallel model(rt(), net);
+  ddp::DistributedDataParallel model(pg(), net);
   const std::unique_ptr<ddp::Reducer> reducer = own_reducer(*net, model.options());
   // Every rank feeds the same batch, so the average gradient is the local one.
   torch::manual_seed(6);
@@ -169,7 +169,7 @@ TEST_F(GpuDdp, BackwardDoesNotMakeTheHostWaitForTheGpu) {
   }
 }
 
-// SyncBatchNorm over NCCL (Runtime::communicator_for on the rank's GPU): N ranks on their slices
+// SyncBatchNorm over NCCL (ProcessGroup::for_device on the rank's GPU): N ranks on their slices
 // of a batch compute what torch::nn::BatchNorm2d computes on the whole batch, on the GPU.
 TEST_F(GpuDdp, SyncBatchNormOverNcclEqualsOneProcessOnTheGlobalBatch) {
   const int w = rt().world_size(), r = rt().rank();
@@ -182,7 +182,7 @@ TEST_F(GpuDdp, SyncBatchNormOverNcclEqualsOneProcessOnTheGlobalBatch) {
   ddp::BatchNorm2d mine(c);
   reference->to(device);
   mine->to(device);
-  ASSERT_EQ(ddp::convert_sync_batchnorm(*mine, rt().communicator_for(device)), 1);
+  ASSERT_EQ(ddp::convert_sync_batchnorm(*mine, pg().for_device(device)), 1);
 
   torch::Tensor x_mine = x.slice(0, r * b, (r + 1) * b).clone().requires_grad_();
   torch::Tensor x_ref = x.clone().requires_grad_();

@@ -1,7 +1,7 @@
 // The NCCL communicator on real GPUs: every collective and dtype, the stream ordering that
 // replaces host synchronisation, and the argument checks. Run under mpirun (one rank per GPU);
 // every test skips on a rank without a CUDA device.
-#include <ddp/nccl_communicator.h>
+#include <ddp/comm/nccl_communicator.h>
 
 #include "test_support.h"
 
@@ -19,6 +19,7 @@
 namespace {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 // Enough GPU cycles (about half a second) that the host reaches its next check long before
 // the kernel ends.
@@ -31,10 +32,10 @@ const std::vector<torch::ScalarType> kIntTypes = {torch::kInt, torch::kLong, tor
 class Nccl : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!rt().has_gpu_communicator()) GTEST_SKIP() << "no CUDA device on this rank";
+    if (!pg().has_gpu()) GTEST_SKIP() << "no CUDA device on this rank";
   }
   ddp::NcclCommunicator& comm() {
-    return dynamic_cast<ddp::NcclCommunicator&>(rt().gpu_communicator());
+    return dynamic_cast<ddp::NcclCommunicator&>(pg().gpu());
   }
   torch::TensorOptions on_gpu(torch::ScalarType type) const {
     return torch::TensorOptions().dtype(type).device(rt().device());

@@ -1,31 +1,37 @@
 #pragma once
-// Everything a training program needs: #include <ddp/ddp.h>.
+// Everything a training program needs: #include <ddp/ddp.h>. The folders are the layers, each
+// including only those below it (docs/architecture.md):
+//   runtime/  where the job runs          comm/  collectives (Communicator, Work)
+//   parallel/ ProcessGroup, DistributedDataParallel
+//   data/ optim/ nn/  data sets and sampler, optimizers and schedules, layers
+//   train/    the Trainer and what it writes
+// The backends (comm/mpi_communicator.h, comm/nccl_communicator.h) are not included: a program
+// gets its communicators from ProcessGroup.
 
-#include <ddp/adadelta.h>
-#include <ddp/async_communicator.h>
-#include <ddp/augment.h>
-#include <ddp/batch_norm.h>
-#include <ddp/checkpoint.h>
-#include <ddp/cifar.h>
-#include <ddp/communicator.h>
 #include <ddp/config.h>
-#include <ddp/dataset.h>
-#include <ddp/ddp_options.h>
-#include <ddp/distributed_data_parallel.h>
-#include <ddp/distributed_sampler.h>
-#include <ddp/lr_scheduler.h>
-#include <ddp/mnist.h>
-#include <ddp/mpi_communicator.h>
-#include <ddp/progress.h>
-#include <ddp/reducer.h>
-#include <ddp/replica_check.h>
-#include <ddp/runtime.h>
-#include <ddp/snapshot.h>
-#include <ddp/timeline.h>
-#include <ddp/trainer.h>
-#if DDP_WITH_NCCL
-#include <ddp/nccl_bootstrap.h>
-#endif
-#if DDP_WITH_CUDA && DDP_WITH_NCCL
-#include <ddp/nccl_communicator.h>
-#endif
+
+#include <ddp/runtime/runtime.h>
+
+#include <ddp/comm/agreement.h>
+#include <ddp/comm/communicator.h>
+
+#include <ddp/parallel/ddp_options.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/process_group.h>
+#include <ddp/parallel/replica_check.h>
+
+#include <ddp/data/augment.h>
+#include <ddp/data/cifar.h>
+#include <ddp/data/dataset.h>
+#include <ddp/data/distributed_sampler.h>
+#include <ddp/data/mnist.h>
+#include <ddp/nn/batch_norm.h>
+#include <ddp/optim/adadelta.h>
+#include <ddp/optim/lr_scheduler.h>
+
+#include <ddp/train/progress.h>
+#include <ddp/train/snapshot.h>
+#include <ddp/parallel/timeline.h>
+#include <ddp/train/trainer.h>
+
+#include <ddp/util/checkpoint.h>

@@ -1,0 +1,63 @@
+#pragma once
+// The job's communicators, built from the Runtime (what PyTorch calls the default process
+// group): cpu() is an MPI communicator over every rank, for CPU tensors; gpu() is the NCCL
+// communicator on the rank's GPU, created on first use so that CPU and MPI-only programs never
+// pay NCCL's start-up. Create one after the Runtime, before anything that communicates:
+//   ddp::Runtime runtime(argc, argv);
+//   ddp::ProcessGroup group(runtime);
+//   ddp::DistributedDataParallel model(group, net);
+//
+// The backends know nothing of the Runtime: this is where they get what they need from it (the
+// bootstrap communicator, rank, size, device, the NCCL timeout from DDP_NCCL_TIMEOUT_SECONDS,
+// and Runtime::abort as what to do on a fatal NCCL error).
+//
+// Invariant: destroyed before the Runtime (declare it after), since its communicators need MPI.
+
+#include <ddp/comm/communicator.h>
+#include <ddp/runtime/runtime.h>
+
+#include <torch/types.h>
+
+#include <memory>
+
+namespace ddp {
+
+class ProcessGroup {
+ public:
+  // Collective over every rank of `runtime`.
+  explicit ProcessGroup(Runtime& runtime);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  Runtime& runtime() const { return runtime_; }
+
+  // Collectives over all ranks for CPU tensors (MPI).
+  Communicator& cpu() { return *cpu_; }
+
+  // Whether gpu() can exist: this rank computes on CUDA and nccl_communicator_built().
+  bool has_gpu() const;
+  // Collectives over all ranks for CUDA tensors on runtime().device() (NCCL). The first call
+  // creates it and is therefore collective: every rank must make it (DistributedDataParallel
+  // does, when it picks NCCL). Throws std::runtime_error saying why when has_gpu() is false.
+  Communicator& gpu();
+
+  // A communicator for collectives on tensors of `device`, shared with its caller (model layers
+  // that communicate, SyncBatchNorm): gpu() for a CUDA device, a new MPI communicator for the
+  // CPU, so that its traffic cannot be confused with anybody else's. Collective.
+  std::shared_ptr<Communicator> for_device(torch::Device device);
+
+  // A new MPI communicator over all ranks, with a worker thread of its own. Collective.
+  std::unique_ptr<Communicator> new_cpu_communicator();
+
+ private:
+  Runtime& runtime_;
+  std::unique_ptr<Communicator> cpu_;
+  std::shared_ptr<Communicator> gpu_;  // shared with for_device()'s users
+};
+
+// Whether this build has the NCCL communicator (a CUDA LibTorch and NCCL >= 2.10 when it was
+// configured: DDP_WITH_CUDA and DDP_WITH_NCCL in ddp/config.h).
+bool nccl_communicator_built();
+
+}  // namespace ddp

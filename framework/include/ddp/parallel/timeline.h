@@ -1,0 +1,69 @@
+#pragma once
+// A per-rank record of what happened when during training, written as one Chrome-trace /
+// Perfetto JSON for all ranks (open it in ui.perfetto.dev or chrome://tracing; render a PNG with
+// scripts/timeline_png.py). Thread-safe: any thread may record into it.
+//
+// Times are microseconds since the construction of the Timeline, which is collective and ends
+// with a barrier, so ranks on one host share an origin.
+
+#include <ddp/comm/communicator.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum Lane { kMainThread = 0, kCommThread = 1 };
+
+  explicit Timeline(Communicator& comm);
+
+  void span(const std::string& name, const char* category, Clock::time_point start,
+            Clock::time_point end, Lane lane = kMainThread);
+  void instant(const std::string& name, const char* category, Clock::time_point at,
+               Lane lane = kMainThread);
+
+  // Gathers every rank's events and has rank 0 write them to `path` (collective).
+  void write(const std::string& path);
+
+  size_t size() const;
+
+ private:
+  struct Event {
+    std::string name;
+    const char* category;
+    double start_us, duration_us;  // duration < 0: an instant
+    Lane lane;
+  };
+  double since_origin_us(Clock::time_point t) const;
+
+  Communicator& comm_;
+  Clock::time_point origin_;
+  mutable std::mutex mutex_;
+  std::vector<Event> events_;
+};
+
+// Records a span from construction to destruction (no-op when the timeline is null).
+class TimelineScope {
+ public:
+  TimelineScope(Timeline* timeline, std::string name, const char* category)
+      : timeline_(timeline), name_(std::move(name)), category_(category),
+        start_(Timeline::Clock::now()) {}
+  ~TimelineScope() {
+    if (timeline_) timeline_->span(name_, category_, start_, Timeline::Clock::now());
+  }
+  TimelineScope(const TimelineScope&) = delete;
+  TimelineScope& operator=(const TimelineScope&) = delete;
+
+ private:
+  Timeline* timeline_;
+  std::string name_;
+  const char* category_;
+  Timeline::Clock::time_point start_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,135 @@
+#include <ddp/data/cifar.h>
+
+#include <ddp/util/checkpoint.h>
+
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+namespace {
+
+constexpr int64_t kChannels = 3;
+constexpr int64_t kSide = 32;
+constexpr int64_t kPixels = kChannels * kSide * kSide;
+constexpr int64_t kRecord = 1 + kPixels;
+constexpr int64_t kClasses = 10;
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what);
+}
+
+std::string shape_of(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? "," : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+}  // namespace
+
+ImageDataset read_cifar10_file(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) fail(path, "no such file");
+  if (!std::filesystem::is_regular_file(path, error)) fail(path, "not a regular file");
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  const auto size = static_cast<int64_t>(in.tellg());
+  if (size == 0) fail(path, "empty file (expected 3073-byte CIFAR-10 records)");
+  if (size % kRecord != 0) {
+    fail(path, "size " + std::to_string(size) + " bytes is not a whole number of " +
+                   std::to_string(kRecord) + "-byte CIFAR-10 records (remainder " +
+                   std::to_string(size % kRecord) + ")");
+  }
+  const int64_t count = size / kRecord;
+  // Read straight into a tensor so the slices below copy out of memory the tensor owns.
+  torch::Tensor records = torch::empty({count, kRecord}, torch::kByte);
+  in.seekg(0);
+  in.read(static_cast<char*>(records.data_ptr()), static_cast<std::streamsize>(size));
+  if (in.gcount() != static_cast<std::streamsize>(size)) {
+    fail(path, "read " + std::to_string(in.gcount()) + " of " + std::to_string(size) + " bytes");
+  }
+
+  const uint8_t* bytes = records.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    const int label = bytes[i * kRecord];
+    if (label >= kClasses) {
+      fail(path, "record " + std::to_string(i) + " has label " + std::to_string(label) +
+                     " outside 0..9");
+    }
+  }
+  // contiguous(), not reshape(): reshape would give a strided view that skips the label bytes.
+  torch::Tensor images = records.slice(1, 1).contiguous().view({count, kChannels, kSide, kSide});
+  torch::Tensor labels = records.select(1, 0).to(torch::kLong);
+  return ImageDataset{images, labels, {0.4914, 0.4822, 0.4465}, {0.2470, 0.2435, 0.2616}};
+}
+
+ImageDataset load_cifar10(const std::string& dir, CifarSplit split) {
+  std::vector<std::string> paths;
+  if (split == CifarSplit::Train) {
+    for (int i = 1; i <= 5; ++i) paths.push_back(dir + "/data_batch_" + std::to_string(i) + ".bin");
+  } else {
+    paths.push_back(dir + "/test_batch.bin");
+  }
+  for (const auto& path : paths) {
+    std::error_code error;
+    if (!std::filesystem::exists(path, error)) {
+      fail(path, "no such file (scripts/download_cifar10.sh " + dir +
+                     " downloads CIFAR-10's binary version there)");
+    }
+  }
+  std::vector<ImageDataset> parts;
+  std::vector<torch::Tensor> images, labels;
+  for (const auto& path : paths) {
+    parts.push_back(read_cifar10_file(path));
+    images.push_back(parts.back().images);
+    labels.push_back(parts.back().labels);
+  }
+  if (parts.size() == 1) return parts.front();
+  return ImageDataset{torch::cat(images), torch::cat(labels), parts.front().mean,
+                      parts.front().stddev};
+}
+
+void write_cifar10_file(const std::string& path, const torch::Tensor& images,
+                        const torch::Tensor& labels) {
+  const std::string where = "write_cifar10_file(" + path + "): ";
+  if (images.scalar_type() != torch::kByte || images.dim() != 4 || images.size(1) != kChannels ||
+      images.size(2) != kSide || images.size(3) != kSide) {
+    throw std::invalid_argument(where + "images must be uint8 [N,3,32,32], got " +
+                                std::string(c10::toString(images.scalar_type())) + " " +
+                                shape_of(images));
+  }
+  const int64_t count = images.size(0);
+  if (labels.scalar_type() != torch::kLong || labels.dim() != 1 || labels.size(0) != count) {
+    throw std::invalid_argument(where + "labels must be int64 [" + std::to_string(count) +
+                                "] to match the images, got " +
+                                std::string(c10::toString(labels.scalar_type())) + " " +
+                                shape_of(labels));
+  }
+  if (count == 0) throw std::invalid_argument(where + "no images (the reader refuses empty files)");
+  const torch::Tensor cpu_labels = labels.cpu();
+  const int64_t low = cpu_labels.min().item<int64_t>();
+  const int64_t high = cpu_labels.max().item<int64_t>();
+  if (low < 0 || high >= kClasses) {
+    throw std::invalid_argument(where + "labels must lie in 0..9, got " +
+                                std::to_string(low < 0 ? low : high));
+  }
+  const torch::Tensor records = torch::cat(
+      {cpu_labels.to(torch::kByte).view({count, 1}), images.cpu().reshape({count, kPixels})}, 1);
+  write_atomically(path, [&](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(static_cast<const char*>(records.data_ptr()),
+              static_cast<std::streamsize>(records.numel()));
+    out.close();
+    if (!out) fail(path, "cannot write " + tmp + ": " + std::strerror(errno));
+  });
+}
+
+}  // namespace ddp

@@ -1,0 +1,186 @@
+#include <ddp/parallel/distributed_data_parallel.h>
+
+#include <ddp/comm/agreement.h>
+#include <ddp/parallel/replica_check.h>
+
+#include "parallel/reducer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+namespace {
+
+std::string join(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const auto& line : lines) text += line + "\n";
+  return text;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Gathers every rank's description (CPU collectives only) and throws the same message on every
+// rank when any differs from rank 0's.
+void verify_same_structure(Communicator& comm, const torch::nn::Module& module) {
+  std::vector<std::vector<std::string>> per_rank;
+  for (const auto& text : all_gather_strings(comm, join(describe_tensors(module)))) {
+    per_rank.push_back(split(text));
+  }
+  const auto& reference = per_rank[0];
+  size_t first = SIZE_MAX;
+  for (const auto& lines : per_rank) {
+    for (size_t i = 0; i < std::max(lines.size(), reference.size()); ++i) {
+      if (i >= lines.size() || i >= reference.size() || lines[i] != reference[i]) {
+        first = std::min(first, i);
+        break;
+      }
+    }
+  }
+  if (first == SIZE_MAX) return;
+
+  std::ostringstream msg;
+  msg << "DistributedDataParallel: the model differs across ranks at entry " << first << ":";
+  auto entry = [&](const std::vector<std::string>& lines) {
+    return first < lines.size() ? lines[first]
+                                : "(none: " + std::to_string(lines.size()) + " entries)";
+  };
+  msg << "\n  rank 0: " << entry(reference);
+  std::vector<int> differing;
+  for (int r = 1; r < comm.size(); ++r) {
+    if (entry(per_rank[r]) != entry(reference)) {
+      differing.push_back(r);
+      msg << "\n  rank " << r << ": " << entry(per_rank[r]);
+    }
+  }
+  msg << "\n  every rank must build the same model (ranks differing from rank 0:";
+  for (int r : differing) msg << " " << r;
+  msg << ")";
+  throw std::runtime_error(msg.str());
+}
+
+// The backend (Auto resolved) for the module's parameters; the same on every rank or an error on
+// every rank, since ranks on different backends would issue different collectives.
+Backend choose_backend(ProcessGroup& group, const torch::nn::Module& module, Backend requested) {
+  const auto params = module.named_parameters();
+  const torch::Device device =
+      params.is_empty() ? torch::Device(torch::kCPU) : params.begin()->value().device();
+  const Backend backend =
+      resolve_backend(requested, device, group.runtime().device(), nccl_communicator_built());
+  if (backend == Backend::Nccl) {
+    // NCCL reaches one device: the communicator's.
+    auto check = [&](const char* kind, const std::string& name, const torch::Tensor& t) {
+      if (t.device() == device) return;
+      throw std::invalid_argument("DistributedDataParallel: " + std::string(kind) + " '" + name +
+                                  "' is on " + t.device().str() +
+                                  ", but the NCCL backend works on " + device.str() +
+                                  ": move the whole model to Runtime::device()");
+    };
+    for (const auto& p : params) check("parameter", p.key(), p.value());
+    for (const auto& b : module.named_buffers()) check("buffer", b.key(), b.value());
+  }
+  require_agreement(group.cpu(), "DistributedDataParallel: the backend", backend_name(backend),
+                    "Backend::Auto picks NCCL where the parameters are on the rank's GPU: give "
+                    "every rank one, or set DDPOptions::backend");
+  return backend;
+}
+
+void broadcast_from_rank0(Communicator& comm, const torch::Tensor& t) {
+  if (t.is_contiguous()) {
+    comm.broadcast(t, 0);
+  } else {
+    torch::Tensor staging = t.contiguous();
+    comm.broadcast(staging, 0);
+    t.copy_(staging);
+  }
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
+                                                 std::shared_ptr<torch::nn::Module> module,
+                                                 DDPOptions options)
+    : module_(std::move(module)),
+      options_(options),
+      world_size_(group.runtime().world_size()),
+      control_comm_(group.new_cpu_communicator()) {
+  if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
+  verify_same_structure(*control_comm_, *module_);
+  options_.backend = choose_backend(group, *module_, options_.backend);
+  if (options_.backend == Backend::Nccl) {
+    comm_ = &group.gpu();
+  } else {
+    owned_comm_ = group.new_cpu_communicator();
+    comm_ = owned_comm_.get();
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : module_->parameters()) broadcast_from_rank0(*comm_, p);
+    for (const auto& b : module_->buffers()) broadcast_from_rank0(*comm_, b);
+  }
+  if (world_size_ == 1) return;  // one replica: its gradients are the average
+
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& p : module_->named_parameters()) {
+    names.push_back(p.key());
+    params.push_back(p.value());
+  }
+  reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params),
+                                       std::move(names), options_);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::set_sync_enabled(bool enabled) {
+  if (reducer_) reducer_->set_sync_enabled(enabled);
+}
+
+bool DistributedDataParallel::sync_enabled() const {
+  return reducer_ ? reducer_->sync_enabled() : true;
+}
+
+double DistributedDataParallel::sync_seconds() const {
+  return reducer_ ? reducer_->sync_seconds() : 0.0;
+}
+
+int64_t DistributedDataParallel::sync_bytes() const {
+  return reducer_ ? reducer_->sync_bytes() : 0;
+}
+
+std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const {
+  return reducer_ ? reducer_->bucket_layout() : std::vector<std::vector<size_t>>{};
+}
+
+void DistributedDataParallel::prepare_forward() {
+  if (reducer_) reducer_->reattach_hooks();
+  if (!options_.broadcast_buffers || world_size_ == 1) return;
+  // One flat broadcast per dtype: ResNet-18 has 60 small buffers, and a collective each would
+  // cost more latency than the bytes.
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& b : module_->buffers()) by_dtype[b.scalar_type()].push_back(b);
+  torch::NoGradGuard no_grad;
+  for (auto& [dtype, buffers] : by_dtype) {
+    std::vector<torch::Tensor> flat;
+    for (const auto& b : buffers) flat.push_back(b.reshape({-1}));
+    torch::Tensor packed = torch::cat(flat);
+    comm_->broadcast(packed, 0);
+    int64_t offset = 0;
+    for (auto& b : buffers) {
+      b.copy_(packed.narrow(0, offset, b.numel()).view_as(b));
+      offset += b.numel();
+    }
+  }
+}
+
+}  // namespace ddp

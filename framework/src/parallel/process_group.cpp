@@ -1,0 +1,88 @@
+#include <ddp/parallel/process_group.h>
+
+#include <ddp/comm/mpi_communicator.h>
+#include <ddp/config.h>
+#include <ddp/runtime/launcher.h>
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+#include <ddp/comm/nccl_communicator.h>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+bool nccl_communicator_built() { return DDP_WITH_CUDA && DDP_WITH_NCCL; }
+
+namespace {
+
+// DDP_MPI_POLL_US: how often the MPI worker tests a collective once it stops spinning
+// (MpiOptions::poll_interval); 0 spins.
+MpiOptions mpi_options() {
+  MpiOptions options;
+  const char* value = std::getenv("DDP_MPI_POLL_US");
+  if (value == nullptr || *value == '\0') return options;
+  char* end = nullptr;
+  const long us = std::strtol(value, &end, 10);
+  if (*end != '\0' || us < 0 || us > 1000000) {
+    throw std::invalid_argument("DDP_MPI_POLL_US='" + std::string(value) +
+                                "': expected microseconds, 0 to 1000000");
+  }
+  options.poll_interval = std::chrono::microseconds(us);
+  return options;
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(Runtime& runtime)
+    : runtime_(runtime), cpu_(std::make_unique<MpiCommunicator>(runtime.comm(), mpi_options())) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+bool ProcessGroup::has_gpu() const {
+  return nccl_communicator_built() && runtime_.device().is_cuda();
+}
+
+Communicator& ProcessGroup::gpu() {
+  if (gpu_) return *gpu_;
+  if (!has_gpu()) {
+    throw std::runtime_error(
+        "ProcessGroup::gpu: rank " + std::to_string(runtime_.rank()) +
+        " has no NCCL communicator: " +
+        (runtime_.device().is_cuda()
+             ? "this build of ddp has none (it needs a CUDA LibTorch and NCCL >= 2.10 when it is "
+               "configured; see docs/gpu.md)"
+             : "it computes on the CPU (RuntimeOptions::use_cuda is false, or no GPU is "
+               "visible); CPU tensors go through cpu()"));
+  }
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+  NcclOptions options;
+  options.timeout = std::chrono::seconds(nccl_timeout_seconds(current_environment()));
+  const Runtime* runtime = &runtime_;
+  options.on_fatal_error = [runtime](const std::string& message) { runtime->abort(message); };
+  gpu_ = std::make_shared<NcclCommunicator>(runtime_.comm(), runtime_.rank(),
+                                            runtime_.world_size(), runtime_.device(),
+                                            std::move(options));
+#endif
+  return *gpu_;
+}
+
+std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
+  if (!device.is_cuda()) return new_cpu_communicator();
+  const torch::Device mine = runtime_.device();
+  if (mine.is_cuda() && device.has_index() && device.index() != mine.index()) {
+    throw std::invalid_argument("ProcessGroup::for_device: rank " +
+                                std::to_string(runtime_.rank()) + " computes on " + mine.str() +
+                                ", not " + device.str());
+  }
+  gpu();
+  return gpu_;
+}
+
+std::unique_ptr<Communicator> ProcessGroup::new_cpu_communicator() {
+  return std::make_unique<MpiCommunicator>(runtime_.comm(), mpi_options());
+}
+
+}  // namespace ddp

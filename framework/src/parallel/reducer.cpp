@@ -1,0 +1,306 @@
+#include "parallel/reducer.h"
+
+#include <ddp/comm/agreement.h>
+#include <ddp/parallel/timeline.h>
+
+#include "parallel/bucketing.h"
+#include "util/clock.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+namespace ddp {
+
+namespace {
+
+constexpr size_t kNoBucket = static_cast<size_t>(-1);
+
+const char* name_of(GradSync sync) {
+  return sync == GradSync::Bucketed ? "bucketed" : "per-parameter";
+}
+
+const char* name_of(Compression c) {
+  switch (c) {
+    case Compression::None: return "none";
+    case Compression::Fp16: return "fp16";
+    case Compression::Bf16: return "bf16";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Reducer::Reducer(Communicator& data, Communicator& control, std::vector<torch::Tensor> params,
+                 std::vector<std::string> names, DDPOptions options)
+    : data_comm_(data),
+      control_comm_(control),
+      options_(options),
+      params_(std::move(params)),
+      names_(std::move(names)) {
+  if (options_.bucket_cap_mb <= 0 || options_.first_bucket_mb <= 0) {
+    throw std::invalid_argument("DistributedDataParallel: bucket sizes must be > 0 MiB (got cap " +
+                                std::to_string(options_.bucket_cap_mb) + ", first " +
+                                std::to_string(options_.first_bucket_mb) + ")");
+  }
+  // Reverse registration order: roughly the order in which backward produces gradients.
+  std::vector<size_t> order;
+  for (size_t k = params_.size(); k-- > 0;) {
+    if (params_[k].requires_grad()) order.push_back(k);
+  }
+  build_buckets(order);
+  check_layout_across_ranks();
+  rebuild_pending_ = options_.rebuild_buckets && options_.sync == GradSync::Bucketed;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (slots_[i].bucket != kNoBucket) attach_hook(i);
+  }
+}
+
+Reducer::~Reducer() {
+  // A Work still in flight (a backward that failed) keeps its tensor alive until the backend
+  // is done with it.
+  for (auto& hook : hooks_) hook.accumulator->del_post_hook(hook.key);
+}
+
+void Reducer::attach_hook(size_t param) {
+  NodePtr accumulator = torch::autograd::impl::grad_accumulator(params_[param]);
+  const uintptr_t key = accumulator->add_post_hook(
+      std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, param](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list& /*inputs*/) {
+            on_gradient_ready(param);
+            return outputs;
+          }));
+  hooks_.push_back(Hook{param, std::move(accumulator), key});
+}
+
+size_t Reducer::reattach_hooks() {
+  std::vector<Hook> current;
+  std::vector<size_t> replaced;
+  for (auto& hook : hooks_) {
+    if (torch::autograd::impl::grad_accumulator(params_[hook.param]) == hook.accumulator) {
+      current.push_back(std::move(hook));
+    } else {
+      hook.accumulator->del_post_hook(hook.key);
+      replaced.push_back(hook.param);
+    }
+  }
+  hooks_ = std::move(current);
+  for (size_t param : replaced) attach_hook(param);
+  return replaced.size();
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  std::vector<ParameterSize> sizes;
+  for (const torch::Tensor& p : params_) {
+    sizes.push_back({static_cast<size_t>(p.numel()) * p.element_size(), p.scalar_type()});
+  }
+  const double mib = 1024.0 * 1024.0;
+  const BucketCaps caps = options_.sync == GradSync::PerParameter
+                              ? kOneParameterPerBucket
+                              : BucketCaps{options_.first_bucket_mb * mib, options_.bucket_cap_mb * mib};
+  buckets_.clear();
+  slots_.assign(params_.size(), Slot{kNoBucket, 0, false});
+  for (std::vector<size_t>& members : assign_buckets(sizes, order, caps)) {
+    Bucket bucket;
+    int64_t numel = 0;
+    for (size_t i : members) {
+      slots_[i] = Slot{buckets_.size(), numel, false};
+      numel += params_[i].numel();
+    }
+    const torch::Tensor& first = params_[members.front()];
+    bucket.data = torch::zeros({numel}, first.options().requires_grad(false));
+    if (options_.compression != Compression::None) {
+      // Allocated once: with NCCL the wire tensor is in use on another stream until the end of
+      // backward, and a tensor allocated per step could be handed out again too early.
+      bucket.wire = torch::empty(
+          {numel}, bucket.data.options().dtype(options_.compression == Compression::Fp16
+                                                   ? torch::kHalf
+                                                   : torch::kBFloat16));
+    }
+    bucket.pending = members.size();
+    bucket.params = std::move(members);
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+void Reducer::rebuild_buckets() {
+  std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
+  std::vector<bool> seen(params_.size(), false);
+  for (size_t k : ready_order_) seen[k] = true;
+  for (size_t k = params_.size(); k-- > 0;) {
+    if (slots_[k].bucket != kNoBucket && !seen[k]) order.push_back(static_cast<int64_t>(k));
+  }
+  // Every rank has the same parameters, so the same length; rank 0's order wins.
+  torch::Tensor shared = torch::tensor(order, torch::kLong);
+  control_comm_.broadcast(shared, 0);
+  const std::vector<size_t> agreed(shared.data_ptr<int64_t>(),
+                                   shared.data_ptr<int64_t>() + shared.numel());
+  // With NCCL the GPU may still be all-reducing the old buckets: the caching allocator keeps
+  // their memory until the NCCL stream is done with it (NcclCommunicator records that stream).
+  build_buckets(agreed);
+  check_layout_across_ranks();
+  rebuild_pending_ = false;
+  ready_order_.clear();
+}
+
+void Reducer::check_layout_across_ranks() {
+  std::ostringstream layout;
+  layout << "backend " << data_comm_.backend() << ", sync " << name_of(options_.sync)
+         << ", compression " << name_of(options_.compression) << ", " << buckets_.size()
+         << " buckets:";
+  for (const Bucket& b : buckets_) layout << " " << b.data.scalar_type() << "[" << b.data.numel() << "]";
+  require_agreement(control_comm_, "DistributedDataParallel: the bucket layout", layout.str(),
+                    "Ranks would issue different collectives (bucket layouts differ): use the "
+                    "same DDPOptions on every rank");
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_layout() const {
+  std::vector<std::vector<size_t>> layout;
+  for (const Bucket& b : buckets_) layout.push_back(b.params);
+  return layout;
+}
+
+torch::Tensor Reducer::view_of(size_t param) {
+  const Slot& slot = slots_[param];
+  return buckets_[slot.bucket].data.narrow(0, slot.offset, params_[param].numel());
+}
+
+void Reducer::on_gradient_ready(size_t param) {
+  if (!sync_enabled_) return;  // no_sync(): accumulate locally
+  if (!in_backward_) begin_backward();
+  Slot& slot = slots_[param];
+  if (slot.ready) {
+    throw std::runtime_error("DistributedDataParallel: the gradient of '" + names_[param] +
+                             "' arrived twice in one backward pass (reentrant or double "
+                             "backward is not supported)");
+  }
+  const torch::Tensor& grad = params_[param].grad();
+  if (grad.is_sparse()) {
+    throw std::runtime_error("DistributedDataParallel: '" + names_[param] +
+                             "' has a sparse gradient, which is not supported");
+  }
+  view_of(param).copy_(grad.reshape(-1));
+  slot.ready = true;
+  if (rebuild_pending_) ready_order_.push_back(param);
+  if (--buckets_[slot.bucket].pending == 0) launch_ready_buckets();
+}
+
+void Reducer::begin_backward() {
+  in_backward_ = true;
+  next_to_launch_ = 0;
+  for (Slot& slot : slots_) slot.ready = false;
+  for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();
+  ready_order_.clear();  // a backward that failed before step 5 may have left a partial order
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in bucket order, so every rank issues the same collectives in the same order.
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    const size_t b = next_to_launch_++;
+    Bucket& bucket = buckets_[b];
+    bucket.data.div_(data_comm_.size());
+    if (bucket.wire.defined()) bucket.wire.copy_(bucket.data);
+    bucket.work = data_comm_.all_reduce_async(bucket.wire.defined() ? bucket.wire : bucket.data,
+                                              ReduceOp::Sum);
+    if (options_.timeline) {
+      options_.timeline->instant("queue bucket " + std::to_string(b), "sync", Clock::now());
+    }
+  }
+}
+
+void Reducer::wait_for_buckets() {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    const std::unique_ptr<Work> work = std::move(bucket.work);
+    work->wait();
+    if (bucket.wire.defined()) bucket.data.copy_(bucket.wire);
+    const auto span = work->host_span();
+    if (options_.timeline && span) {
+      options_.timeline->span("all-reduce bucket " + std::to_string(b) + " (" +
+                                  std::to_string(bucket.data.numel() * bucket.data.element_size() / 1024) +
+                                  " KiB)",
+                              "sync", span->start, span->end, Timeline::kCommThread);
+    }
+  }
+}
+
+void Reducer::finish_backward() {
+  struct EndBackward {
+    bool& flag;
+    ~EndBackward() { flag = false; }
+  } end{in_backward_};
+  const auto start = Clock::now();
+
+  // 1. Gradients that never came count as zero here; launch every bucket still waiting.
+  const int64_t n = static_cast<int64_t>(params_.size());
+  torch::Tensor used = torch::zeros({n}, torch::kByte);
+  auto used_here = used.accessor<uint8_t, 1>();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Slot& slot = slots_[i];
+    if (slot.bucket == kNoBucket || slot.ready) {
+      used_here[static_cast<int64_t>(i)] = 1;
+      continue;
+    }
+    view_of(i).zero_();
+    slot.ready = true;
+    --buckets_[slot.bucket].pending;
+  }
+  launch_ready_buckets();
+
+  // 2. Wait for every bucket. Only then: which parameters got a gradient on which rank. (Two
+  // threads in Open MPI's progress engine at once slowed TCP transfers down by half.)
+  wait_for_buckets();
+  const torch::Tensor used_by = control_comm_.all_gather(used);  // [ranks, params]
+
+  // 3. Hand the averages to grad().
+  int64_t bytes = 0;
+  for (const Bucket& b : buckets_) bytes += b.data.numel() * static_cast<int64_t>(b.data.element_size());
+  sync_bytes_ += bytes;
+  const torch::Tensor used_anywhere = used_by.to(torch::kLong).sum(0).gt(0);
+  auto anywhere = used_anywhere.accessor<bool, 1>();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (slots_[i].bucket == kNoBucket || !anywhere[static_cast<int64_t>(i)]) continue;
+    torch::Tensor average = view_of(i).view(params_[i].sizes());
+    torch::Tensor& grad = params_[i].mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(average);
+    } else {
+      grad = average.clone();
+    }
+  }
+  sync_seconds_ += seconds_since(start);
+  if (options_.timeline) options_.timeline->span("wait for gradient sync", "sync", start, Clock::now());
+  if (rebuild_pending_) rebuild_buckets();
+
+  // 4. Unused parameters: an error on every rank unless they were declared possible.
+  if (options_.find_unused_parameters) return;
+  std::ostringstream missing;
+  int count = 0;
+  auto by_rank = used_by.accessor<uint8_t, 2>();
+  for (int64_t i = 0; i < n; ++i) {
+    std::string ranks;
+    for (int64_t r = 0; r < used_by.size(0); ++r) {
+      if (!by_rank[r][i]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    }
+    if (ranks.empty()) continue;
+    if (count++ < 10) missing << (count > 1 ? ", " : "") << "'" << names_[i] << "' (rank " << ranks << ")";
+  }
+  if (count > 0) {
+    throw std::runtime_error(
+        "DistributedDataParallel: " + std::to_string(count) +
+        " parameter(s) got no gradient in this backward pass: " + missing.str() +
+        (count > 10 ? ", ..." : "") +
+        ". Make every parameter that requires grad contribute to the loss on every rank, or "
+        "set DDPOptions::find_unused_parameters to count them as zero");
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,153 @@
+#pragma once
+// The gradient reducer behind DistributedDataParallel (the design of PyTorch's c10d Reducer,
+// over MPI or NCCL).
+//
+// Buckets: the parameters that require grad are grouped, in reverse registration order (the
+// order backward produces their gradients), into flat buckets of one dtype by assign_buckets
+// (bucketing.h). GradSync::Bucketed uses the caps first_bucket_mb and bucket_cap_mb;
+// GradSync::PerParameter uses caps that give every parameter a bucket of its own. It is one
+// code path: the policy only decides the grouping. Reverse registration order is only a guess
+// at the order of the gradients: with rebuild_buckets (Bucketed), the first synchronised
+// backward records the order they actually arrive in, and the buckets are regrouped, by the
+// same rules, in rank 0's order (step 5).
+//
+// One backward pass:
+//   1. When autograd has accumulated a parameter's gradient (a post-hook on its grad
+//      accumulator), the gradient is copied into its bucket.
+//   2. A bucket whose gradients are all in is launched, strictly in bucket order on every rank,
+//      so every rank issues the same collectives in the same order: data.all_reduce_async()
+//      returns at once and the backend reduces the bucket while backward computes earlier
+//      layers (MPI on its worker thread, NCCL on its stream).
+//   3. At the end of backward (an autograd engine callback): gradients that never came are
+//      zero-filled and their buckets launched; the reducer waits for every bucket's Work, then
+//      the ranks exchange which parameters got a gradient (over the control communicator, so it
+//      cannot be confused with bucket traffic), and the averages are copied back into grad().
+//      loss.backward() returns only then. With NCCL, waiting means that LibTorch's current
+//      stream waits for each bucket, not the host: the copies into grad() and the optimizer step
+//      queued after them run after the all-reduces, and the host runs ahead.
+//   4. A parameter without a gradient on any rank is an error raised on every rank, naming the
+//      parameters and ranks (find_unused_parameters=false), or counts as zero
+//      (find_unused_parameters=true; a parameter unused on every rank keeps its grad as it was).
+//   5. Once, at the end of the first synchronised backward with rebuild_buckets, between 3 and
+//      4: rank 0 broadcasts the order in which its hooks fired (over the control communicator),
+//      followed by the parameters it got no gradient for in reverse registration order; every
+//      rank regroups buckets_ and slots_ in that order and the layout check runs again. Rank 0's
+//      order, not each rank's own: a rank whose gradients arrive in another order must still
+//      launch the same collectives in the same order.
+//
+// Averaging: each bucket is divided by the world size (before the cast to the compression
+// dtype, which keeps fp16 sums of large gradients from overflowing), then summed over ranks.
+// Because the bucket holds the accumulated grad(), gradient accumulation and no_sync() stay
+// exact.
+//
+// Invariants: every rank has the same bucket layout (checked at construction and after the
+// rebuild); between backward passes no bucket is in flight; params_ never changes after
+// construction; buckets_ and slots_ change at most once, in step 5, identically on all ranks,
+// with nothing in flight.
+
+#include <ddp/comm/communicator.h>
+#include <ddp/parallel/ddp_options.h>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddp {
+
+class Reducer {
+ public:
+  // `params` and `names` in registration order, all on one device that `data` can reach.
+  // `data` all-reduces the buckets; `control` (CPU tensors) carries the reducer's own small
+  // exchanges, on a communicator of its own so they cannot be confused with bucket traffic.
+  // Both outlive the Reducer. Collective (checks the bucket layout across ranks).
+  Reducer(Communicator& data, Communicator& control, std::vector<torch::Tensor> params,
+          std::vector<std::string> names, DDPOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // false: backward accumulates locally, no communication (no_sync()).
+  void set_sync_enabled(bool enabled) { sync_enabled_ = enabled; }
+  bool sync_enabled() const { return sync_enabled_; }
+
+  // Wall time the training thread spent on gradient sync (waiting for the
+  // buckets at the end of backward: the communication that was not overlapped), and bytes
+  // all-reduced, since construction. With NCCL the host does not wait for the GPU, so the time
+  // is only the host's share; the GPU's shows in the step time.
+  double sync_seconds() const { return sync_seconds_; }
+  int64_t sync_bytes() const { return sync_bytes_; }
+
+  // Parameter indices (registration order) of each bucket, in launch order.
+  std::vector<std::vector<size_t>> bucket_layout() const;
+
+  // Re-registers the gradient hook of every parameter whose grad accumulator autograd has
+  // replaced since the hooks were registered: Module::load (torch::load) and set_() give a
+  // parameter a new one, and the old hook would never fire again, so the replicas would stop
+  // averaging without a word. Cheap (a pointer comparison per parameter); local. Returns the
+  // number of hooks re-attached.
+  size_t reattach_hooks();
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    torch::Tensor data;   // flat gradients of `params`, in that order
+    torch::Tensor wire;   // `data` in the compression dtype; undefined without compression
+    size_t pending = 0;   // gradients not yet copied in during this backward
+    std::unique_ptr<Work> work;  // the all-reduce, from its launch until finish_backward
+  };
+  struct Slot {           // where a parameter's gradient lives
+    size_t bucket = 0;
+    int64_t offset = 0;   // elements into the bucket
+    bool ready = false;   // copied in during this backward
+  };
+
+  // Groups `order` (the indices of the parameters that require grad) into buckets_, in that
+  // order, and points slots_ at them.
+  void build_buckets(const std::vector<size_t>& order);
+  void rebuild_buckets();  // step 5
+  void check_layout_across_ranks();
+  void on_gradient_ready(size_t param);
+  void begin_backward();
+  void finish_backward();
+  void launch_ready_buckets();
+  void wait_for_buckets();
+  torch::Tensor view_of(size_t param);
+
+  Communicator& data_comm_;
+  Communicator& control_comm_;
+  DDPOptions options_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;          // per parameter; buckets_.size() for frozen ones
+
+  // Hooks: the accumulators are held so autograd does not recreate them (and drop the hooks).
+  // LibTorch's pointer to an autograd Node, whatever grad_accumulator returns: std::shared_ptr
+  // in 1.13, c10::intrusive_ptr in 2.15.
+  using NodePtr =
+      decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+  struct Hook {
+    size_t param;
+    NodePtr accumulator;
+    uintptr_t key;
+  };
+  void attach_hook(size_t param);
+  std::vector<Hook> hooks_;
+
+  bool sync_enabled_ = true;
+  bool in_backward_ = false;
+  bool rebuild_pending_ = false;     // until step 5 has run
+  std::vector<size_t> ready_order_;  // parameters in hook order, while rebuild_pending_
+  size_t next_to_launch_ = 0;
+  double sync_seconds_ = 0;
+  int64_t sync_bytes_ = 0;
+
+};
+
+}  // namespace ddp

@@ -1,0 +1,302 @@
+#include <ddp/runtime/runtime.h>
+
+#include <ddp/config.h>
+
+#include "util/hash.h"
+#include "util/mpi_check.h"
+#if DDP_WITH_CUDA
+#include "util/cuda_device.h"
+#endif
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace ddp {
+
+namespace {
+
+// Returns true when this call initialised MPI (and so must finalise it).
+bool init_mpi(int* argc, char*** argv, int* provided, bool yield) {
+  int initialized = 0;
+  DDP_MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized) {
+    DDP_MPI_CHECK(MPI_Query_thread(provided));
+    return false;
+  }
+  // MPI communicators all-reduce on worker threads beside the training thread, and
+  // Open MPI busy-polls while a collective waits; it only yields the core by itself when it
+  // sees more ranks than cores, which the extra thread hides from it. yield_when_idle()
+  // (launcher.h) decides from the node's threads and CPUs. A value the user set wins.
+  if (yield) setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+  // MULTIPLE lets the communicators' worker threads and the training thread all call MPI.
+  DDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, provided));
+  return true;
+}
+
+bool launch_checks_enabled() {
+  const char* skip = std::getenv("DDP_SKIP_LAUNCH_CHECKS");
+  return skip == nullptr || *skip == '\0' || std::strcmp(skip, "0") == 0;
+}
+
+// The first Runtime of the process prints the banner and sets the thread count; a second one
+// (a library inside the program creating its own) repeats neither.
+std::atomic<bool> g_first_runtime_done{false};
+
+}  // namespace
+
+Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
+    : uncaught_at_construction_(std::uncaught_exceptions()) {
+  check_launch_before_mpi_init();
+  owns_mpi_ = init_mpi(&argc, &argv, &thread_level_, yield_before_init());
+  init_topology(options);
+}
+
+Runtime::Runtime(RuntimeOptions options)
+    : uncaught_at_construction_(std::uncaught_exceptions()) {
+  check_launch_before_mpi_init();
+  owns_mpi_ = init_mpi(nullptr, nullptr, &thread_level_, yield_before_init());
+  init_topology(options);
+}
+
+bool Runtime::yield_before_init() const {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cpus = 1;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0) cpus = CPU_COUNT(&mask);
+  return yield_when_idle(current_environment(), launch_.local_size, cpus);
+}
+
+void Runtime::check_launch_before_mpi_init() {
+  // Read before MPI_Init: what the launcher set, not what the MPI library adds.
+  launch_ = detect_launch(current_environment());
+  int initialized = 0;
+  DDP_MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized || !launch_checks_enabled()) return;
+#ifdef OPEN_MPI
+  const std::string error = launch_error_before_mpi_init(launch_, /*open_mpi=*/true);
+#else
+  const std::string error = launch_error_before_mpi_init(launch_, /*open_mpi=*/false);
+#endif
+  if (error.empty()) return;
+  // Without MPI there is no MPI_Abort: every process stops, the first one says why.
+  if (launch_.rank <= 0) {
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    std::cerr << "ddp: rank 0 (" << (launch_.slurm_node.empty() ? host : launch_.slurm_node)
+              << "): " << error << std::endl;
+  }
+  std::exit(1);
+}
+
+void Runtime::init_topology(RuntimeOptions options) {
+  DDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  // Errors come back as codes, so DDP_MPI_CHECK can report them with MPI's message.
+  DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  MPI_Comm world = comm_;
+  DDP_MPI_CHECK(MPI_Comm_rank(world, &rank_));
+  DDP_MPI_CHECK(MPI_Comm_size(world, &world_size_));
+
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int length = 0;
+  DDP_MPI_CHECK(MPI_Get_processor_name(name, &length));
+  hostname_.assign(name, length);
+
+  // Ranks that share memory are on one node: that is what "local" means, whatever the
+  // launcher's environment variables say.
+  MPI_Comm node_comm;
+  DDP_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+                                    &node_comm));
+  DDP_MPI_CHECK(MPI_Comm_rank(node_comm, &local_rank_));
+  DDP_MPI_CHECK(MPI_Comm_size(node_comm, &local_size_));
+
+  // Node numbers: rank the node leaders (local rank 0) among themselves, then share the
+  // leader's number with its node.
+  MPI_Comm leaders;
+  DDP_MPI_CHECK(MPI_Comm_split(world, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
+  if (leaders != MPI_COMM_NULL) {
+    DDP_MPI_CHECK(MPI_Comm_rank(leaders, &node_rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(leaders, &num_nodes_));
+    DDP_MPI_CHECK(MPI_Comm_free(&leaders));
+  }
+  int node_info[2] = {node_rank_, num_nodes_};
+  DDP_MPI_CHECK(MPI_Bcast(node_info, 2, MPI_INT, 0, node_comm));
+  node_rank_ = node_info[0];
+  num_nodes_ = node_info[1];
+  set_threads(node_comm);
+  visible_gpus_ = options.use_cuda && torch::cuda::is_available()
+                      ? static_cast<int>(torch::cuda::device_count())
+                      : 0;
+  own_gpu_ = each_rank_sees_its_own_gpu(gpu_ids_on_node(node_comm));
+  DDP_MPI_CHECK(MPI_Comm_free(&node_comm));
+
+  if (launch_checks_enabled()) {
+    const std::string error = launch_error(launch_, world_size_);
+    if (!error.empty()) abort(error);
+  }
+
+  try {
+    device_ = select_device(options.use_cuda, visible_gpus_, local_rank_, local_size_, own_gpu_);
+#if DDP_WITH_CUDA
+    if (device_.is_cuda()) detail::set_current_cuda_device(device_.index(), rank_);
+#endif
+  } catch (const std::exception& e) {
+    abort(e.what());  // a placement error on every rank: end the job with the reason
+  }
+  report_job(options);
+  g_first_runtime_done = true;
+}
+
+std::vector<std::string> Runtime::gpu_ids_on_node(MPI_Comm node_comm) const {
+  std::array<char, 40> mine{};  // a UUID is 32 hex digits
+#if DDP_WITH_CUDA
+  if (visible_gpus_ == 1) {
+    try {
+      const std::string uuid = detail::cuda_device_uuid(0, rank_);
+      std::strncpy(mine.data(), uuid.c_str(), mine.size() - 1);
+    } catch (const std::exception& e) {
+      abort(e.what());  // the other ranks are about to wait for this one in the gather
+    }
+  }
+#endif
+  const int width = static_cast<int>(mine.size());
+  std::vector<char> all(mine.size() * local_size_);
+  DDP_MPI_CHECK(MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR,
+                              node_comm));
+  std::vector<std::string> ids;
+  for (int r = 0; r < local_size_; ++r) ids.emplace_back(all.data() + r * mine.size());
+  return ids;
+}
+
+void Runtime::set_threads(MPI_Comm node_comm) {
+  // The CPUs this rank may run on (its cpuset, as the launcher or the batch system bound it),
+  // and how many ranks of the node share exactly that set: all of them when nothing bound the
+  // ranks, one when each got its own cores.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cpus = 1;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0) cpus = CPU_COUNT(&mask);
+  const uint64_t mine = hash64(&mask, sizeof mask);
+  std::vector<uint64_t> masks(local_size_);
+  DDP_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, masks.data(), 1, MPI_UINT64_T, node_comm));
+  const int sharing = static_cast<int>(std::count(masks.begin(), masks.end(), mine));
+  threads_ = choose_threads(current_environment(), cpus, sharing);
+  // With OMP_NUM_THREADS set, LibTorch already follows it.
+  if (!threads_.from_user && !g_first_runtime_done) at::set_num_threads(threads_.threads);
+}
+
+void Runtime::report_job(const RuntimeOptions& options) const {
+  // Rank 0 learns every rank's place in one gather; fixed-size records keep it a single call.
+  struct Place {
+    int node_rank, local_size, on_cuda, threads, gpus;
+    char node[64];
+  };
+  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, threads_.threads,
+             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), {}};
+  const std::string node = launch_.slurm_node.empty() ? hostname_ : launch_.slurm_node;
+  std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
+  std::vector<Place> all(rank_ == 0 ? world_size_ : 0);
+  DDP_MPI_CHECK(MPI_Gather(&mine, sizeof(Place), MPI_BYTE, all.data(), sizeof(Place), MPI_BYTE, 0,
+                           comm()));
+  if (rank_ != 0 || g_first_runtime_done) return;
+
+  std::vector<RankPlace> places;
+  std::map<int, Place> first_of_node;
+  std::map<int, bool> node_uses_cuda;
+  for (const Place& p : all) {
+    places.push_back({p.node_rank, p.local_size, p.on_cuda != 0, p.threads});
+    first_of_node.emplace(p.node_rank, p);
+    node_uses_cuda[p.node_rank] = node_uses_cuda[p.node_rank] || p.on_cuda != 0;
+  }
+  if (options.print_banner) std::cout << describe_job(launch_, places, threads_) << std::endl;
+  for (const auto& [node_rank, p] : first_of_node) {
+    const std::string warning =
+        gpu_rank_mismatch(p.gpus, p.local_size, p.node, node_uses_cuda[node_rank]);
+    if (!warning.empty()) std::cerr << "ddp: warning: " << warning << std::endl;
+  }
+}
+
+Runtime::~Runtime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (std::uncaught_exceptions() > uncaught_at_construction_) {
+    abort("an exception is unwinding past ddp::Runtime; ending the job (catch it, or use "
+          "ddp::run_or_abort to print it first)");
+  }
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (owns_mpi_) MPI_Finalize();
+}
+
+std::string Runtime::summary() const {
+  std::ostringstream out;
+  out << "rank " << rank_ << "/" << world_size_ << " local " << local_rank_ << "/"
+      << local_size_ << " node " << node_rank_ << "/" << num_nodes_ << " host " << hostname_
+      << " device " << device_;
+  return out.str();
+}
+
+void Runtime::abort(const std::string& message, int exit_code) const {
+  // One write, so other ranks' output cannot land inside the line.
+  const std::string line = "ddp: rank " + std::to_string(rank_) + " (" + hostname_ + "): " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this satisfies [[noreturn]]
+}
+
+int run_or_abort(const Runtime& runtime, const std::function<void()>& body) {
+  try {
+    body();
+    return 0;
+  } catch (const c10::Error& e) {
+    runtime.abort(e.what_without_backtrace());  // LibTorch's message without its stack dump
+  } catch (const std::exception& e) {
+    runtime.abort(e.what());
+  } catch (...) {
+    runtime.abort("unknown exception");
+  }
+}
+
+torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
+                            int local_size, bool own_gpu) {
+  if (!use_cuda || visible_cuda_devices <= 0) return torch::Device(torch::kCPU);
+  if (own_gpu) return torch::Device(torch::kCUDA, 0);
+  if (local_size > visible_cuda_devices) {
+    const std::string gpus = std::to_string(visible_cuda_devices);
+    throw std::runtime_error(
+        std::to_string(local_size) + " ranks on this node but only " + gpus +
+        " visible CUDA device(s), and NCCL cannot run two ranks on one GPU: start at most " +
+        gpus + " rank(s) per node (`srun --ntasks-per-node=" + gpus + "`, `mpirun --npernode " +
+        gpus + "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or "
+        "set RuntimeOptions::use_cuda to false to train on the CPU");
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids) {
+  if (gpu_ids.empty()) return false;
+  std::vector<std::string> sorted = gpu_ids;
+  std::sort(sorted.begin(), sorted.end());
+  return !sorted.front().empty() &&
+         std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+}
+
+}  // namespace ddp

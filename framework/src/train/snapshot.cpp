@@ -1,0 +1,224 @@
+#include <ddp/train/snapshot.h>
+
+#include <ddp/util/checkpoint.h>
+#include <ddp/parallel/replica_check.h>
+
+#include "util/hash.h"
+
+#include <c10/util/Type.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <typeinfo>
+#include <utility>
+
+namespace ddp {
+
+namespace {
+
+// Format 2: XXH64 checksum (format 1, FNV-1a, was written by ddp before 0.x's xxHash switch).
+constexpr char kMagic[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '2'};
+constexpr char kMagicV1[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '1'};
+constexpr size_t kHeaderBytes = sizeof kMagic + 2 * sizeof(uint64_t);
+
+void put_u64(std::string& out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64(const char* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value |= uint64_t(static_cast<unsigned char>(in[i])) << (8 * i);
+  return value;
+}
+
+// What must match for a snapshot to fit a model: every parameter and buffer, in order.
+std::string describe(const torch::nn::Module& model) {
+  std::string text;
+  for (const auto& line : describe_tensors(model)) text += line + "\n";
+  return text;
+}
+
+std::string first_difference(const std::string& expected, const std::string& found) {
+  std::istringstream a(expected), b(found);
+  std::string line_a, line_b;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(a, line_a));
+    const bool more_b = static_cast<bool>(std::getline(b, line_b));
+    if (!more_a && !more_b) return "";
+    if (!more_a) line_a = "(nothing)";
+    if (!more_b) line_b = "(nothing)";
+    if (line_a != line_b) return "the model has " + line_a + ", the snapshot " + line_b;
+  }
+}
+
+std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
+  return c10::demangle(typeid(optimizer).name());
+}
+
+torch::Tensor cpu_generator_state() {
+  return torch::globalContext().defaultGenerator(torch::kCPU).get_state();
+}
+
+// Rank 0's bytes of `path` on every rank; a failure to read is thrown on every rank.
+std::string broadcast_file(const std::string& path, Communicator& comm) {
+  std::string bytes, error;
+  if (comm.rank() == 0) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      error = "no such file or not readable";
+    } else {
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (in.bad()) error = "read error";
+    }
+  }
+  const std::string& payload = error.empty() ? bytes : error;
+  torch::Tensor header = torch::tensor({error.empty() ? int64_t{1} : int64_t{0},
+                                        static_cast<int64_t>(payload.size())}, torch::kLong);
+  comm.broadcast(header, 0);
+  const bool ok = header[0].item<int64_t>() == 1;
+  torch::Tensor data = torch::empty({header[1].item<int64_t>()}, torch::kByte);
+  if (comm.rank() == 0) std::memcpy(data.data_ptr(), payload.data(), payload.size());
+  if (data.numel() > 0) comm.broadcast(data, 0);
+  std::string received(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
+  if (!ok) throw std::runtime_error(path + ": cannot read the snapshot: " + received);
+  return received;
+}
+
+}  // namespace
+
+std::string snapshot_path(const std::string& dir, int64_t epoch) {
+  return dir + "/snapshot_epoch" + std::to_string(epoch) + ".pt";
+}
+
+std::vector<std::string> list_snapshots(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::unique_ptr<DIR, int (*)(DIR*)> d(opendir(dir.c_str()), closedir);
+  if (!d) return {};
+  const std::string prefix = "snapshot_epoch", suffix = ".pt";
+  while (const dirent* entry = readdir(d.get())) {
+    const std::string name = entry->d_name;
+    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string number = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (number.find_first_not_of("0123456789") != std::string::npos) continue;
+    found.emplace_back(std::stoll(number), dir + "/" + name);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> paths;
+  for (const auto& f : found) paths.push_back(f.second);
+  return paths;
+}
+
+void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
+                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress) {
+  const torch::Tensor generators = comm.all_gather(cpu_generator_state());
+  if (comm.rank() != 0) return;
+
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive model_archive, optimizer_archive;
+  model.save(model_archive);
+  optimizer.save(optimizer_archive);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optimizer_archive);
+  archive.write("model_description", c10::IValue(describe(model)));
+  archive.write("optimizer_type", c10::IValue(optimizer_name(optimizer)));
+  archive.write("progress", torch::tensor({progress.epoch, progress.global_step, progress.seed,
+                                           static_cast<int64_t>(progress.world_size)},
+                                          torch::kLong));
+  archive.write("cpu_generator_states", generators);
+
+  std::ostringstream payload_stream;
+  archive.save_to(payload_stream);
+  const std::string payload = payload_stream.str();
+  std::string header(kMagic, sizeof kMagic);
+  put_u64(header, payload.size());
+  put_u64(header, hash64(payload.data(), payload.size()));
+  write_atomically(path, [&](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    out.write(payload.data(), static_cast<std::streamsize>(payload.size()));
+    out.close();
+    if (!out) throw std::runtime_error(tmp + ": write failed");
+  });
+}
+
+TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
+                               torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                               torch::optim::LRScheduler* scheduler) {
+  const std::string bytes = broadcast_file(path, comm);
+  auto fail = [&](const std::string& why) -> std::runtime_error {
+    return std::runtime_error(path + ": " + why);
+  };
+  if (bytes.size() >= sizeof kMagicV1 && std::memcmp(bytes.data(), kMagicV1, sizeof kMagicV1) == 0) {
+    throw fail("a snapshot of format 1 (DDPSNAP1, FNV-1a checksum), written by an older ddp; "
+               "this one reads format 2 (DDPSNAP2, XXH64): start the run afresh, or "
+               "resume with the ddp that wrote it");
+  }
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw fail("not a ddp training snapshot (no DDPSNAP2 header; " + std::to_string(bytes.size()) +
+               " bytes)");
+  }
+  const uint64_t size = get_u64(bytes.data() + sizeof kMagic);
+  const uint64_t hash = get_u64(bytes.data() + sizeof kMagic + 8);
+  if (bytes.size() - kHeaderBytes != size) {
+    throw fail("truncated or padded: the header promises " + std::to_string(size) +
+               " bytes of payload, the file holds " + std::to_string(bytes.size() - kHeaderBytes));
+  }
+  const char* payload = bytes.data() + kHeaderBytes;
+  if (hash64(payload, size) != hash) throw fail("corrupted: the payload's checksum does not match");
+
+  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
+  c10::IValue description, optimizer_type;
+  torch::Tensor progress_values, generators;
+  try {
+    archive.load_from(payload, size);
+    archive.read("model", model_archive);
+    archive.read("optimizer", optimizer_archive);
+    archive.read("model_description", description);
+    archive.read("optimizer_type", optimizer_type);
+    archive.read("progress", progress_values);
+    archive.read("cpu_generator_states", generators);
+  } catch (const c10::Error& e) {
+    throw fail(std::string("unreadable snapshot: ") + e.what_without_backtrace());
+  }
+  const std::string difference = first_difference(describe(model), description.toStringRef());
+  if (!difference.empty()) throw fail("written for a different model: " + difference);
+  if (optimizer_type.toStringRef() != optimizer_name(optimizer)) {
+    throw fail("written for optimizer " + optimizer_type.toStringRef() + ", this run uses " +
+               optimizer_name(optimizer));
+  }
+
+  TrainingProgress progress;
+  progress.epoch = progress_values[0].item<int64_t>();
+  progress.global_step = progress_values[1].item<int64_t>();
+  progress.seed = progress_values[2].item<int64_t>();
+  progress.world_size = static_cast<int>(progress_values[3].item<int64_t>());
+  try {
+    load_module(model, model_archive);  // copies: the DDP hooks stay attached
+    if (scheduler) {
+      for (int64_t e = 0; e < progress.epoch; ++e) scheduler->step();
+    }
+    optimizer.load(optimizer_archive);
+  } catch (const c10::Error& e) {
+    throw fail(std::string("cannot restore the training state: ") + e.what_without_backtrace());
+  } catch (const std::runtime_error& e) {
+    throw fail(std::string("cannot restore the training state: ") + e.what());
+  }
+  if (progress.world_size == comm.size()) {
+    at::Generator generator = torch::globalContext().defaultGenerator(torch::kCPU);  // shared, not a copy
+    // A tensor of its own: given a row view of the gathered states (storage offset > 0 on every
+    // rank but 0), LibTorch 2.15's set_state crashed on rank 1; a clone starts at offset 0.
+    generator.set_state(generators[comm.rank()].clone());
+  }
+  return progress;
+}
+
+}  // namespace ddp

@@ -1,0 +1,387 @@
+#include <ddp/train/trainer.h>
+
+#include <ddp/data/augment.h>
+#include <ddp/util/checkpoint.h>
+#include <ddp/data/distributed_sampler.h>
+#include <ddp/parallel/replica_check.h>
+#include <ddp/train/snapshot.h>
+
+#include "util/clock.h"
+
+#include <nlohmann/json.hpp>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace ddp {
+
+namespace {
+
+
+std::string percent(double part, double whole) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+  return text;
+}
+
+}  // namespace
+
+Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
+                 torch::optim::Optimizer& optimizer, TrainerOptions options,
+                 DistributedDataParallel* ddp)
+    : group_(group),
+      runtime_(group.runtime()),
+      model_(model),
+      forward_(std::move(forward)),
+      optimizer_(optimizer),
+      options_(std::move(options)),
+      ddp_(ddp) {
+  auto at_least = [](const char* option, int64_t value, int64_t least) {
+    if (value >= least) return;
+    throw std::invalid_argument("TrainerOptions::" + std::string(option) + " must be >= " +
+                                std::to_string(least) + " (got " + std::to_string(value) + ")");
+  };
+  at_least("batch_size", options_.batch_size, 1);
+  at_least("test_batch_size", options_.test_batch_size, 1);
+  at_least("limit_train_batches", options_.limit_train_batches, 0);
+  at_least("check_sync_every", options_.check_sync_every, 0);
+  at_least("checkpoint.keep", options_.checkpoint.keep, 0);
+  if (options_.checkpoint.resume == "latest" && options_.checkpoint.dir.empty()) {
+    throw std::invalid_argument(
+        "TrainerOptions::checkpoint.resume is \"latest\" but checkpoint.dir is empty: there is "
+        "no directory to search");
+  }
+  if (!ddp_ && runtime_.world_size() > 1) {
+    throw std::invalid_argument("Trainer: " + std::to_string(runtime_.world_size()) +
+                                " ranks but no DistributedDataParallel: the replicas would "
+                                "diverge (wrap the model, or run one process)");
+  }
+  if (runtime_.is_main() && !options_.metrics_file.empty()) {
+    metrics_.open(options_.metrics_file, std::ios::trunc);
+    if (!metrics_) {
+      throw std::runtime_error(options_.metrics_file + ": cannot open the metrics file for writing");
+    }
+  }
+}
+
+EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
+  Communicator& comm = group_.cpu();
+  const torch::Device device = runtime_.device();
+  model_.train();
+
+  DistributedSampler sampler(train.size(), runtime_.world_size(), runtime_.rank(),
+                             options_.shuffle, options_.seed);
+  sampler.set_epoch(epoch);
+  const std::vector<int64_t> indices = sampler.indices();
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const int64_t batch_size = options_.batch_size;
+  // Every rank has the same shard size, so every rank runs the same number of steps.
+  const int64_t batches_per_epoch = (n + batch_size - 1) / batch_size;
+  int64_t batches = batches_per_epoch;
+  if (options_.limit_train_batches > 0) batches = std::min(batches, options_.limit_train_batches);
+  if (options_.dry_run) batches = std::min<int64_t>(batches, 1);
+
+  at::Generator augment_generator =
+      augmentation_generator(static_cast<uint64_t>(options_.seed), runtime_.rank(), epoch);
+  PhaseTimes local;
+  const double sync_at_start = ddp_ ? ddp_->sync_seconds() : 0.0;
+  // Loss stays on the device until logged: no host synchronisation per step.
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  int64_t samples = 0;
+  const auto epoch_start = Clock::now();
+  // Rank 0 reports progress; every rank takes part in the log interval's loss average.
+  const ProgressMode progress =
+      runtime_.is_main() ? resolve_progress_mode(options_.progress) : ProgressMode::None;
+  double shown_loss = -1;  // the latest loss averaged over ranks; -1 before the first
+  Clock::time_point drawn{};
+  bool bar_drawn = false;
+
+  Timeline* timeline = options_.timeline;
+  // Times one phase into `total` and, when recording, into the timeline.
+  auto phase = [&](const char* name, double& total, auto&& body) {
+    const auto start = Clock::now();
+    body();
+    const auto end = Clock::now();
+    total += std::chrono::duration<double>(end - start).count();
+    if (timeline) timeline->span(name, "step", start, end);
+  };
+
+  auto gather = [&](int64_t b) {
+    return train.gather(indices, b * batch_size, std::min(n, (b + 1) * batch_size), device);
+  };
+  // Batch b+1 is gathered one step ahead, once step b's backward is queued (see below).
+  Batch next;
+  for (int64_t b = 0; b < batches; ++b) {
+    const int64_t begin = b * batch_size, end = std::min(n, begin + batch_size);
+    Batch batch;
+    torch::Tensor loss;
+    phase("data", local.data, [&] {
+      batch = b == 0 ? gather(b) : std::move(next);
+      if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
+      batch.inputs = train.normalise(batch.inputs);
+    });
+    phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
+    // The buffer broadcast belongs to forward, as in PyTorch's DDP.
+    if (ddp_) phase("forward", local.forward_backward, [&] { ddp_->prepare_forward(); });
+    if (options_.check_sync_every > 0 && global_step_ % options_.check_sync_every == 0) {
+      // Here, after the buffer broadcast and before forward, healthy replicas are identical.
+      // A diagnostic: its time counts in no phase.
+      check_replicas_in_sync(model_, comm, "at step " + std::to_string(global_step_) +
+                                               " (epoch " + std::to_string(epoch) + ")");
+    }
+    phase("forward", local.forward_backward,
+          [&] { loss = torch::nll_loss(forward_(batch.inputs), batch.targets); });
+    phase("backward", local.forward_backward, [&] { loss.backward(); });
+    // On a GPU, backward has mostly only been queued here: the host gathers the next batch while
+    // the GPU computes, and a copy from host memory (ImageDataset::gather) runs on a side stream
+    // during this step's backward and optimizer kernels. Only the gather moves: augmentation and
+    // normalisation stay in their step, so the generator's draws keep their order and training
+    // is bit-identical to gathering at the start of each step.
+    if (b + 1 < batches) phase("data", local.data, [&] { next = gather(b + 1); });
+    phase("optimizer", local.optimizer, [&] { optimizer_.step(); });
+    ++global_step_;
+
+    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(end - begin);
+    samples += end - begin;
+
+    if (options_.log_interval > 0 && b % options_.log_interval == 0) {
+      torch::Tensor mean_loss = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
+      comm.all_reduce(mean_loss, ReduceOp::Avg);
+      shown_loss = mean_loss.item<double>();
+      if (progress == ProgressMode::Log) {
+        const int64_t seen = b * batch_size * runtime_.world_size();
+        std::printf("Train Epoch: %lld [%lld/%lld (%.0f%%)]\tLoss: %.6f\tETA %s\n",
+                    static_cast<long long>(epoch), static_cast<long long>(seen),
+                    static_cast<long long>(train.size()),
+                    100.0 * static_cast<double>(b) / static_cast<double>(batches_per_epoch),
+                    shown_loss,
+                    format_duration(eta_seconds(seconds_since(epoch_start), b + 1, batches)).c_str());
+        std::fflush(stdout);
+      }
+    }
+    // The bar: redrawn in place at most 10 times a second, and after the last batch.
+    if (progress == ProgressMode::Bar &&
+        (b + 1 == batches || Clock::now() - drawn >= std::chrono::milliseconds(100))) {
+      drawn = Clock::now();
+      const double elapsed = seconds_since(epoch_start);
+      const double rate =
+          elapsed > 0 ? static_cast<double>(samples * runtime_.world_size()) / elapsed : 0.0;
+      const std::string line =
+          format_progress_bar(epoch, b + 1, batches, rate, shown_loss, elapsed, terminal_width());
+      std::printf("\r%s\033[K", line.c_str());
+      std::fflush(stdout);
+      bar_drawn = true;
+    }
+  }
+  if (bar_drawn) std::printf("\n");
+  const double seconds = seconds_since(epoch_start);
+  local.sync = ddp_ ? ddp_->sync_seconds() - sync_at_start : 0.0;
+  local.forward_backward -= local.sync;  // the sync ran inside backward
+
+  torch::Tensor sums = torch::tensor({loss_sum.item<double>(), static_cast<double>(samples),
+                                      local.data, local.forward_backward, local.sync,
+                                      local.optimizer},
+                                     torch::kDouble);
+  comm.all_reduce(sums, ReduceOp::Sum);
+  torch::Tensor slowest = torch::tensor({seconds}, torch::kDouble);
+  comm.all_reduce(slowest, ReduceOp::Max);
+
+  const auto s = sums.accessor<double, 1>();
+  const double ranks = runtime_.world_size();
+  EpochResult result;
+  result.epoch = epoch;
+  result.samples = static_cast<int64_t>(s[1]);
+  result.train_loss = s[1] > 0 ? s[0] / s[1] : 0.0;
+  result.seconds = slowest.item<double>();
+  result.samples_per_sec = result.seconds > 0 ? s[1] / result.seconds : 0.0;
+  result.phases = PhaseTimes{s[2] / ranks, s[3] / ranks, s[4] / ranks, s[5] / ranks};
+  return result;
+}
+
+Evaluation Trainer::evaluate(const ImageDataset& test) {
+  Communicator& comm = group_.cpu();
+  const torch::Device device = runtime_.device();
+  model_.eval();
+  torch::NoGradGuard no_grad;
+
+  const std::vector<int64_t> shard =
+      evaluation_shard(test.size(), runtime_.world_size(), runtime_.rank());
+  const int64_t n = static_cast<int64_t>(shard.size());
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  for (int64_t begin = 0; begin < n; begin += options_.test_batch_size) {
+    const int64_t end = std::min(n, begin + options_.test_batch_size);
+    Batch batch = test.batch(shard, begin, end, device);
+    torch::Tensor log_probs = forward_(batch.inputs);
+    // Per-sample losses summed in double: the total does not depend on how samples are batched.
+    loss_sum += torch::nll_loss(log_probs, batch.targets, {}, torch::Reduction::None)
+                    .to(torch::kDouble)
+                    .sum();
+    correct += log_probs.argmax(1).eq(batch.targets).sum();
+  }
+  torch::Tensor totals =
+      torch::tensor({loss_sum.item<double>(), static_cast<double>(correct.item<int64_t>())},
+                    torch::kDouble);
+  comm.all_reduce(totals, ReduceOp::Sum);
+
+  Evaluation result;
+  result.total = test.size();
+  result.loss = result.total ? totals[0].item<double>() / static_cast<double>(result.total) : 0.0;
+  result.correct = static_cast<int64_t>(totals[1].item<double>());
+  return result;
+}
+
+std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageDataset& test,
+                                      int64_t epochs, torch::optim::LRScheduler* scheduler) {
+  std::vector<EpochResult> results;
+  const int64_t first_epoch = options_.checkpoint.resume.empty() ? 1 : resume(scheduler);
+  for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
+    EpochResult r = train_epoch(train, epoch);
+    const Evaluation eval = evaluate(test);
+    r.test_loss = eval.loss;
+    r.test_accuracy = eval.accuracy();
+    if (runtime_.is_main()) {
+      std::printf("\nTest set: Average loss: %.4f, Accuracy: %lld/%lld (%.0f%%)\n\n", eval.loss,
+                  static_cast<long long>(eval.correct), static_cast<long long>(eval.total),
+                  100.0 * eval.accuracy());
+      const PhaseTimes& p = r.phases;
+      std::printf("Epoch %lld: %.2f s, %.0f samples/s over %d rank(s) | data %s, forward+backward "
+                  "%s, gradient sync %s, optimizer %s\n\n",
+                  static_cast<long long>(epoch), r.seconds, r.samples_per_sec,
+                  runtime_.world_size(), percent(p.data, r.seconds).c_str(),
+                  percent(p.forward_backward, r.seconds).c_str(),
+                  percent(p.sync, r.seconds).c_str(), percent(p.optimizer, r.seconds).c_str());
+      std::fflush(stdout);
+    }
+    write_metrics(r);
+    results.push_back(r);
+    if (scheduler) scheduler->step();
+    checkpoint(epoch);
+    if (options_.dry_run) break;
+  }
+  if (runtime_.is_main() && !results.empty()) {
+    std::printf("Summary over %d rank(s):\n%s", runtime_.world_size(),
+                summary_table(results).c_str());
+    std::fflush(stdout);
+  }
+  return results;
+}
+
+std::string summary_table(const std::vector<EpochResult>& epochs) {
+  std::string table = "epoch  train loss  test loss  test acc  time (s)  samples/s    sync\n";
+  char row[160];
+  for (const EpochResult& e : epochs) {
+    std::snprintf(row, sizeof row, "%5lld  %10.4f  %9.4f  %7.2f%%  %8.2f  %9.0f  %6s\n",
+                  static_cast<long long>(e.epoch), e.train_loss, e.test_loss,
+                  100.0 * e.test_accuracy, e.seconds, e.samples_per_sec,
+                  percent(e.phases.sync, e.seconds).c_str());
+    table += row;
+  }
+  return table;
+}
+
+int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
+  const CheckpointOptions& c = options_.checkpoint;
+  Communicator& comm = group_.cpu();
+  const bool latest = c.resume == "latest";
+  // Rank 0 looks for the files and names them; load_snapshot sends each rank the bytes, so
+  // only rank 0 needs to see the checkpoint directory.
+  std::string names;
+  if (runtime_.is_main()) {
+    for (const auto& path : latest ? list_snapshots(c.dir) : std::vector<std::string>{c.resume}) {
+      names += path + "\n";
+    }
+  }
+  std::vector<std::string> candidates;
+  std::istringstream lines(all_gather_strings(comm, names)[0]);
+  for (std::string line; std::getline(lines, line);) candidates.push_back(line);
+  if (candidates.empty()) {
+    if (runtime_.is_main()) std::printf("No snapshot in %s: starting at epoch 1\n", c.dir.c_str());
+    return 1;
+  }
+  for (size_t i = 0;; ++i) {
+    const std::string& path = candidates[i];
+    try {
+      const TrainingProgress p = load_snapshot(path, comm, model_, optimizer_, scheduler);
+      global_step_ = p.global_step;
+      if (runtime_.is_main()) {
+        std::printf("Resumed from %s: epoch %lld done, step %lld\n", path.c_str(),
+                    static_cast<long long>(p.epoch), static_cast<long long>(p.global_step));
+        if (p.world_size != runtime_.world_size()) {
+          std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the "
+                      "data order differs from an uninterrupted run\n",
+                      p.world_size, runtime_.world_size());
+        }
+        if (p.seed != options_.seed) {
+          std::printf("Warning: continuing with the snapshot's seed %lld (not %lld) so the data "
+                      "order continues as it was\n",
+                      static_cast<long long>(p.seed), static_cast<long long>(options_.seed));
+        }
+        std::fflush(stdout);
+      }
+      options_.seed = p.seed;
+      return p.epoch + 1;
+    } catch (const std::runtime_error& e) {
+      if (!(latest && c.fallback) || i + 1 == candidates.size()) throw;
+      if (runtime_.is_main()) {
+        std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
+      }
+    }
+  }
+}
+
+void Trainer::checkpoint(int64_t epoch) {
+  const CheckpointOptions& c = options_.checkpoint;
+  if (c.dir.empty()) return;
+  auto model_path = [&](int64_t e) {
+    return c.dir + "/model_with_epoch" + std::to_string(e) + ".pt";
+  };
+  if (runtime_.is_main()) {
+    std::error_code error;
+    std::filesystem::create_directories(c.dir, error);
+    if (error) throw std::runtime_error(c.dir + ": cannot create the checkpoint directory: " + error.message());
+    save_module(model_, model_path(epoch));
+  }
+  TrainingProgress progress;
+  progress.epoch = epoch;
+  progress.global_step = global_step_;
+  progress.seed = options_.seed;
+  progress.world_size = runtime_.world_size();
+  save_snapshot(snapshot_path(c.dir, epoch), group_.cpu(), model_, optimizer_,
+                progress);
+  if (runtime_.is_main() && c.keep > 0 && epoch > c.keep) {
+    // Only after the new files are complete; removing what is absent is fine.
+    const int64_t old = epoch - c.keep;
+    std::remove(snapshot_path(c.dir, old).c_str());
+    std::remove(model_path(old).c_str());
+  }
+}
+
+void Trainer::write_metrics(const EpochResult& r) {
+  if (!metrics_.is_open()) return;
+  const nlohmann::ordered_json line = {
+      {"epoch", r.epoch},
+      {"train_loss", r.train_loss},
+      {"test_loss", r.test_loss},
+      {"test_accuracy", r.test_accuracy},
+      {"samples_per_sec", r.samples_per_sec},
+      {"seconds", r.seconds},
+      {"samples", r.samples},
+      {"ranks", runtime_.world_size()},
+      {"data_seconds", r.phases.data},
+      {"forward_backward_seconds", r.phases.forward_backward},
+      {"sync_seconds", r.phases.sync},
+      {"optimizer_seconds", r.phases.optimizer}};
+  metrics_ << line.dump() << "\n" << std::flush;
+  if (!metrics_) throw std::runtime_error(options_.metrics_file + ": write failed");
+}
+
+}  // namespace ddp

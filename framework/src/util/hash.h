@@ -1,0 +1,18 @@
+#pragma once
+// Hashing: XXH64 from Debian's xxHash (libxxhash-dev), the library's one non-cryptographic hash:
+// replica fingerprints, snapshot checksums, the identity of a rank's CPU set. It runs at memory
+// speed (ResNet-18's 45 MB in milliseconds) and its values are stable across machines and
+// releases (the snapshot format relies on that).
+
+#include <xxhash.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ddp {
+
+inline uint64_t hash64(const void* data, size_t size, uint64_t seed = 0) {
+  return XXH64(data, size, seed);
+}
+
+}  // namespace ddp
