@@ -25,6 +25,19 @@ Backend parse_backend(const std::string& name) {
   throw std::invalid_argument("unknown backend '" + name + "' (expected auto, mpi or nccl)");
 }
 
+const char* grad_sync_name(GradSync sync) {
+  return sync == GradSync::Bucketed ? "bucketed" : "per-parameter";
+}
+
+const char* compression_name(Compression compression) {
+  switch (compression) {
+    case Compression::None: return "none";
+    case Compression::Fp16: return "fp16";
+    case Compression::Bf16: return "bf16";
+  }
+  return "?";
+}
+
 const char* backend_name(Backend backend) {
   switch (backend) {
     case Backend::Auto: return "auto";

@@ -11,7 +11,6 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -21,19 +20,6 @@ namespace ddp {
 namespace {
 
 constexpr size_t kNoBucket = static_cast<size_t>(-1);
-
-const char* name_of(GradSync sync) {
-  return sync == GradSync::Bucketed ? "bucketed" : "per-parameter";
-}
-
-const char* name_of(Compression c) {
-  switch (c) {
-    case Compression::None: return "none";
-    case Compression::Fp16: return "fp16";
-    case Compression::Bf16: return "bf16";
-  }
-  return "?";
-}
 
 }  // namespace
 
@@ -152,8 +138,8 @@ void Reducer::rebuild_buckets() {
 
 void Reducer::check_layout_across_ranks() {
   std::ostringstream layout;
-  layout << "backend " << data_comm_.backend() << ", sync " << name_of(options_.sync)
-         << ", compression " << name_of(options_.compression) << ", " << buckets_.size()
+  layout << "backend " << data_comm_.backend() << ", sync " << grad_sync_name(options_.sync)
+         << ", compression " << compression_name(options_.compression) << ", " << buckets_.size()
          << " buckets:";
   for (const Bucket& b : buckets_) layout << " " << b.data.scalar_type() << "[" << b.data.numel() << "]";
   require_agreement(control_comm_, "DistributedDataParallel: the bucket layout", layout.str(),

@@ -47,6 +47,9 @@ struct DDPOptions {
 GradSync parse_grad_sync(const std::string& name);
 Compression parse_compression(const std::string& name);
 Backend parse_backend(const std::string& name);
+// The names the parsers accept, for messages and logs.
+const char* grad_sync_name(GradSync sync);
+const char* compression_name(Compression compression);
 const char* backend_name(Backend backend);
 
 // The backend for parameters on `params_device`, with Backend::Auto resolved: NCCL when they are
