@@ -11,6 +11,8 @@ if command -v ccache > /dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   # Precompiled headers: without these ccache would not cache the sources that use them.
   export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+  # Paths relative to the checkout: a second worktree or a fresh clone hits the same cache.
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=ON "${launcher[@]}" "$@"
 cmake --build "$build" -j "$(nproc)"
