@@ -3,7 +3,8 @@
 // --max-bytes. Each iteration is timed alone between barriers (untimed re-initialisation), the
 // time is the mean over iterations of the slowest rank, and every result is checked.
 //   algbw = bytes / time;  busbw = algbw * 2 (n - 1) / n  (the per-rank traffic of a ring)
-//   mpirun -np 2 bench_allreduce --min-bytes 4096 --max-bytes 268435456
+//   mpirun -np 2 bench_allreduce --min-bytes 4096 --max-bytes 268435456 [--max-message 4MiB]
+// --max-message: MpiOptions::max_message_bytes for the ddp column (0: one MPI call per tensor).
 #include <ddp/comm/mpi_communicator.h>
 #include <ddp/runtime/runtime.h>
 
@@ -60,18 +61,23 @@ int main(int argc, char** argv) {
   ddp::Runtime runtime(argc, argv);
   return ddp::run_or_abort(runtime, [&] {
     int64_t min_bytes = 4096, max_bytes = 256LL << 20;
+    ddp::MpiOptions options;
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
       if (flag == "--min-bytes") min_bytes = parse_bytes(argv[i + 1]);
       else if (flag == "--max-bytes") max_bytes = parse_bytes(argv[i + 1]);
-      else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes)");
+      else if (flag == "--max-message") options.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
+      else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes, --max-message)");
     }
-    ddp::MpiCommunicator comm(runtime.comm());
+    ddp::MpiCommunicator comm(runtime.comm(), options);
     const int w = comm.size();
     const double bus_factor = w > 1 ? 2.0 * (w - 1) / w : 0.0;
     if (runtime.is_main()) {
-      std::printf("# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s\n", w,
-                  runtime.num_nodes(), std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset");
+      std::printf("# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: %s\n",
+                  w, runtime.num_nodes(), std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",
+                  options.max_message_bytes == 0
+                      ? "one MPI call per tensor"
+                      : ("pieces of at most " + std::to_string(options.max_message_bytes >> 10) + " KiB").c_str());
       std::printf("#                                   ddp MpiCommunicator                    raw MPI_Allreduce\n");
       std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "size(B)", "count", "type", "iters",
                   "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw", "#wrong", "ratio");

@@ -51,6 +51,25 @@ def efficiency_table(rows):
     return "\n".join(lines)
 
 
+def before_after_table(before, after, key_fields):
+    """Samples/s of one key (model, world or link) before and after, per impl, and after/before."""
+    impls = ["ddp-bucketed", "ddp-per-parameter", "pytorch-ddp"]
+    index = lambda rows: {tuple(r.get(k) for k in key_fields) + (r["impl"],): r["samples_per_sec"] for r in rows}
+    b, a = index(before), index(after)
+    keys = list(collections.OrderedDict.fromkeys(tuple(r.get(k) for k in key_fields) for r in after))
+    head = key_fields + [f"{i}: before / after" for i in impls] + ["after: bucketed / per-param"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in keys:
+        cells = [str(k) for k in key]
+        for i in impls:
+            x, y = b.get(key + (i,)), a.get(key + (i,))
+            cells.append(f"{x:.1f} / {y:.1f} ({y / x:.2f}x)" if x and y else (f"– / {y:.1f}" if y else "–"))
+        bucketed, per_param = a.get(key + ("ddp-bucketed",)), a.get(key + ("ddp-per-parameter",))
+        cells.append(f"{bucketed / per_param:.2f}x" if bucketed and per_param else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def read(path):
     return open(path).read().strip() if os.path.exists(path) else "(not run)"
 
@@ -59,6 +78,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--before", help="results of the same benchmarks from an earlier build, compared in a table")
+    parser.add_argument("--before-label", default="an earlier build", help="what --before was built from")
     args = parser.parse_args()
     d = args.results
     local = load(os.path.join(d, "throughput.jsonl"))
@@ -104,6 +125,28 @@ def main():
     for name in sorted(os.listdir(d)):
         if name.startswith("allreduce_") and name.endswith(".txt"):
             parts += [f"`{name[:-4]}`:", "", "```", read(os.path.join(d, name)), "```", ""]
+    if args.before:
+        before_local = load(os.path.join(args.before, "throughput.jsonl"))
+        before_emulated = load(os.path.join(args.before, "emulated.jsonl"))
+        parts += [
+            "## Before and after",
+            "",
+            f"The same benchmarks, run back to back on this machine: before = {args.before_label}, "
+            "after = the build above. Samples/s, before / after (after/before).",
+            "",
+            "```",
+            read(os.path.join(args.before, "machine.txt")),
+            "```",
+            "",
+            "One host:",
+            "",
+            before_after_table(before_local, local, ["model", "world"]),
+            "",
+            "Two emulated hosts:",
+            "",
+            before_after_table(before_emulated, emulated, ["model", "link"]) if emulated else "(not run)",
+            "",
+        ]
     analysis = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
     if os.path.exists(analysis):
         parts += [read(analysis), ""]

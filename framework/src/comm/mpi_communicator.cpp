@@ -76,14 +76,18 @@ void check_contiguous(const torch::Tensor& t, const char* what) {
   }
 }
 
-// MPI counts are int: larger tensors go in chunks of at most INT_MAX elements.
+// Calls fn(data, count) on consecutive pieces of t: at most max_bytes each (MpiOptions::
+// max_message_bytes; 0: no limit), and never more than INT_MAX elements (MPI counts are int).
 template <typename Fn>
-void for_each_chunk(const torch::Tensor& t, Fn fn) {
+void for_each_chunk(const torch::Tensor& t, std::size_t max_bytes, Fn fn) {
   const int64_t n = t.numel();
   const int64_t element_size = static_cast<int64_t>(t.element_size());
+  const int64_t per_call = max_bytes == 0
+      ? INT_MAX
+      : std::clamp<int64_t>(static_cast<int64_t>(max_bytes) / element_size, 1, INT_MAX);
   char* base = static_cast<char*>(t.data_ptr());
-  for (int64_t offset = 0; offset < n; offset += INT_MAX) {
-    const int count = static_cast<int>(std::min<int64_t>(INT_MAX, n - offset));
+  for (int64_t offset = 0; offset < n; offset += per_call) {
+    const int count = static_cast<int>(std::min<int64_t>(per_call, n - offset));
     fn(base + offset * element_size, count);
   }
 }
@@ -251,8 +255,9 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(const torch::Tensor& ten
   const MPI_Comm comm = comm_;
   const int size = size_;
   const auto poll = options_.poll_interval;
-  auto task = submit([host, type, mpi_reduce_op, op, comm, size, poll] {
-    for_each_chunk(host, [&](void* data, int count) {
+  const std::size_t max_bytes = options_.max_message_bytes;
+  auto task = submit([host, type, mpi_reduce_op, op, comm, size, poll, max_bytes] {
+    for_each_chunk(host, max_bytes, [&](void* data, int count) {
       if (poll.count() == 0) {
         DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_reduce_op, comm));
         return;
@@ -273,7 +278,7 @@ void MpiCommunicator::broadcast(const torch::Tensor& tensor, int root) {
   const MPI_Comm comm = comm_;
   const auto poll = options_.poll_interval;
   auto task = submit([host, type, root, comm, poll] {
-    for_each_chunk(host, [&](void* data, int count) {
+    for_each_chunk(host, 0, [&](void* data, int count) {
       if (poll.count() == 0) {
         DDP_MPI_CHECK(MPI_Bcast(data, count, type, root, comm));
         return;

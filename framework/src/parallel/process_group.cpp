@@ -18,19 +18,30 @@ bool nccl_communicator_built() { return DDP_WITH_CUDA && DDP_WITH_NCCL; }
 
 namespace {
 
-// DDP_MPI_POLL_US: how often the MPI worker tests a collective once it stops spinning
-// (MpiOptions::poll_interval); 0 spins.
+// Reads a non-negative integer environment variable into `out`; unset or empty leaves it.
+void read_env(const char* name, long max, long& out) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return;
+  char* end = nullptr;
+  const long number = std::strtol(value, &end, 10);
+  if (*end != '\0' || number < 0 || number > max) {
+    throw std::invalid_argument(std::string(name) + "='" + value + "': expected an integer from 0 to " +
+                                std::to_string(max));
+  }
+  out = number;
+}
+
+// The MPI backend's tuning knobs, for measurements (docs/performance.md):
+//   DDP_MPI_POLL_US      MpiOptions::poll_interval in microseconds (0: blocking calls)
+//   DDP_MPI_MESSAGE_KIB  MpiOptions::max_message_bytes in KiB (0: one call per tensor)
 MpiOptions mpi_options() {
   MpiOptions options;
-  const char* value = std::getenv("DDP_MPI_POLL_US");
-  if (value == nullptr || *value == '\0') return options;
-  char* end = nullptr;
-  const long us = std::strtol(value, &end, 10);
-  if (*end != '\0' || us < 0 || us > 1000000) {
-    throw std::invalid_argument("DDP_MPI_POLL_US='" + std::string(value) +
-                                "': expected microseconds, 0 to 1000000");
-  }
-  options.poll_interval = std::chrono::microseconds(us);
+  long poll_us = options.poll_interval.count();
+  read_env("DDP_MPI_POLL_US", 1000000, poll_us);
+  options.poll_interval = std::chrono::microseconds(poll_us);
+  long message_kib = static_cast<long>(options.max_message_bytes >> 10);
+  read_env("DDP_MPI_MESSAGE_KIB", 1L << 30, message_kib);
+  options.max_message_bytes = static_cast<std::size_t>(message_kib) << 10;
   return options;
 }
 

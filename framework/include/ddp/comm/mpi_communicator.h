@@ -37,6 +37,14 @@ struct MpiOptions {
   // but slower over TCP in our measurements (docs/performance.md). DDP_MPI_POLL_US sets it for
   // ProcessGroup's communicators.
   std::chrono::microseconds poll_interval{0};
+
+  // The largest message of one MPI_Allreduce: a larger all-reduce is made of consecutive calls
+  // on pieces of at most this many bytes (the result is the same, element by element). 0 (the
+  // default): one call per tensor (up to INT_MAX elements). Why it exists: Open MPI moved large
+  // messages slower per byte than pieces of a few MiB in our measurements, over shared memory
+  // (cache) and over TCP (docs/performance.md); the default stays 0 until a quiet-machine
+  // benchmark shows pieces help end to end. DDP_MPI_MESSAGE_KIB sets it for ProcessGroup.
+  std::size_t max_message_bytes = 0;
 };
 
 namespace detail {
