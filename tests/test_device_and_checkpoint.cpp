@@ -7,6 +7,14 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <fstream>
 
 namespace {
@@ -58,6 +66,125 @@ TEST(WriteAtomically, UnwritableDirectoryNamesTheFile) {
     FAIL() << "no exception";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/model.pt"), std::string::npos) << e.what();
+  }
+}
+
+std::string host() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+bool exists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+// A process id that is certainly not running: a child that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+TEST(WriteAtomically, BytesReplaceTheFileAndLeaveNoTemporary) {
+  const std::string dir = ddp_test::make_temp_dir("atomic_bytes");
+  const std::string path = dir + "/state.bin";
+  ddp::write_atomically(path, std::string("first"));
+  ddp::write_atomically(path, std::string("second\0binary", 13));
+  EXPECT_EQ(read_all(path), std::string("second\0binary", 13));
+  EXPECT_EQ(ddp_test::run_command("ls -a '" + dir + "'"), ".\n..\nstate.bin\n");
+}
+
+TEST(WriteAtomically, FailureNamesTheFileAndTheSystemsReason) {
+  const std::string dir = ddp_test::make_temp_dir("atomic_fail");
+  ddp::write_atomically(dir + "/file", std::string("x"));
+  // A path under a regular file fails for root too.
+  for (const std::string& path : {dir + "/file/model.pt", dir + "/missing/model.pt"}) {
+    try {
+      ddp::write_atomically(path, std::string("bytes"));
+      ADD_FAILURE() << "no exception for " << path;
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind(path + ": cannot create " + path + ".tmp." + host() + ".", 0), 0u) << what;
+      EXPECT_TRUE(what.find("Not a directory") != std::string::npos ||
+                  what.find("No such file or directory") != std::string::npos) << what;
+    }
+  }
+}
+
+// A writer killed (SIGKILL) in the middle of a write: the previous file is intact, the
+// temporary file is left, and remove_stale_temporaries removes it once the writer is gone.
+TEST(WriteAtomically, KillMidWriteLeavesThePreviousFileAndAStaleTemporary) {
+  const std::string dir = ddp_test::make_temp_dir("atomic_kill");
+  const std::string path = dir + "/snapshot.pt";
+  ddp::write_atomically(path, std::string("previous"));
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ddp::write_atomically(path, [](const std::string& tmp) {
+      std::ofstream(tmp) << "half of the new";
+      ::raise(SIGKILL);
+    });
+    ::_exit(0);  // not reached
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  EXPECT_EQ(read_all(path), "previous");
+  const std::string tmp = path + ".tmp." + host() + "." + std::to_string(child);
+  EXPECT_EQ(read_all(tmp), "half of the new");
+  EXPECT_EQ(ddp::remove_stale_temporaries(dir), std::vector<std::string>{tmp});
+  EXPECT_FALSE(exists(tmp));
+  EXPECT_EQ(read_all(path), "previous");
+}
+
+TEST(RemoveStaleTemporaries, OnlyOurNamesOfWritersThatAreGone) {
+  const std::string dir = ddp_test::make_temp_dir("stale");
+  const std::string dead = std::to_string(dead_pid()), alive = std::to_string(::getpid());
+  const std::string parent = std::to_string(::getppid());  // alive, not this process
+  auto touch = [&](const std::string& name) {
+    std::ofstream(dir + "/" + name) << "bytes";
+    return dir + "/" + name;
+  };
+  const std::string dead_here = touch("model_with_epoch2.pt.tmp." + host() + "." + dead);
+  const std::string dead_legacy = touch("snapshot_epoch2.pt.tmp." + dead);
+  const std::string old_elsewhere = touch("snapshot_epoch3.pt.tmp.other-node.01.42");
+  const std::vector<std::string> kept = {
+      touch("model_with_epoch1.pt"), touch("notes.tmp.txt"), touch(".tmp.123"),
+      touch("a.pt.tmp." + host() + "." + alive), touch("b.pt.tmp." + host() + "." + parent),
+      touch("c.pt.tmp." + parent), touch("d.pt.tmp.other-node.01.42")};  // fresh: may be live
+  // Another host's file nobody has written for two hours.
+  const struct timespec times[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, old_elsewhere.c_str(), times, 0), 0);
+  ASSERT_EQ(::mkdir((dir + "/e.pt.tmp." + dead).c_str(), 0755), 0);  // not a file: kept
+
+  std::vector<std::string> removed = ddp::remove_stale_temporaries(dir);
+  std::sort(removed.begin(), removed.end());
+  std::vector<std::string> expected = {dead_here, dead_legacy, old_elsewhere};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(removed, expected);
+  for (const auto& path : expected) EXPECT_FALSE(exists(path)) << path;
+  for (const auto& path : kept) EXPECT_TRUE(exists(path)) << path;
+  EXPECT_TRUE(exists(dir + "/e.pt.tmp." + dead));
+  EXPECT_TRUE(ddp::remove_stale_temporaries(dir + "/no-such-dir").empty());
+}
+
+TEST(CheckWritableDirectory, CreatesAMissingDirectoryAndLeavesNothingInIt) {
+  const std::string dir = ddp_test::make_temp_dir("writable") + "/a/b";
+  ddp::check_writable_directory(dir, "checkpoint directory");
+  EXPECT_EQ(ddp_test::run_command("ls -a '" + dir + "'"), ".\n..\n");
+}
+
+TEST(CheckWritableDirectory, NamesTheDirectoryAndTheReason) {
+  const std::string base = ddp_test::make_temp_dir("unwritable");
+  std::ofstream(base + "/file") << "x";
+  try {
+    ddp::check_writable_directory(base + "/file/checkpoints", "checkpoint directory");
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), base + "/file/checkpoints: cannot create the checkpoint "
+                                            "directory: Not a directory");
   }
 }
 

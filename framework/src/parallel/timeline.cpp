@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 
 namespace ddp {
 
@@ -79,11 +78,7 @@ void Timeline::write(const std::string& path) {
     for (auto& event : nlohmann::json::parse(all[r])) events.push_back(std::move(event));
   }
   const nlohmann::json trace = {{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}};
-  write_atomically(path, [&](const std::string& tmp) {
-    std::ofstream out(tmp);
-    out << trace.dump(0) << "\n";
-    if (!out) throw std::runtime_error(tmp + ": write failed");
-  });
+  write_atomically(path, trace.dump(0) + "\n");
 }
 
 }  // namespace ddp

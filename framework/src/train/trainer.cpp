@@ -64,6 +64,19 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
                                 " ranks but no DistributedDataParallel: the replicas would "
                                 "diverge (wrap the model, or run one process)");
   }
+  if (runtime_.is_main() && !options_.checkpoint.dir.empty()) {
+    // Now, not after the first epoch: an unwritable directory would waste the epoch.
+    try {
+      check_writable_directory(options_.checkpoint.dir, "checkpoint directory");
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("TrainerOptions::checkpoint.dir: " + std::string(e.what()));
+    }
+    // Temporary files of runs killed mid-write (never those of a live writer).
+    for (const std::string& path : remove_stale_temporaries(options_.checkpoint.dir)) {
+      std::printf("Removed %s, left by an interrupted write of an earlier run\n", path.c_str());
+    }
+    std::fflush(stdout);
+  }
   if (runtime_.is_main() && !options_.metrics_file.empty()) {
     metrics_.open(options_.metrics_file, std::ios::trunc);
     if (!metrics_) {
