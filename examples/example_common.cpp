@@ -120,6 +120,7 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
   }
   ddp::RuntimeOptions runtime_options;
   runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
+  runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message
   ddp::Runtime runtime(argc, argv, runtime_options);
   if (!flag_error.empty()) {
     // Every rank sees the same flags, so every rank stops here; rank 0 explains.
