@@ -8,6 +8,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -69,10 +70,6 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
   return run_example(argc, argv, parallel ? "ddp_cifar" : "cifar", usage, parallelism, options,
                      flags, [&](ddp::ProcessGroup& group) {
     ddp::Runtime& runtime = group.runtime();
-    if (cifar.schedule != "cosine" && cifar.schedule != "step") {
-      throw std::invalid_argument("--schedule '" + cifar.schedule + "' is not one of: cosine, step");
-    }
-    if (cifar.step_size < 1) throw std::invalid_argument("--step-size must be >= 1");
     torch::manual_seed(static_cast<uint64_t>(flags.seed));
     const torch::Device device = runtime.device();
     ddp::ImageDataset train = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Train);
@@ -101,10 +98,26 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
                                                 cifar.gamma);
     }
 
+    check_batch_memory(runtime, flags, *model.module, model.forward, {3, 32, 32}, train.size(), test.size());
     ddp::TrainerOptions options = trainer_options(flags, timeline.get());
     if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
     ddp::Trainer trainer(group, *model.module, model.forward, optimizer, options, ddp_model.get());
     trainer.fit(train, test, flags.epochs, scheduler.get());
     finish(runtime, flags, defaults, timeline.get(), *model.module);
+  }, [&] {
+    if (cifar.model != "cnn" && cifar.model != "resnet18") {
+      throw std::invalid_argument("--model '" + cifar.model + "' is not one of: cnn, resnet18");
+    }
+    if (cifar.schedule != "cosine" && cifar.schedule != "step") {
+      throw std::invalid_argument("--schedule '" + cifar.schedule + "' is not one of: cosine, step");
+    }
+    require_at_least("--step-size", cifar.step_size, 1);
+    if (cifar.step_size > int64_t{UINT32_MAX}) {  // StepLR takes an unsigned
+      throw std::invalid_argument("--step-size must be <= " + std::to_string(UINT32_MAX) +
+                                  " (got " + std::to_string(cifar.step_size) + ")");
+    }
+    require_finite("--momentum", cifar.momentum, 0, /*least_allowed=*/true);
+    require_finite("--weight-decay", cifar.weight_decay, 0, true);
+    require_finite("--gamma", cifar.gamma, 0, true);
   });
 }

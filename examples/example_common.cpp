@@ -1,5 +1,7 @@
 #include "example_common.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -17,6 +19,42 @@ std::string short_text(double value) {
 }
 
 }  // namespace
+
+void require_at_least(const char* flag, int64_t value, int64_t least) {
+  if (value >= least) return;
+  throw std::invalid_argument(std::string(flag) + " must be >= " + std::to_string(least) +
+                              " (got " + std::to_string(value) + ")");
+}
+
+void require_finite(const char* flag, double value, double least, bool least_allowed) {
+  // Written so that NaN fails: every comparison with NaN is false.
+  if (std::isfinite(value) && (value > least || (least_allowed && value == least))) return;
+  throw std::invalid_argument(std::string(flag) + " must be a finite number " +
+                              (least_allowed ? ">= " : "> ") + short_text(least) + " (got " +
+                              short_text(value) + ")");
+}
+
+void check_common_flags(const CommonFlags& f) {
+  require_at_least("--batch-size", f.batch_size, 1);
+  require_at_least("--test-batch-size", f.test_batch_size, 1);
+  require_at_least("--epochs", f.epochs, 1);
+  require_finite("--lr", f.lr, 0, /*least_allowed=*/false);
+  require_at_least("--seed", f.seed, 0);
+  require_at_least("--limit-train-batches", f.limit_train_batches, 0);
+  require_finite("--bucket-mb", f.bucket_mb, 0, false);
+  require_finite("--first-bucket-mb", f.first_bucket_mb, 0, false);
+  require_at_least("--keep-checkpoints", f.keep_checkpoints, 0);
+  require_at_least("--log-interval", f.log_interval, 0);
+  require_at_least("--check-sync-every", f.check_sync_every, 0);
+  if (f.resume == "latest" && f.checkpoint_dir.empty()) {
+    throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
+  }
+  if (f.resume_fallback && f.resume != "latest") {
+    throw std::invalid_argument(
+        "--resume-fallback needs --resume (without a path): it skips an unreadable newest "
+        "snapshot of --checkpoint-dir for the previous one");
+  }
+}
 
 void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleDefaults& defaults) {
   d.add_options()("help,h", "print this help and exit");
@@ -62,18 +100,27 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
 
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const po::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train) {
-  // Flags first: they decide the device the Runtime picks.
+                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train,
+                const std::function<void()>& check_flags) {
+  // Flags first: they decide the device the Runtime picks. Their values are checked here too,
+  // before any data is read, so a bad value costs no time.
   po::variables_map vm;
   std::string flag_error;
   try {
     po::store(po::parse_command_line(argc, argv, options), vm);
     po::notify(vm);
+    if (!vm.count("help")) {
+      check_common_flags(flags);
+      if (check_flags) check_flags();
+    }
   } catch (const po::error& e) {
+    flag_error = e.what();
+  } catch (const std::invalid_argument& e) {
     flag_error = e.what();
   }
   ddp::RuntimeOptions runtime_options;
   runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
+  runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message
   ddp::Runtime runtime(argc, argv, runtime_options);
   if (!flag_error.empty()) {
     // Every rank sees the same flags, so every rank stops here; rank 0 explains.
@@ -163,19 +210,7 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
 
 ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline) {
   // The Trainer checks its options too, but in its own terms: here the user hears of the flag.
-  auto at_least = [](const char* flag, int64_t value, int64_t least) {
-    if (value >= least) return;
-    throw std::invalid_argument(std::string(flag) + " must be >= " + std::to_string(least) +
-                                " (got " + std::to_string(value) + ")");
-  };
-  at_least("--batch-size", flags.batch_size, 1);
-  at_least("--test-batch-size", flags.test_batch_size, 1);
-  at_least("--limit-train-batches", flags.limit_train_batches, 0);
-  at_least("--check-sync-every", flags.check_sync_every, 0);
-  at_least("--keep-checkpoints", flags.keep_checkpoints, 0);
-  if (flags.resume == "latest" && flags.checkpoint_dir.empty()) {
-    throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
-  }
+  check_common_flags(flags);
   ddp::TrainerOptions options;
   options.batch_size = flags.batch_size;
   options.test_batch_size = flags.test_batch_size;
@@ -208,4 +243,27 @@ void finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaul
     ddp::save_module(model, defaults.model_file);
     std::cout << "Saved " << defaults.model_file << std::endl;
   }
+}
+
+void check_batch_memory(ddp::Runtime& runtime, const CommonFlags& flags, torch::nn::Module& model,
+                        const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                        const std::vector<int64_t>& sample_shape, int64_t train_size,
+                        int64_t test_size) {
+  // Host memory only: on a GPU the batch lives in the device's memory (not estimated yet).
+  if (runtime.device().is_cuda()) return;
+  const ddp::HostMemory memory = ddp::host_memory_available();
+  // A batch holds at most this rank's shard (the sampler pads shards to the same size).
+  const int64_t ranks = runtime.world_size();
+  const int64_t train_batch = std::min(flags.batch_size, (train_size + ranks - 1) / ranks);
+  const int64_t test_batch = std::min(flags.test_batch_size, (test_size + ranks - 1) / ranks);
+  const uint64_t per_sample = ddp::training_bytes_per_sample(model, forward, sample_shape);
+  ddp::require_batch_fits("--batch-size " + std::to_string(flags.batch_size) + " (" +
+                              std::to_string(train_batch) + " samples per batch on each rank)",
+                          train_batch, per_sample, runtime.local_size(), memory);
+  // Evaluation keeps no graph: the batch's pixels (uint8 and float32) are the lower bound.
+  uint64_t pixels = 1;
+  for (int64_t d : sample_shape) pixels *= static_cast<uint64_t>(d);
+  ddp::require_batch_fits("--test-batch-size " + std::to_string(flags.test_batch_size) + " (" +
+                              std::to_string(test_batch) + " samples per batch on each rank)",
+                          test_batch, pixels * 5, runtime.local_size(), memory);
 }

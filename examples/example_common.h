@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 enum class Parallelism { SingleProcess, DataParallel };
 
@@ -44,9 +45,33 @@ void add_common_flags(boost::program_options::options_description& options, Comm
 // program's own), starts the Runtime, answers --help with `usage`, refuses several ranks for a
 // SingleProcess program, prints the topology when asked, and runs `train` under run_or_abort.
 // Returns the exit code.
+// `check_flags` (optional) checks the program's own flags after parsing, throwing
+// std::invalid_argument naming the flag; like a bad common flag, that ends the program with
+// status 2 before any data is read.
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const boost::program_options::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train);
+                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train,
+                const std::function<void()>& check_flags = {});
+
+// Throws std::invalid_argument naming the flag when the common flags are out of range: sizes
+// and counts below their least value, --lr and the bucket sizes not finite and > 0,
+// --resume without --checkpoint-dir, --resume-fallback without --resume.
+void check_common_flags(const CommonFlags& flags);
+
+// For the programs' own flags: `value` >= `least`; a finite `value` > `least` (>= with
+// `least_allowed`). Throw std::invalid_argument naming `flag` and the value.
+void require_at_least(const char* flag, int64_t value, int64_t least);
+void require_finite(const char* flag, double value, double least, bool least_allowed);
+
+// Refuses, before training, a --batch-size or --test-batch-size whose batches cannot fit in
+// the host memory left for this node's ranks (ddp/train/memory_check.h: a lower bound measured
+// with one forward of `model` on samples of `sample_shape`, e.g. {1, 28, 28}). A batch holds at
+// most a rank's shard of the train (test) set of `train_size` (`test_size`) samples. Nothing is
+// checked for a GPU.
+void check_batch_memory(ddp::Runtime& runtime, const CommonFlags& flags, torch::nn::Module& model,
+                        const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                        const std::vector<int64_t>& sample_shape, int64_t train_size,
+                        int64_t test_size);
 
 // Puts the loaded train and test sets where training on runtime.device() reads them: each moved to
 // that device when it fits there (ddp::fits_on; the train set first, the test set against what

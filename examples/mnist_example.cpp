@@ -41,9 +41,11 @@ int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
     ddp::StepLR scheduler(optimizer, /*step_size=*/1, gamma);
 
+    check_batch_memory(runtime, flags, *net, [&](const torch::Tensor& x) { return net->forward(x); },
+                       {1, 28, 28}, train.size(), test.size());
     ddp::Trainer trainer(group, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                          optimizer, trainer_options(flags, timeline.get()), ddp_model.get());
     trainer.fit(train, test, flags.epochs, &scheduler);
     finish(runtime, flags, defaults, timeline.get(), *net);
-  });
+  }, [&] { require_finite("--gamma", gamma, 0, /*least_allowed=*/true); });
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ddp needs to build, test and run its demo on Debian 12:
 #   1. Debian's packages: compiler, CMake, Open MPI, Boost.Program_options, GoogleTest, zlib,
-#      Fashion-MNIST, Slurm (the launch tests' local cluster), python3-venv, matplotlib;
+#      Fashion-MNIST, Slurm (the launch tests' local cluster), python3-venv, matplotlib, clang
+#      with libFuzzer (the fuzz targets);
 #   2. the project's own virtual environment (.venv, or $DDP_VENV) with the pinned PyTorch wheel
 #      from PyPI (scripts/requirements.txt): its LibTorch, built with CUDA, is the one ddp compiles
 #      against, its NCCL the one ddp's NCCL communicator uses, and its Python the reference the
@@ -29,6 +30,7 @@ packages=(
   python3-matplotlib       # scripts/plot_metrics.py and the benchmarks' plots
   slurm-wlm munge          # the local Slurm cluster the launch tests start (tests/cluster/)
   iproute2                 # network namespaces as hosts for the mpirun tests (tests/cluster/)
+  clang libclang-rt-14-dev # libFuzzer and the sanitizers for the readers' fuzz targets (fuzz/)
 )
 
 missing=()

@@ -163,6 +163,22 @@ TEST(Snapshot, DamagedOrForeignSnapshotsAreRefusedNamingTheFile) {
   }
 }
 
+// The inputs kept in fuzz/corpus/snapshot/ (seeds and inputs that found bugs), and a
+// directory, through the real reader: each is refused naming the file, nothing is modified.
+TEST(Snapshot, FuzzCorpusAndDirectoriesAreRefusedNamingTheFile) {
+  const std::string corpus = std::string(DDP_TEST_DIR) + "/../fuzz/corpus/snapshot/";
+  int replayed = 0;
+  for (const char* name : {"seed-format-1", "seed-promises-2-63-bytes", "seed-header-bad-hash",
+                           "seed-progress-record", "bug-negative-epoch"}) {
+    expect_load_fails(corpus + name, "");
+    ++replayed;
+  }
+  EXPECT_EQ(replayed, 5);
+  expect_load_fails(corpus + "seed-promises-2-63-bytes", "truncated or padded");
+  expect_load_fails(corpus + "seed-format-1", "format 1");
+  expect_load_fails(corpus, "not a regular file: it is a directory");
+}
+
 TEST(Snapshot, ListsSnapshotsNewestEpochFirst) {
   const std::string dir = ddp_test::make_temp_dir("snapshot_list");
   for (const char* name : {"snapshot_epoch2.pt", "snapshot_epoch10.pt", "snapshot_epoch9.pt",

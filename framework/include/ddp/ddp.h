@@ -29,6 +29,7 @@
 #include <ddp/optim/adadelta.h>
 #include <ddp/optim/lr_scheduler.h>
 
+#include <ddp/train/memory_check.h>
 #include <ddp/train/progress.h>
 #include <ddp/train/snapshot.h>
 #include <ddp/parallel/timeline.h>

@@ -2,26 +2,29 @@
 
 #include <ddp/util/checkpoint.h>
 
+#include "data/cifar_format.h"
+
 #include <torch/torch.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
 namespace ddp {
 
 namespace {
 
-constexpr int64_t kChannels = 3;
-constexpr int64_t kSide = 32;
-constexpr int64_t kPixels = kChannels * kSide * kSide;
-constexpr int64_t kRecord = 1 + kPixels;
-constexpr int64_t kClasses = 10;
+constexpr int64_t kChannels = kCifarChannels;
+constexpr int64_t kSide = kCifarSide;
+constexpr int64_t kPixels = kCifarPixels;
+constexpr int64_t kRecord = kCifarRecord;
+constexpr int64_t kClasses = kCifarClasses;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
@@ -36,35 +39,26 @@ std::string shape_of(const torch::Tensor& t) {
 }  // namespace
 
 ImageDataset read_cifar10_file(const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::exists(path, error)) fail(path, "no such file");
-  if (!std::filesystem::is_regular_file(path, error)) fail(path, "not a regular file");
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  const auto size = static_cast<int64_t>(in.tellg());
-  if (size == 0) fail(path, "empty file (expected 3073-byte CIFAR-10 records)");
-  if (size % kRecord != 0) {
-    fail(path, "size " + std::to_string(size) + " bytes is not a whole number of " +
-                   std::to_string(kRecord) + "-byte CIFAR-10 records (remainder " +
-                   std::to_string(size % kRecord) + ")");
+  // stat, then open: "no such file" only when there is none, else the reason it cannot be read.
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) fail(path, "no such file");
+    fail(path, std::string("cannot read: ") + std::strerror(errno));
   }
-  const int64_t count = size / kRecord;
+  if (S_ISDIR(info.st_mode)) fail(path, "not a regular file: it is a directory");
+  if (!S_ISREG(info.st_mode)) fail(path, "not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  const uint64_t size = static_cast<uint64_t>(info.st_size);
+  const int64_t count = cifar_record_count(size, path);  // before anything is allocated
   // Read straight into a tensor so the slices below copy out of memory the tensor owns.
   torch::Tensor records = torch::empty({count, kRecord}, torch::kByte);
-  in.seekg(0);
   in.read(static_cast<char*>(records.data_ptr()), static_cast<std::streamsize>(size));
   if (in.gcount() != static_cast<std::streamsize>(size)) {
-    fail(path, "read " + std::to_string(in.gcount()) + " of " + std::to_string(size) + " bytes");
+    fail(path, "read " + std::to_string(in.gcount()) + " of " + std::to_string(size) + " bytes" +
+                   (in.bad() ? std::string(": ") + std::strerror(errno) : std::string()));
   }
-
-  const uint8_t* bytes = records.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < count; ++i) {
-    const int label = bytes[i * kRecord];
-    if (label >= kClasses) {
-      fail(path, "record " + std::to_string(i) + " has label " + std::to_string(label) +
-                     " outside 0..9");
-    }
-  }
+  check_cifar_labels(records.data_ptr<uint8_t>(), count, path);
   // contiguous(), not reshape(): reshape would give a strided view that skips the label bytes.
   torch::Tensor images = records.slice(1, 1).contiguous().view({count, kChannels, kSide, kSide});
   torch::Tensor labels = records.select(1, 0).to(torch::kLong);
@@ -79,8 +73,8 @@ ImageDataset load_cifar10(const std::string& dir, CifarSplit split) {
     paths.push_back(dir + "/test_batch.bin");
   }
   for (const auto& path : paths) {
-    std::error_code error;
-    if (!std::filesystem::exists(path, error)) {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0 && errno == ENOENT) {
       fail(path, "no such file (scripts/download_cifar10.sh " + dir +
                      " downloads CIFAR-10's binary version there)");
     }

@@ -3,6 +3,7 @@
 #include <torch/optim/serialize.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -25,15 +26,18 @@ void AdadeltaOptions::serialize(torch::serialize::InputArchive& archive) {
 Adadelta::Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults)
     : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                 std::make_unique<AdadeltaOptions>(defaults)) {
-  if (defaults.lr() < 0) throw std::invalid_argument("Adadelta: invalid lr " + std::to_string(defaults.lr()));
-  if (defaults.rho() < 0 || defaults.rho() > 1) {
-    throw std::invalid_argument("Adadelta: invalid rho " + std::to_string(defaults.rho()));
-  }
-  if (defaults.eps() < 0) throw std::invalid_argument("Adadelta: invalid eps " + std::to_string(defaults.eps()));
-  if (defaults.weight_decay() < 0) {
-    throw std::invalid_argument("Adadelta: invalid weight_decay " +
-                                std::to_string(defaults.weight_decay()));
-  }
+  // `!(x >= 0)` is true for NaN too: a NaN rate would silently turn every weight into NaN.
+  auto check = [](const char* field, double value, bool ok) {
+    if (ok && std::isfinite(value)) return;
+    throw std::invalid_argument("Adadelta: invalid " + std::string(field) + " " +
+                                std::to_string(value) + " (AdadeltaOptions::" + field +
+                                " must be finite and " +
+                                (std::string(field) == "rho" ? "in [0, 1]" : ">= 0") + ")");
+  };
+  check("lr", defaults.lr(), defaults.lr() >= 0);
+  check("rho", defaults.rho(), defaults.rho() >= 0 && defaults.rho() <= 1);
+  check("eps", defaults.eps(), defaults.eps() >= 0);
+  check("weight_decay", defaults.weight_decay(), defaults.weight_decay() >= 0);
 }
 
 torch::Tensor Adadelta::step(LossClosure closure) {

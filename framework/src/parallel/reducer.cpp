@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -30,8 +31,11 @@ Reducer::Reducer(Communicator& data, Communicator& control, std::vector<torch::T
       options_(options),
       params_(std::move(params)),
       names_(std::move(names)) {
-  if (options_.bucket_cap_mb <= 0 || options_.first_bucket_mb <= 0) {
-    throw std::invalid_argument("DistributedDataParallel: bucket sizes must be > 0 MiB (got cap " +
+  // Written so that NaN fails too; infinity is refused as well (it would overflow the byte cap).
+  auto positive = [](double mb) { return mb > 0 && std::isfinite(mb); };
+  if (!positive(options_.bucket_cap_mb) || !positive(options_.first_bucket_mb)) {
+    throw std::invalid_argument("DistributedDataParallel: bucket sizes must be finite and > 0 MiB "
+                                "(DDPOptions::bucket_cap_mb, DDPOptions::first_bucket_mb; got cap " +
                                 std::to_string(options_.bucket_cap_mb) + ", first " +
                                 std::to_string(options_.first_bucket_mb) + ")");
   }

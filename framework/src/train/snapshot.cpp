@@ -3,14 +3,17 @@
 #include <ddp/util/checkpoint.h>
 #include <ddp/parallel/replica_check.h>
 
+#include "train/snapshot_format.h"
 #include "util/hash.h"
 
 #include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <dirent.h>
+#include <sys/stat.h>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -22,19 +25,11 @@ namespace ddp {
 
 namespace {
 
-// Format 2: XXH64 checksum (format 1, FNV-1a, was written by ddp before 0.x's xxHash switch).
-constexpr char kMagic[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '2'};
-constexpr char kMagicV1[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '1'};
-constexpr size_t kHeaderBytes = sizeof kMagic + 2 * sizeof(uint64_t);
+// The format's constants and checks: train/snapshot_format.h.
+constexpr const char (&kMagic)[8] = kSnapshotMagic;
 
 void put_u64(std::string& out, uint64_t value) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-uint64_t get_u64(const char* in) {
-  uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value |= uint64_t(static_cast<unsigned char>(in[i])) << (8 * i);
-  return value;
 }
 
 // What must match for a snapshot to fit a model: every parameter and buffer, in order.
@@ -65,16 +60,35 @@ torch::Tensor cpu_generator_state() {
   return torch::globalContext().defaultGenerator(torch::kCPU).get_state();
 }
 
-// Rank 0's bytes of `path` on every rank; a failure to read is thrown on every rank.
+// Rank 0's bytes of `path` on every rank; a failure to read is thrown on every rank. Rank 0
+// checks the header against the file's size before it reads (and allocates) the payload.
 std::string broadcast_file(const std::string& path, Communicator& comm) {
   std::string bytes, error;
   if (comm.rank() == 0) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      error = "no such file or not readable";
-    } else {
-      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      if (in.bad()) error = "read error";
+    try {
+      struct stat info {};
+      if (::stat(path.c_str(), &info) != 0) throw std::runtime_error(std::strerror(errno));
+      if (!S_ISREG(info.st_mode)) {
+        throw std::runtime_error(S_ISDIR(info.st_mode) ? "not a regular file: it is a directory"
+                                                       : "not a regular file");
+      }
+      std::ifstream in(path, std::ios::binary);
+      if (!in) throw std::runtime_error(std::strerror(errno));
+      char head[kSnapshotHeaderBytes];
+      in.read(head, sizeof head);
+      // Throws naming the file; the message reaches every rank as it is.
+      parse_snapshot_header(head, static_cast<size_t>(in.gcount()),
+                            static_cast<uint64_t>(info.st_size), path);
+      in.clear();
+      in.seekg(0);
+      bytes.resize(static_cast<size_t>(info.st_size));
+      in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      if (in.gcount() != static_cast<std::streamsize>(bytes.size())) {
+        throw std::runtime_error("read error: " + std::string(std::strerror(errno)));
+      }
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+      bytes.clear();
     }
   }
   const std::string& payload = error.empty() ? bytes : error;
@@ -86,7 +100,11 @@ std::string broadcast_file(const std::string& path, Communicator& comm) {
   if (comm.rank() == 0) std::memcpy(data.data_ptr(), payload.data(), payload.size());
   if (data.numel() > 0) comm.broadcast(data, 0);
   std::string received(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
-  if (!ok) throw std::runtime_error(path + ": cannot read the snapshot: " + received);
+  if (!ok) {
+    // The header checks already name the file.
+    if (received.compare(0, path.size() + 2, path + ": ") == 0) throw std::runtime_error(received);
+    throw std::runtime_error(path + ": cannot read the snapshot: " + received);
+  }
   return received;
 }
 
@@ -153,23 +171,11 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
   auto fail = [&](const std::string& why) -> std::runtime_error {
     return std::runtime_error(path + ": " + why);
   };
-  if (bytes.size() >= sizeof kMagicV1 && std::memcmp(bytes.data(), kMagicV1, sizeof kMagicV1) == 0) {
-    throw fail("a snapshot of format 1 (DDPSNAP1, FNV-1a checksum), written by an older ddp; "
-               "this one reads format 2 (DDPSNAP2, XXH64): start the run afresh, or "
-               "resume with the ddp that wrote it");
-  }
-  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
-    throw fail("not a ddp training snapshot (no DDPSNAP2 header; " + std::to_string(bytes.size()) +
-               " bytes)");
-  }
-  const uint64_t size = get_u64(bytes.data() + sizeof kMagic);
-  const uint64_t hash = get_u64(bytes.data() + sizeof kMagic + 8);
-  if (bytes.size() - kHeaderBytes != size) {
-    throw fail("truncated or padded: the header promises " + std::to_string(size) +
-               " bytes of payload, the file holds " + std::to_string(bytes.size() - kHeaderBytes));
-  }
-  const char* payload = bytes.data() + kHeaderBytes;
-  if (hash64(payload, size) != hash) throw fail("corrupted: the payload's checksum does not match");
+  // Rank 0 checked the header before reading; every rank checks the bytes it received.
+  const SnapshotHeader header = parse_snapshot_header(bytes.data(), bytes.size(), bytes.size(), path);
+  const char* payload = bytes.data() + kSnapshotHeaderBytes;
+  const size_t size = bytes.size() - kSnapshotHeaderBytes;
+  check_snapshot_payload(header, payload, size, path);
 
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   c10::IValue description, optimizer_type;
@@ -184,6 +190,22 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     archive.read("cpu_generator_states", generators);
   } catch (const c10::Error& e) {
     throw fail(std::string("unreadable snapshot: ") + e.what_without_backtrace());
+  }
+  // Values of the right type and shape before they are used: an archive with a valid checksum
+  // may still come from elsewhere.
+  if (!description.isString() || !optimizer_type.isString()) {
+    throw fail("unreadable snapshot: model_description or optimizer_type is not a string");
+  }
+  if (progress_values.scalar_type() != torch::kLong || progress_values.dim() != 1) {
+    throw fail("unreadable snapshot: progress is not a 1-dimensional int64 tensor");
+  }
+  progress_values = progress_values.contiguous();
+  check_snapshot_progress(progress_values.data_ptr<int64_t>(),
+                          static_cast<size_t>(progress_values.numel()), path);
+  if (generators.dim() != 2 || generators.scalar_type() != torch::kByte ||
+      generators.size(0) != progress_values[3].item<int64_t>()) {
+    throw fail("unreadable snapshot: cpu_generator_states is not one uint8 row per rank of the "
+               "run that wrote it");
   }
   const std::string difference = first_difference(describe(model), description.toStringRef());
   if (!difference.empty()) throw fail("written for a different model: " + difference);

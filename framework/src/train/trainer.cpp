@@ -51,6 +51,7 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
   };
   at_least("batch_size", options_.batch_size, 1);
   at_least("test_batch_size", options_.test_batch_size, 1);
+  at_least("log_interval", options_.log_interval, 0);
   at_least("limit_train_batches", options_.limit_train_batches, 0);
   at_least("check_sync_every", options_.check_sync_every, 0);
   at_least("checkpoint.keep", options_.checkpoint.keep, 0);
@@ -254,6 +255,9 @@ Evaluation Trainer::evaluate(const ImageDataset& test) {
 
 std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageDataset& test,
                                       int64_t epochs, torch::optim::LRScheduler* scheduler) {
+  // An empty set would train nothing and report "0/0 (0%)" as if all were well.
+  if (train.size() == 0) throw std::invalid_argument("Trainer::fit: the training set is empty");
+  if (test.size() == 0) throw std::invalid_argument("Trainer::fit: the test set is empty");
   std::vector<EpochResult> results;
   const int64_t first_epoch = options_.checkpoint.resume.empty() ? 1 : resume(scheduler);
   for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {

@@ -18,8 +18,9 @@ enum class CifarSplit { Train, Test };
 
 // Reads one binary file into images uint8 [N,3,32,32] and labels int64 [N], with CIFAR-10's
 // per-channel mean and standard deviation. Throws std::runtime_error naming the file when it is
-// missing or unreadable, empty, not a whole number of 3073-byte records, or holds a label > 9
-// (the message gives the record index and the label).
+// missing, unreadable (with the system's reason: "Permission denied", ...), not a regular file,
+// empty, not a whole number of 3073-byte records (checked from its size before anything is
+// allocated), or holds a label > 9 (the message gives the record index and the label).
 ImageDataset read_cifar10_file(const std::string& path);
 
 // Train: data_batch_1..5.bin concatenated in that order (50000 images); Test: test_batch.bin.

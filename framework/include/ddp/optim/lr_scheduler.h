@@ -17,14 +17,30 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace ddp {
 
 class StepLR : public torch::optim::StepLR {
+ private:
+  // LibTorch checks neither: step_size 0 divides by zero, a NaN gamma makes every rate NaN.
+  static unsigned checked_step_size(unsigned step_size) {
+    if (step_size == 0) throw std::invalid_argument("StepLR: step_size must be >= 1 (got 0)");
+    return step_size;
+  }
+  static double checked_gamma(double gamma) {
+    if (!std::isfinite(gamma) || gamma < 0) {
+      throw std::invalid_argument("StepLR: gamma must be finite and >= 0 (got " +
+                                  std::to_string(gamma) + ")");
+    }
+    return gamma;
+  }
+
  public:
   StepLR(torch::optim::Optimizer& optimizer, unsigned step_size, double gamma = 0.1)
-      : torch::optim::StepLR(optimizer, step_size, gamma) {
+      : torch::optim::StepLR(optimizer, checked_step_size(step_size), checked_gamma(gamma)) {
     step();  // Python's initial step: leaves the learning rate as it is
   }
 };
@@ -37,6 +53,14 @@ class CosineAnnealingLR : public torch::optim::LRScheduler {
         base_lrs_(get_current_lrs()),
         t_max_(t_max),
         eta_min_(eta_min) {
+    if (t_max < 0) {
+      throw std::invalid_argument("CosineAnnealingLR: t_max must be >= 0 (got " +
+                                  std::to_string(t_max) + ")");
+    }
+    if (!std::isfinite(eta_min)) {
+      throw std::invalid_argument("CosineAnnealingLR: eta_min must be finite (got " +
+                                  std::to_string(eta_min) + ")");
+    }
     step();  // Python's initial step, as in StepLR above
   }
 

@@ -1,0 +1,67 @@
+#include "train/snapshot_format.h"
+
+#include "util/hash.h"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace ddp {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& why) {
+  throw std::runtime_error(path + ": " + why);
+}
+
+uint64_t get_u64(const char* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value |= uint64_t(static_cast<unsigned char>(in[i])) << (8 * i);
+  return value;
+}
+
+}  // namespace
+
+SnapshotHeader parse_snapshot_header(const char* bytes, size_t size, uint64_t file_bytes,
+                                     const std::string& path) {
+  if (size >= sizeof kSnapshotMagicV1 &&
+      std::memcmp(bytes, kSnapshotMagicV1, sizeof kSnapshotMagicV1) == 0) {
+    fail(path, "a snapshot of format 1 (DDPSNAP1, FNV-1a checksum), written by an older ddp; "
+               "this one reads format 2 (DDPSNAP2, XXH64): start the run afresh, or "
+               "resume with the ddp that wrote it");
+  }
+  if (size < kSnapshotHeaderBytes || file_bytes < kSnapshotHeaderBytes ||
+      std::memcmp(bytes, kSnapshotMagic, sizeof kSnapshotMagic) != 0) {
+    fail(path, "not a ddp training snapshot (no DDPSNAP2 header; " + std::to_string(file_bytes) +
+                   " bytes)");
+  }
+  SnapshotHeader header;
+  header.payload_bytes = get_u64(bytes + sizeof kSnapshotMagic);
+  header.payload_hash = get_u64(bytes + sizeof kSnapshotMagic + 8);
+  if (file_bytes - kSnapshotHeaderBytes != header.payload_bytes) {
+    fail(path, "truncated or padded: the header promises " + std::to_string(header.payload_bytes) +
+                   " bytes of payload, the file holds " +
+                   std::to_string(file_bytes - kSnapshotHeaderBytes));
+  }
+  return header;
+}
+
+void check_snapshot_payload(const SnapshotHeader& header, const char* payload, size_t size,
+                            const std::string& path) {
+  if (size != header.payload_bytes || hash64(payload, size) != header.payload_hash) {
+    fail(path, "corrupted: the payload's checksum does not match");
+  }
+}
+
+void check_snapshot_progress(const int64_t* values, size_t count, const std::string& path) {
+  if (count < 4) {
+    fail(path, "unreadable snapshot: its progress record has " + std::to_string(count) +
+                   " values, fewer than 4 (epoch, step, seed, world size)");
+  }
+  if (values[0] < 0 || values[1] < 0 || values[3] < 1 || values[3] > (int64_t{1} << 31) - 1) {
+    fail(path, "unreadable snapshot: impossible progress (epoch " + std::to_string(values[0]) +
+                   ", step " + std::to_string(values[1]) + ", world size " +
+                   std::to_string(values[3]) + ")");
+  }
+}
+
+}  // namespace ddp

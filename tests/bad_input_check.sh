@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Every bad input of issue 16 ends the example programs with a non-zero status, a message that
+# names the flag or the file, and neither an abort (SIGABRT) nor an exit on another signal.
+# Prints the time each takes to fail (docs/reliability.md).
+# Usage: bad_input_check.sh MPIEXEC DDP_MNIST DDP_CIFAR MAKE_CIFAR_DATA TMPDIR
+set -u
+mpiexec=$1 mnist=$2 cifar=$3 make_cifar=$4 tmp=$5
+rm -rf "$tmp" && mkdir -p "$tmp"
+
+# Small MNIST-format data sets: good (4 train, 2 test images), empty ones, and broken ones.
+python3 - "$tmp" <<'PY'
+import os, struct, sys
+tmp = sys.argv[1]
+def idx(dims, data=None):
+    n = 1
+    for d in dims: n *= d
+    head = bytes([0, 0, 8, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims)
+    return head + (bytes(i % 10 for i in range(n)) if data is None else data)
+def dataset(name, train_n, test_n, train_images=None):
+    d = os.path.join(tmp, name); os.makedirs(d)
+    open(f"{d}/train-images-idx3-ubyte", "wb").write(train_images or idx([train_n, 28, 28]))
+    open(f"{d}/train-labels-idx1-ubyte", "wb").write(idx([train_n]))
+    open(f"{d}/t10k-images-idx3-ubyte", "wb").write(idx([test_n, 28, 28]))
+    open(f"{d}/t10k-labels-idx1-ubyte", "wb").write(idx([test_n]))
+dataset("good", 4, 2)
+dataset("empty_train", 0, 2)
+dataset("empty_test", 4, 0)
+dataset("absurd", 4, 2, train_images=idx([60000, 512, 512], bytes(29)))  # the issue's 45 bytes
+dataset("directory", 4, 2)
+os.remove(f"{tmp}/directory/train-images-idx3-ubyte")
+os.makedirs(f"{tmp}/directory/train-images-idx3-ubyte")
+PY
+
+# A CIFAR-format set of CIFAR-10's size (random pixels), for the memory check.
+cifar_data=$tmp/cifar
+"$make_cifar" "$cifar_data" --train 50000 --test 16 > /dev/null || exit 1
+
+failures=0
+# check NAME REGEX COMMAND...: non-zero, not a signal, the output matches REGEX.
+check() {
+  local name=$1 regex=$2
+  shift 2
+  local start end output status
+  start=$(date +%s%N)
+  output=$("$@" 2>&1)
+  status=$?
+  end=$(date +%s%N)
+  local ms=$(( (end - start) / 1000000 ))
+  local verdict=ok
+  if [ "$status" -eq 0 ]; then
+    verdict="FAIL: exit status 0"
+  elif [ "$status" -gt 128 ] || printf '%s' "$output" | grep -Eq 'signal 6|SIGABRT|Aborted|core dumped|terminate called'; then
+    verdict="FAIL: exit status $status, killed or aborted"
+  elif ! printf '%s\n' "$output" | grep -Eq -- "$regex"; then
+    verdict="FAIL: exit status $status, the output does not match: $regex"
+  fi
+  printf '%-28s status %3d  %6d ms  %s\n' "$name" "$status" "$ms" "$verdict"
+  if [ "$verdict" != ok ]; then
+    printf '%s\n' "$output" | tail -n 15 | sed 's/^/    | /'
+    failures=$((failures + 1))
+  fi
+}
+
+# Most cases run as a singleton (no launcher: the checks are the same under every launcher and
+# a start is faster); two run on 2 ranks under mpirun, where every rank must stop. Every flag's
+# check has its unit test (example_flag_tests); here, the issue's cases end to end.
+on2() { "$mpiexec" -np 2 "$@"; }
+data=(--data-dir "$tmp/good" --no-cuda)
+
+check epochs_0 '--epochs must be >= 1 \(got 0\)' "$mnist" "${data[@]}" --epochs 0
+check epochs_negative '--epochs must be >= 1 \(got -2\)' "$mnist" "${data[@]}" --epochs -2
+check lr_nan '--lr must be a finite number > 0 \(got nan\)' "$mnist" "${data[@]}" --lr nan
+check gamma_nan '--gamma must be a finite number >= 0 \(got nan\)' "$mnist" "${data[@]}" --gamma nan
+check log_interval_negative '--log-interval must be >= 0 \(got -1\)' "$mnist" "${data[@]}" --log-interval -1
+check resume_fallback_alone '--resume-fallback needs --resume' "$mnist" "${data[@]}" --resume-fallback
+check cifar_momentum_nan '--momentum must be a finite number >= 0 \(got nan\)' "$cifar" --no-cuda --momentum nan
+check empty_train_set "empty_train/train-images-idx3-ubyte: no images: the data set is empty" \
+  on2 "$mnist" --no-cuda --data-dir "$tmp/empty_train"
+check empty_test_set "empty_test/t10k-images-idx3-ubyte: no images: the data set is empty" \
+  "$mnist" --no-cuda --data-dir "$tmp/empty_test"
+check idx_absurd_header "absurd/train-images-idx3-ubyte: truncated: the header promises 15728640000 bytes" \
+  "$mnist" --no-cuda --data-dir "$tmp/absurd"
+check idx_is_a_directory "directory/train-images-idx3-ubyte: not a regular file: it is a directory" \
+  "$mnist" --no-cuda --data-dir "$tmp/directory"
+check resume_from_directory "$tmp: cannot read the snapshot: not a regular file: it is a directory" \
+  "$mnist" "${data[@]}" --resume="$tmp"
+# ResNet-18 keeps about 10 MB per CIFAR sample for backward: a batch of a rank's whole shard of
+# the synthetic training set (25000 of 50000) needs some 250 GB per rank, more than any machine
+# this runs on has.
+check batch_size_huge '--batch-size 1000000000 \(25000 samples per batch on each rank\) cannot fit in memory: a training step needs at least .* is available' \
+  on2 "$cifar" --no-cuda --data-dir "$cifar_data" --model resnet18 --batch-size 1000000000
+
+if [ "$failures" -ne 0 ]; then
+  echo "bad_input_check: $failures case(s) failed" >&2
+  exit 1
+fi
+echo "bad_input_check: every bad input failed cleanly, naming the flag or file"

@@ -1,0 +1,87 @@
+// The examples' flag checks (examples/example_common.h), one bad value per numeric flag: each
+// is refused naming the flag and the value, before any data is read.
+#include "example_common.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+namespace {
+
+CommonFlags good() {
+  CommonFlags f;
+  f.batch_size = 64, f.test_batch_size = 1000, f.epochs = 14, f.log_interval = 10, f.seed = 1;
+  f.lr = 1.0, f.bucket_mb = 25, f.first_bucket_mb = 1;
+  f.keep_checkpoints = 3;
+  return f;
+}
+
+std::string error_of(const std::function<void(CommonFlags&)>& change) {
+  CommonFlags f = good();
+  change(f);
+  try {
+    check_common_flags(f);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const double nan = std::numeric_limits<double>::quiet_NaN();
+const double inf = std::numeric_limits<double>::infinity();
+
+TEST(ExampleFlags, GoodFlagsPass) { EXPECT_EQ(error_of([](CommonFlags&) {}), ""); }
+
+TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.batch_size = 0; }), "--batch-size must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.test_batch_size = -5; }),
+            "--test-batch-size must be >= 1 (got -5)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.epochs = 0; }), "--epochs must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.epochs = -2; }), "--epochs must be >= 1 (got -2)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.lr = nan; }), "--lr must be a finite number > 0 (got nan)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.lr = inf; }), "--lr must be a finite number > 0 (got inf)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.lr = 0; }), "--lr must be a finite number > 0 (got 0)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.seed = -1; }), "--seed must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.limit_train_batches = -1; }),
+            "--limit-train-batches must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.bucket_mb = nan; }),
+            "--bucket-mb must be a finite number > 0 (got nan)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.first_bucket_mb = -1; }),
+            "--first-bucket-mb must be a finite number > 0 (got -1)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.keep_checkpoints = -1; }),
+            "--keep-checkpoints must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.log_interval = -1; }),
+            "--log-interval must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.check_sync_every = -3; }),
+            "--check-sync-every must be >= 0 (got -3)");
+}
+
+TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.resume = "latest"; }),
+            "--resume without a path needs --checkpoint-dir to search");
+  EXPECT_NE(error_of([](CommonFlags& f) { f.resume_fallback = true; }).find(
+                "--resume-fallback needs --resume (without a path)"),
+            std::string::npos);
+  EXPECT_EQ(error_of([](CommonFlags& f) {
+              f.resume = "latest", f.checkpoint_dir = "ckpt", f.resume_fallback = true;
+            }),
+            "");
+}
+
+TEST(ExampleFlags, ProgramFlagHelpers) {
+  EXPECT_THROW(require_finite("--gamma", nan, 0, true), std::invalid_argument);
+  EXPECT_THROW(require_finite("--momentum", -0.1, 0, true), std::invalid_argument);
+  EXPECT_NO_THROW(require_finite("--momentum", 0, 0, true));
+  EXPECT_THROW(require_finite("--weight-decay", inf, 0, true), std::invalid_argument);
+  EXPECT_THROW(require_at_least("--step-size", 0, 1), std::invalid_argument);
+  try {
+    require_finite("--gamma", nan, 0, true);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "--gamma must be a finite number >= 0 (got nan)");
+  }
+}
+
+}  // namespace
