@@ -47,6 +47,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
     ("checkpoint-dir", po::value(&f.checkpoint_dir)->default_value(""), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
     ("keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3), "keep the newest N epochs of checkpoints (0: all)")
+    ("checkpoint-every-steps", po::value(&f.checkpoint_every_steps)->default_value(0), "also write a training snapshot every N steps inside an epoch, keeping the newest (0: epoch ends only)")
     ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")
     ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one");
   po::options_description diagnostics("Progress and diagnostics");
@@ -62,7 +63,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
 
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const po::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train) {
+                const CommonFlags& flags, const std::function<int(ddp::ProcessGroup&)>& train) {
   // Flags first: they decide the device the Runtime picks.
   po::variables_map vm;
   std::string flag_error;
@@ -87,7 +88,8 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
     }
     return 0;
   }
-  return ddp::run_or_abort(runtime, [&] {
+  int status = 0;
+  const int aborted = ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroup group(runtime);
     if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
@@ -100,8 +102,9 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
         for (const auto& line : lines) std::cout << line << "\n";
       }
     }
-    train(group);
+    status = train(group);
   });
+  return aborted ? aborted : status;
 }
 
 namespace {
@@ -173,8 +176,12 @@ ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* tim
   at_least("--limit-train-batches", flags.limit_train_batches, 0);
   at_least("--check-sync-every", flags.check_sync_every, 0);
   at_least("--keep-checkpoints", flags.keep_checkpoints, 0);
+  at_least("--checkpoint-every-steps", flags.checkpoint_every_steps, 0);
   if (flags.resume == "latest" && flags.checkpoint_dir.empty()) {
     throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
+  }
+  if (flags.checkpoint_every_steps > 0 && flags.checkpoint_dir.empty()) {
+    throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
   }
   ddp::TrainerOptions options;
   options.batch_size = flags.batch_size;
@@ -195,17 +202,32 @@ ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* tim
   options.checkpoint.keep = flags.keep_checkpoints;
   options.checkpoint.resume = flags.resume;
   options.checkpoint.fallback = flags.resume_fallback;
+  options.checkpoint.every_steps = flags.checkpoint_every_steps;
   return options;
 }
 
-void finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
-            ddp::Timeline* timeline, const torch::nn::Module& model) {
+int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+           ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer) {
   if (timeline) {
     timeline->write(flags.timeline);
     if (runtime.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
+  }
+  if (trainer.stopped_by()) {
+    if (runtime.is_main()) {
+      std::cout << "Exit status " << ddp::kStoppedExitCode << ": stopped early by "
+                << ddp::stop_signal_name(trainer.stopped_by());
+      if (trainer.stop_snapshot().empty()) {
+        std::cout << " with nothing saved (no --checkpoint-dir)";
+      } else {
+        std::cout << "; continue with the same command and --resume";
+      }
+      std::cout << std::endl;
+    }
+    return ddp::kStoppedExitCode;
   }
   if (flags.save_model && runtime.is_main()) {
     ddp::save_module(model, defaults.model_file);
     std::cout << "Saved " << defaults.model_file << std::endl;
   }
+  return 0;
 }

@@ -18,6 +18,7 @@ enum class Parallelism { SingleProcess, DataParallel };
 struct CommonFlags {
   int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
   int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
+  int64_t checkpoint_every_steps = 0;
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
@@ -43,10 +44,10 @@ void add_common_flags(boost::program_options::options_description& options, Comm
 // The whole program around `train`: parses `options` (which holds the common flags and the
 // program's own), starts the Runtime, answers --help with `usage`, refuses several ranks for a
 // SingleProcess program, prints the topology when asked, and runs `train` under run_or_abort.
-// Returns the exit code.
+// Returns the exit code: `train`'s (finish()'s) when it returns.
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const boost::program_options::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train);
+                const CommonFlags& flags, const std::function<int(ddp::ProcessGroup&)>& train);
 
 // Puts the loaded train and test sets where training on runtime.device() reads them: each moved to
 // that device when it fits there (ddp::fits_on; the train set first, the test set against what
@@ -66,6 +67,8 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
 
 ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline);
 
-// After training: writes the timeline and, with --save-model, the weights (rank 0).
-void finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
-            ddp::Timeline* timeline, const torch::nn::Module& model);
+// After training: writes the timeline and, with --save-model, the weights (rank 0). Returns the
+// exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is
+// saved then: it is not trained yet).
+int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+           ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);

@@ -35,3 +35,4 @@
 #include <ddp/train/trainer.h>
 
 #include <ddp/util/checkpoint.h>
+#include <ddp/util/stop_signal.h>
