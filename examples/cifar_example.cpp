@@ -103,7 +103,7 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
     if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
     ddp::Trainer trainer(group, *model.module, model.forward, optimizer, options, ddp_model.get());
     trainer.fit(train, test, flags.epochs, scheduler.get());
-    finish(runtime, flags, defaults, timeline.get(), *model.module);
+    return finish(runtime, flags, defaults, timeline.get(), *model.module, trainer);
   }, [&] {
     if (cifar.model != "cnn" && cifar.model != "resnet18") {
       throw std::invalid_argument("--model '" + cifar.model + "' is not one of: cnn, resnet18");

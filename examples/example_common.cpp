@@ -46,6 +46,10 @@ void check_common_flags(const CommonFlags& f) {
   require_at_least("--keep-checkpoints", f.keep_checkpoints, 0);
   require_at_least("--log-interval", f.log_interval, 0);
   require_at_least("--check-sync-every", f.check_sync_every, 0);
+  require_at_least("--checkpoint-every-steps", f.checkpoint_every_steps, 0);
+  if (f.checkpoint_every_steps > 0 && f.checkpoint_dir.empty()) {
+    throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
+  }
   if (f.resume == "latest" && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
   }
@@ -85,6 +89,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
     ("checkpoint-dir", po::value(&f.checkpoint_dir)->default_value(""), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
     ("keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3), "keep the newest N epochs of checkpoints (0: all)")
+    ("checkpoint-every-steps", po::value(&f.checkpoint_every_steps)->default_value(0), "also write a training snapshot every N steps inside an epoch, keeping the newest (0: epoch ends only)")
     ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")
     ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one");
   po::options_description diagnostics("Progress and diagnostics");
@@ -100,7 +105,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
 
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const po::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train,
+                const CommonFlags& flags, const std::function<int(ddp::ProcessGroup&)>& train,
                 const std::function<void()>& check_flags) {
   // Flags first: they decide the device the Runtime picks. Their values are checked here too,
   // before any data is read, so a bad value costs no time.
@@ -134,7 +139,8 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
     }
     return 0;
   }
-  return ddp::run_or_abort(runtime, [&] {
+  int status = 0;
+  const int aborted = ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroup group(runtime);
     if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
@@ -147,8 +153,9 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
         for (const auto& line : lines) std::cout << line << "\n";
       }
     }
-    train(group);
+    status = train(group);
   });
+  return aborted ? aborted : status;
 }
 
 namespace {
@@ -230,19 +237,34 @@ ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* tim
   options.checkpoint.keep = flags.keep_checkpoints;
   options.checkpoint.resume = flags.resume;
   options.checkpoint.fallback = flags.resume_fallback;
+  options.checkpoint.every_steps = flags.checkpoint_every_steps;
   return options;
 }
 
-void finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
-            ddp::Timeline* timeline, const torch::nn::Module& model) {
+int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+           ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer) {
   if (timeline) {
     timeline->write(flags.timeline);
     if (runtime.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
+  }
+  if (trainer.stopped_by()) {
+    if (runtime.is_main()) {
+      std::cout << "Exit status " << ddp::kStoppedExitCode << ": stopped early by "
+                << ddp::stop_signal_name(trainer.stopped_by());
+      if (trainer.stop_snapshot().empty()) {
+        std::cout << " with nothing saved (no --checkpoint-dir)";
+      } else {
+        std::cout << "; continue with the same command and --resume";
+      }
+      std::cout << std::endl;
+    }
+    return ddp::kStoppedExitCode;
   }
   if (flags.save_model && runtime.is_main()) {
     ddp::save_module(model, defaults.model_file);
     std::cout << "Saved " << defaults.model_file << std::endl;
   }
+  return 0;
 }
 
 void check_batch_memory(ddp::Runtime& runtime, const CommonFlags& flags, torch::nn::Module& model,

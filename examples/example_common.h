@@ -19,6 +19,7 @@ enum class Parallelism { SingleProcess, DataParallel };
 struct CommonFlags {
   int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
   int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
+  int64_t checkpoint_every_steps = 0;
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
@@ -44,13 +45,13 @@ void add_common_flags(boost::program_options::options_description& options, Comm
 // The whole program around `train`: parses `options` (which holds the common flags and the
 // program's own), starts the Runtime, answers --help with `usage`, refuses several ranks for a
 // SingleProcess program, prints the topology when asked, and runs `train` under run_or_abort.
-// Returns the exit code.
+// Returns the exit code: `train`'s (finish()'s) when it returns.
 // `check_flags` (optional) checks the program's own flags after parsing, throwing
 // std::invalid_argument naming the flag; like a bad common flag, that ends the program with
 // status 2 before any data is read.
 int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
                 Parallelism parallelism, const boost::program_options::options_description& options,
-                const CommonFlags& flags, const std::function<void(ddp::ProcessGroup&)>& train,
+                const CommonFlags& flags, const std::function<int(ddp::ProcessGroup&)>& train,
                 const std::function<void()>& check_flags = {});
 
 // Throws std::invalid_argument naming the flag when the common flags are out of range: sizes
@@ -91,6 +92,8 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
 
 ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline);
 
-// After training: writes the timeline and, with --save-model, the weights (rank 0).
-void finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
-            ddp::Timeline* timeline, const torch::nn::Module& model);
+// After training: writes the timeline and, with --save-model, the weights (rank 0). Returns the
+// exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is
+// saved then: it is not trained yet).
+int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+           ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);

@@ -46,6 +46,6 @@ int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
     ddp::Trainer trainer(group, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                          optimizer, trainer_options(flags, timeline.get()), ddp_model.get());
     trainer.fit(train, test, flags.epochs, &scheduler);
-    finish(runtime, flags, defaults, timeline.get(), *net);
+    return finish(runtime, flags, defaults, timeline.get(), *net, trainer);
   }, [&] { require_finite("--gamma", gamma, 0, /*least_allowed=*/true); });
 }

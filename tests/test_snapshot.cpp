@@ -4,6 +4,8 @@
 
 #include "test_support.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -179,16 +181,99 @@ TEST(Snapshot, FuzzCorpusAndDirectoriesAreRefusedNamingTheFile) {
   expect_load_fails(corpus, "not a regular file: it is a directory");
 }
 
-TEST(Snapshot, ListsSnapshotsNewestEpochFirst) {
+TEST(Snapshot, ListsSnapshotsNewestPositionFirst) {
   const std::string dir = ddp_test::make_temp_dir("snapshot_list");
   for (const char* name : {"snapshot_epoch2.pt", "snapshot_epoch10.pt", "snapshot_epoch9.pt",
-                           "snapshot_epochx.pt", "model_with_epoch11.pt", "snapshot_epoch3.pt.tmp.1"}) {
+                           "snapshot_epochx.pt", "model_with_epoch11.pt", "snapshot_epoch3.pt.tmp.1",
+                           "snapshot_epoch10_batch7.pt", "snapshot_epoch10_batch30.pt",
+                           "snapshot_epoch11_batch2.pt", "snapshot_epoch3_batchx.pt",
+                           "snapshot_epoch3_batch.pt"}) {
     std::ofstream(dir + "/" + name) << "x";
   }
+  // Inside epoch 11 after 2 batches is newer than the end of epoch 10, which is newer than
+  // anything inside epoch 10.
   EXPECT_EQ(ddp::list_snapshots(dir),
-            (std::vector<std::string>{dir + "/snapshot_epoch10.pt", dir + "/snapshot_epoch9.pt",
-                                      dir + "/snapshot_epoch2.pt"}));
+            (std::vector<std::string>{dir + "/snapshot_epoch11_batch2.pt",
+                                      dir + "/snapshot_epoch10.pt",
+                                      dir + "/snapshot_epoch10_batch30.pt",
+                                      dir + "/snapshot_epoch10_batch7.pt",
+                                      dir + "/snapshot_epoch9.pt", dir + "/snapshot_epoch2.pt"}));
+  EXPECT_EQ(ddp::snapshot_path("d", 4, 17), "d/snapshot_epoch4_batch17.pt");
   EXPECT_TRUE(ddp::list_snapshots(dir + "/absent").empty());
+}
+
+TEST(Snapshot, InsideAnEpochEachRankGetsItsOwnStateBack) {
+  const std::string dir = shared_dir("snapshot_inside_epoch");
+  const std::string path = ddp::snapshot_path(dir, 2, 3);
+  torch::manual_seed(5);
+  Net net;
+  auto sgd = make_sgd(net);
+  step(net, sgd);
+  // A generator that has drawn differently on every rank, as the augmentation's does.
+  at::Generator augment = at::make_generator<at::CPUGeneratorImpl>(100 + rt().rank());
+  torch::rand({rt().rank() + 3}, augment);
+  ddp::RankState mine;
+  mine.generator = augment.get_state();
+  mine.values = torch::tensor({0.25 + rt().rank(), 7.0 * rt().rank(), 1e-300}, torch::kDouble);
+  const ddp::TrainingProgress written{1, 9, 42, rt().world_size(), 3};
+  ddp::save_snapshot(path, comm(), net, sgd, written, mine);
+  const torch::Tensor next_draws = torch::rand({4}, augment);
+
+  torch::manual_seed(6);
+  Net other;
+  auto sgd_other = make_sgd(other);
+  ddp::RankState loaded;
+  const ddp::TrainingProgress p = ddp::load_snapshot(path, comm(), other, sgd_other, nullptr, &loaded);
+  EXPECT_EQ(p.epoch, 1);
+  EXPECT_EQ(p.batches_done, 3);
+  EXPECT_EQ(p.global_step, 9);
+  ASSERT_TRUE(loaded.values.defined());
+  EXPECT_TRUE(torch::equal(loaded.values, mine.values)) << loaded.values;
+  ASSERT_TRUE(loaded.generator.defined());
+  at::Generator restored = at::make_generator<at::CPUGeneratorImpl>(0);
+  restored.set_state(loaded.generator);
+  EXPECT_TRUE(torch::equal(torch::rand({4}, restored), next_draws));
+  EXPECT_TRUE(torch::equal(flat(other), flat(net)));
+
+  // An epoch-end snapshot has no RankState: the caller's is left empty.
+  ddp::save_snapshot(ddp::snapshot_path(dir, 1), comm(), net, sgd, {1, 9, 42, rt().world_size()});
+  ddp::RankState none;
+  none.values = torch::ones({1});
+  EXPECT_EQ(ddp::load_snapshot(ddp::snapshot_path(dir, 1), comm(), other, sgd_other, nullptr, &none)
+                .batches_done, 0);
+  EXPECT_FALSE(none.values.defined());
+  EXPECT_FALSE(none.generator.defined());
+}
+
+TEST(Snapshot, InsideAnEpochOnlyTheSameWorldSizeResumes) {
+  const std::string dir = shared_dir("snapshot_world_size");
+  torch::manual_seed(5);
+  Net net;
+  auto sgd = make_sgd(net);
+  const std::string inside = ddp::snapshot_path(dir, 2, 3);
+  // As if written by one rank more than this run has.
+  ddp::save_snapshot(inside, comm(), net, sgd, {1, 9, 42, rt().world_size() + 1, 3});
+  expect_load_fails(inside, "taken inside epoch 2 (after 3 batches) by " +
+                                std::to_string(rt().world_size() + 1) + " rank(s)");
+  // At an epoch end another world size only changes the data order (the Trainer warns).
+  const std::string end = ddp::snapshot_path(dir, 1);
+  ddp::save_snapshot(end, comm(), net, sgd, {1, 9, 42, rt().world_size() + 1, 0});
+  EXPECT_EQ(ddp::load_snapshot(end, comm(), net, sgd, nullptr).world_size, rt().world_size() + 1);
+}
+
+TEST(Snapshot, OlderFormatsAreRefusedSayingSo) {
+  const std::string dir = shared_dir("snapshot_formats");
+  if (rt().is_main()) {
+    for (const char* magic : {"DDPSNAP1", "DDPSNAP2"}) {
+      std::string bytes(magic);
+      bytes += std::string(64, '\0');
+      std::ofstream(dir + "/" + magic + ".pt", std::ios::binary).write(bytes.data(), bytes.size());
+    }
+  }
+  comm().barrier();
+  expect_load_fails(dir + "/DDPSNAP1.pt", "a snapshot of format 1 (DDPSNAP1");
+  expect_load_fails(dir + "/DDPSNAP2.pt", "a snapshot of format 2 (DDPSNAP2, epoch ends only)");
+  expect_load_fails(dir + "/DDPSNAP2.pt", "this one reads format 3 (DDPSNAP3");
 }
 
 }  // namespace

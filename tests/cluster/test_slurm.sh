@@ -16,6 +16,11 @@
 #   srun_without_pmix       srun --mpi=none: ddp's explanation, not Open MPI's
 #   gpus_per_node_mismatch  srun -N 2 --gpus-per-node 2 without --ntasks-per-node (one task per
 #                           node): the warning with the fix, and training still runs on the CPU
+#   preempt                 sbatch of the 2-node script (ddp_mnist with --checkpoint-dir and
+#                           --resume), then scancel --signal=USR1 (what --signal=USR1@120 does at
+#                           the time limit) once training runs: the ranks stop with a snapshot,
+#                           the job exits 75, requeues itself and its second run resumes from
+#                           the snapshot and finishes
 #
 # Exits 77 (ctest: skipped) with the reason when not root or Slurm, munge or unshare is missing.
 # The cluster is stopped by its pid files in a trap, also on failure; and the whole test runs in
@@ -168,6 +173,39 @@ case "$scenario" in
     expect mismatch.log "^ddp: warning: node n2 has 2 GPUs but 1 rank" "warning for n2"
     expect mismatch.log "replicas identical: 2 ranks on 2 nodes" "training still runs"
     [ "$(grep -c "^ddp: warning:" mismatch.log)" -eq 2 ] || fail "one warning per node, printed once (by rank 0)"
+    ;;
+
+  preempt)
+    log=ddp-2N4G-preempt.out
+    id=$(sbatch --parsable --cpus-per-task=1 --ntasks-per-node=1 --gpus-per-node=1 \
+      --output="$log" "$root/slurm/ddp_2N4G.sbatch" "$ddp_mnist" --no-cuda --epochs 1 \
+      --limit-train-batches 20 --log-interval 1 --progress log --checkpoint-dir ckpt --resume)
+    echo "+ sbatch slurm/ddp_2N4G.sbatch ... (job $id); scancel --signal=USR1 once it trains"
+    for i in $(seq 600); do  # up to 60 s to start and load the data
+      grep -q "^Train Epoch: 1 " "$log" 2> /dev/null && break
+      sleep 0.1
+    done
+    grep -q "^Train Epoch: 1 " "$log" || { cat "$log" 2> /dev/null; fail "job $id did not start training"; }
+    scancel --signal=USR1 "$id"
+    # Slurm holds a requeued job back for a while (PENDING, reason BeginTime: over 2 minutes
+    # here); while it waits so, let it start now. Asked too early, while the first run's batch
+    # step is still being cleaned up, the launch is refused and the hold starts again: so ask
+    # every 3 s. Wait up to 3 minutes for the second run to end.
+    for i in $(seq 1800); do
+      if [ $((i % 30)) -eq 0 ] && squeue -h -j "$id" -o "%T %r" 2> /dev/null | grep -q "PENDING BeginTime"; then
+        echo "+ scontrol update JobId=$id StartTime=now (requeued, held back by BeginTime)"
+        scontrol update JobId="$id" StartTime=now || true
+      fi
+      grep -q "^== job $id (ddp-2N4G): .* exit status 0$" "$log" && break
+      sleep 0.1
+    done
+    cat "$log"
+    expect "$log" "^Stopped by SIGUSR1 \(rank [01]\) before batch [0-9]+ of epoch 1 \(step [0-9]+\): wrote ckpt/snapshot_epoch1_batch[0-9]+.pt" "the stop with a snapshot"
+    expect "$log" "^== job $id \(ddp-2N4G\): 2 ranks on 2 node\(s\) .* exit status 75$" "the first run's exit status"
+    expect "$log" "^== job $id stopped with a snapshot: requeueing it to resume$" "the requeue"
+    expect "$log" "^Resumed from ckpt/snapshot_epoch1_batch[0-9]+.pt: epoch 0 done, [0-9]+ batches of epoch 1" "the resume"
+    expect "$log" "^== job $id \(ddp-2N4G\): 2 ranks on 2 node\(s\) .* exit status 0$" "the second run's exit status"
+    [ -f ckpt/snapshot_epoch1.pt ] || fail "the resumed run did not finish the epoch"
     ;;
 
   *) fail "unknown scenario '$scenario'" ;;

@@ -36,3 +36,4 @@
 #include <ddp/train/trainer.h>
 
 #include <ddp/util/checkpoint.h>
+#include <ddp/util/stop_signal.h>

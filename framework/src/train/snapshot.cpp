@@ -114,8 +114,14 @@ std::string snapshot_path(const std::string& dir, int64_t epoch) {
   return dir + "/snapshot_epoch" + std::to_string(epoch) + ".pt";
 }
 
+std::string snapshot_path(const std::string& dir, int64_t epoch, int64_t batches_done) {
+  return dir + "/snapshot_epoch" + std::to_string(epoch) + "_batch" + std::to_string(batches_done) +
+         ".pt";
+}
+
 std::vector<std::string> list_snapshots(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
+  // Sorted by position: (epochs finished, batches of the next one trained).
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> found;
   std::unique_ptr<DIR, int (*)(DIR*)> d(opendir(dir.c_str()), closedir);
   if (!d) return {};
   const std::string prefix = "snapshot_epoch", suffix = ".pt";
@@ -125,9 +131,20 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
-    const std::string number = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-    if (number.find_first_not_of("0123456789") != std::string::npos) continue;
-    found.emplace_back(std::stoll(number), dir + "/" + name);
+    const std::string middle = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    const size_t batch_at = middle.find("_batch");
+    const std::string epoch = middle.substr(0, batch_at);
+    const std::string batch = batch_at == std::string::npos ? "" : middle.substr(batch_at + 6);
+    auto number = [](const std::string& digits) {
+      return !digits.empty() && digits.size() < 18 &&
+             digits.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (!number(epoch) || (batch_at != std::string::npos && !number(batch))) continue;
+    const std::pair<int64_t, int64_t> position =
+        batch_at == std::string::npos
+            ? std::pair<int64_t, int64_t>(std::stoll(epoch), 0)
+            : std::pair<int64_t, int64_t>(std::stoll(epoch) - 1, std::stoll(batch));
+    found.emplace_back(position, dir + "/" + name);
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> paths;
@@ -136,8 +153,17 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
 }
 
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
-                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress) {
+                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
+                   const RankState& rank_state) {
   const torch::Tensor generators = comm.all_gather(cpu_generator_state());
+  // Every rank hands in the same kinds (the same code runs everywhere), so every rank takes part
+  // in the same gathers.
+  const torch::Tensor rank_generators =
+      rank_state.generator.defined() ? comm.all_gather(rank_state.generator.contiguous()) : torch::Tensor();
+  const torch::Tensor rank_values =
+      rank_state.values.defined()
+          ? comm.all_gather(rank_state.values.to(torch::kDouble).contiguous())
+          : torch::Tensor();
   if (comm.rank() != 0) return;
 
   torch::serialize::OutputArchive archive;
@@ -149,9 +175,13 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
   archive.write("model_description", c10::IValue(describe(model)));
   archive.write("optimizer_type", c10::IValue(optimizer_name(optimizer)));
   archive.write("progress", torch::tensor({progress.epoch, progress.global_step, progress.seed,
-                                           static_cast<int64_t>(progress.world_size)},
+                                           static_cast<int64_t>(progress.world_size),
+                                           progress.batches_done},
                                           torch::kLong));
   archive.write("cpu_generator_states", generators);
+  // Empty tensors stand for "none": an archive has no optional entries.
+  archive.write("rank_generator_states", rank_generators.defined() ? rank_generators : torch::empty({0}, torch::kByte));
+  archive.write("rank_values", rank_values.defined() ? rank_values : torch::empty({0}, torch::kDouble));
 
   std::ostringstream payload_stream;
   archive.save_to(payload_stream);
@@ -166,7 +196,7 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
 
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                               torch::optim::LRScheduler* scheduler) {
+                               torch::optim::LRScheduler* scheduler, RankState* rank_state) {
   const std::string bytes = broadcast_file(path, comm);
   auto fail = [&](const std::string& why) -> std::runtime_error {
     return std::runtime_error(path + ": " + why);
@@ -179,7 +209,7 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
 
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   c10::IValue description, optimizer_type;
-  torch::Tensor progress_values, generators;
+  torch::Tensor progress_values, generators, rank_generators, rank_values;
   try {
     archive.load_from(payload, size);
     archive.read("model", model_archive);
@@ -188,6 +218,8 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     archive.read("optimizer_type", optimizer_type);
     archive.read("progress", progress_values);
     archive.read("cpu_generator_states", generators);
+    archive.read("rank_generator_states", rank_generators);
+    archive.read("rank_values", rank_values);
   } catch (const c10::Error& e) {
     throw fail(std::string("unreadable snapshot: ") + e.what_without_backtrace());
   }
@@ -219,6 +251,15 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
   progress.global_step = progress_values[1].item<int64_t>();
   progress.seed = progress_values[2].item<int64_t>();
   progress.world_size = static_cast<int>(progress_values[3].item<int64_t>());
+  progress.batches_done = progress_values[4].item<int64_t>();
+  if (progress.batches_done > 0 && progress.world_size != comm.size()) {
+    throw fail("taken inside epoch " + std::to_string(progress.epoch + 1) + " (after " +
+               std::to_string(progress.batches_done) + " batches) by " +
+               std::to_string(progress.world_size) + " rank(s); this run has " +
+               std::to_string(comm.size()) +
+               ": a snapshot inside an epoch resumes only on as many ranks as wrote it (each "
+               "rank's shard depends on the count); resume from an epoch-end snapshot instead");
+  }
   try {
     load_module(model, model_archive);  // copies: the DDP hooks stay attached
     if (scheduler) {
@@ -235,6 +276,11 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     // A tensor of its own: given a row view of the gathered states (storage offset > 0 on every
     // rank but 0), LibTorch 2.15's set_state crashed on rank 1; a clone starts at offset 0.
     generator.set_state(generators[comm.rank()].clone());
+    if (rank_state) {
+      *rank_state = RankState{};
+      if (rank_generators.numel() > 0) rank_state->generator = rank_generators[comm.rank()].clone();
+      if (rank_values.numel() > 0) rank_state->values = rank_values[comm.rank()].clone();
+    }
   }
   return progress;
 }

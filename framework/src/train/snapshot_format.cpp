@@ -26,12 +26,18 @@ SnapshotHeader parse_snapshot_header(const char* bytes, size_t size, uint64_t fi
   if (size >= sizeof kSnapshotMagicV1 &&
       std::memcmp(bytes, kSnapshotMagicV1, sizeof kSnapshotMagicV1) == 0) {
     fail(path, "a snapshot of format 1 (DDPSNAP1, FNV-1a checksum), written by an older ddp; "
-               "this one reads format 2 (DDPSNAP2, XXH64): start the run afresh, or "
-               "resume with the ddp that wrote it");
+               "this one reads format 3 (DDPSNAP3, XXH64, with the position inside an epoch): "
+               "start the run afresh, or resume with the ddp that wrote it");
+  }
+  if (size >= sizeof kSnapshotMagicV2 &&
+      std::memcmp(bytes, kSnapshotMagicV2, sizeof kSnapshotMagicV2) == 0) {
+    fail(path, "a snapshot of format 2 (DDPSNAP2, epoch ends only), written by an older ddp; "
+               "this one reads format 3 (DDPSNAP3, with the position inside an epoch): start the "
+               "run afresh, or resume with the ddp that wrote it");
   }
   if (size < kSnapshotHeaderBytes || file_bytes < kSnapshotHeaderBytes ||
       std::memcmp(bytes, kSnapshotMagic, sizeof kSnapshotMagic) != 0) {
-    fail(path, "not a ddp training snapshot (no DDPSNAP2 header; " + std::to_string(file_bytes) +
+    fail(path, "not a ddp training snapshot (no DDPSNAP3 header; " + std::to_string(file_bytes) +
                    " bytes)");
   }
   SnapshotHeader header;

@@ -1,9 +1,10 @@
 #pragma once
 // The snapshot file's header and the checks of its values, as pure functions on bytes, so that
 // load_snapshot and the libFuzzer target (fuzz/fuzz_snapshot.cpp, built by clang without
-// LibTorch) check the same code. Format 2: "DDPSNAP2", the payload's byte count and its XXH64
+// LibTorch) check the same code. Format 3: "DDPSNAP3", the payload's byte count and its XXH64
 // hash (little-endian uint64 each), then the payload (a LibTorch archive, which only LibTorch
-// reads: its own checks are LibTorch's).
+// reads: its own checks are LibTorch's). Format 3 added the position inside an epoch and every
+// rank's state; format 2 saved only at epoch ends; format 1 (FNV-1a) predates the xxHash switch.
 
 #include <cstddef>
 #include <cstdint>
@@ -11,8 +12,9 @@
 
 namespace ddp {
 
-inline constexpr char kSnapshotMagic[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '2'};
-// Format 1 (FNV-1a checksum), written by ddp before its xxHash switch.
+inline constexpr char kSnapshotMagic[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '3'};
+// Older formats, refused with a message that names them.
+inline constexpr char kSnapshotMagicV2[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '2'};
 inline constexpr char kSnapshotMagicV1[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '1'};
 inline constexpr size_t kSnapshotHeaderBytes = sizeof kSnapshotMagic + 2 * sizeof(uint64_t);
 
@@ -24,7 +26,7 @@ struct SnapshotHeader {
 // Parses the header from the first `size` bytes of a file of `file_bytes` bytes (`size` may be
 // less than the header when the file is shorter) and checks that the payload it promises is
 // exactly what follows it in the file: so a reader knows the size is right before it allocates
-// the payload. Throws std::runtime_error naming `path` for format 1, another file, or a
+// the payload. Throws std::runtime_error naming `path` for format 1 or 2, another file, or a
 // truncated or padded file.
 SnapshotHeader parse_snapshot_header(const char* bytes, size_t size, uint64_t file_bytes,
                                      const std::string& path);

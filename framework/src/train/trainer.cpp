@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -30,6 +32,32 @@ std::string percent(double part, double whole) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
   return text;
+}
+
+// DDP_TEST_SIGNAL_AT_STEP=STEP:RANK:SIGNAL, e.g. 5:1:TERM.
+void parse_test_signal(const char* text, int64_t& step, int& rank, int& signal) {
+  const std::string value = text;
+  const auto bad = [&] {
+    return std::invalid_argument("DDP_TEST_SIGNAL_AT_STEP='" + value +
+                                 "': expected STEP:RANK:SIGNAL, e.g. 5:1:TERM (SIGNAL: TERM, "
+                                 "USR1, USR2 or KILL)");
+  };
+  const size_t a = value.find(':'), b = value.find(':', a == std::string::npos ? a : a + 1);
+  if (a == std::string::npos || b == std::string::npos) throw bad();
+  try {
+    step = std::stoll(value.substr(0, a));
+    rank = std::stoi(value.substr(a + 1, b - a - 1));
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  const std::string name = value.substr(b + 1);
+  // KILL: a crash with no warning, for the periodic snapshots.
+  signal = name == "TERM"   ? SIGTERM
+           : name == "USR1" ? SIGUSR1
+           : name == "USR2" ? SIGUSR2
+           : name == "KILL" ? SIGKILL
+                            : 0;
+  if (signal == 0 || step < 1 || rank < 0) throw bad();
 }
 
 }  // namespace
@@ -55,6 +83,13 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
   at_least("limit_train_batches", options_.limit_train_batches, 0);
   at_least("check_sync_every", options_.check_sync_every, 0);
   at_least("checkpoint.keep", options_.checkpoint.keep, 0);
+  at_least("checkpoint.every_steps", options_.checkpoint.every_steps, 0);
+  at_least("stop_check_every", options_.stop_check_every, 0);
+  if (options_.checkpoint.every_steps > 0 && options_.checkpoint.dir.empty()) {
+    throw std::invalid_argument("TrainerOptions::checkpoint.every_steps is " +
+                                std::to_string(options_.checkpoint.every_steps) +
+                                " but checkpoint.dir is empty: there is nowhere to write");
+  }
   if (options_.checkpoint.resume == "latest" && options_.checkpoint.dir.empty()) {
     throw std::invalid_argument(
         "TrainerOptions::checkpoint.resume is \"latest\" but checkpoint.dir is empty: there is "
@@ -78,11 +113,9 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
     }
     std::fflush(stdout);
   }
-  if (runtime_.is_main() && !options_.metrics_file.empty()) {
-    metrics_.open(options_.metrics_file, std::ios::trunc);
-    if (!metrics_) {
-      throw std::runtime_error(options_.metrics_file + ": cannot open the metrics file for writing");
-    }
+  if (options_.stop_check_every > 0) stop_handlers_.emplace();
+  if (const char* hook = std::getenv("DDP_TEST_SIGNAL_AT_STEP"); hook && *hook) {
+    parse_test_signal(hook, test_signal_step_, test_signal_rank_, test_signal_);
   }
 }
 
@@ -105,11 +138,26 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
 
   at::Generator augment_generator =
       augmentation_generator(static_cast<uint64_t>(options_.seed), runtime_.rank(), epoch);
-  PhaseTimes local;
-  const double sync_at_start = ddp_ ? ddp_->sync_seconds() : 0.0;
+  // Inside an epoch that a snapshot resumes: its batches done, this rank's augmentation
+  // generator and its sums so far.
+  int64_t first_batch = 0;
+  EpochSums restored;
+  if (epoch == resume_epoch_ && resume_batches_ > 0) {
+    first_batch = std::min(resume_batches_, batches);
+    if (resume_state_.generator.defined()) augment_generator.set_state(resume_state_.generator);
+    if (resume_state_.values.defined() && resume_state_.values.numel() == 7) {
+      const auto v = resume_state_.values.accessor<double, 1>();
+      restored = EpochSums{v[0], v[1], v[2], PhaseTimes{v[3], v[4], v[5], v[6]}};
+    }
+    resume_batches_ = 0;
+    resume_state_ = RankState{};
+  }
+  PhaseTimes local = restored.phases;
+  const double sync_at_start = (ddp_ ? ddp_->sync_seconds() : 0.0) - restored.phases.sync;
   // Loss stays on the device until logged: no host synchronisation per step.
-  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  int64_t samples = 0;
+  torch::Tensor loss_sum =
+      torch::full({}, restored.loss, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  int64_t samples = static_cast<int64_t>(restored.samples);
   const auto epoch_start = Clock::now();
   // Rank 0 reports progress; every rank takes part in the log interval's loss average.
   const ProgressMode progress =
@@ -127,18 +175,42 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     total += std::chrono::duration<double>(end - start).count();
     if (timeline) timeline->span(name, "step", start, end);
   };
+  // What a snapshot at a step boundary keeps of this epoch.
+  auto sums_so_far = [&] {
+    EpochSums sums;
+    sums.loss = loss_sum.item<double>();
+    sums.samples = static_cast<double>(samples);
+    sums.seconds = restored.seconds + seconds_since(epoch_start);
+    sums.phases = local;
+    sums.phases.sync = (ddp_ ? ddp_->sync_seconds() : 0.0) - sync_at_start;
+    return sums;
+  };
 
   auto gather = [&](int64_t b) {
     return train.gather(indices, b * batch_size, std::min(n, (b + 1) * batch_size), device);
   };
   // Batch b+1 is gathered one step ahead, once step b's backward is queued (see below).
   Batch next;
-  for (int64_t b = 0; b < batches; ++b) {
+  for (int64_t b = first_batch; b < batches; ++b) {
+    const Boundary action = at_boundary(b, first_batch);
+    if (action != Boundary::Continue) {
+      // Only here does the step read this epoch's sums from the device.
+      const std::string path = options_.checkpoint.dir.empty()
+                                   ? std::string()
+                                   : snapshot_path(options_.checkpoint.dir, epoch, b);
+      if (!path.empty()) save_inside_epoch(path, epoch, b, sums_so_far(), augment_generator);
+      if (action == Boundary::Stop) {
+        if (bar_drawn) std::printf("\n");
+        stop_snapshot_ = path;
+        report_stop(epoch, b);
+        return EpochResult{};
+      }
+    }
     const int64_t begin = b * batch_size, end = std::min(n, begin + batch_size);
     Batch batch;
     torch::Tensor loss;
     phase("data", local.data, [&] {
-      batch = b == 0 ? gather(b) : std::move(next);
+      batch = b == first_batch ? gather(b) : std::move(next);
       if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
       batch.inputs = train.normalise(batch.inputs);
     });
@@ -162,6 +234,9 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     if (b + 1 < batches) phase("data", local.data, [&] { next = gather(b + 1); });
     phase("optimizer", local.optimizer, [&] { optimizer_.step(); });
     ++global_step_;
+    if (global_step_ == test_signal_step_ && runtime_.rank() == test_signal_rank_) {
+      std::raise(test_signal_);
+    }
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(end - begin);
     samples += end - begin;
@@ -177,7 +252,8 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
                     static_cast<long long>(train.size()),
                     100.0 * static_cast<double>(b) / static_cast<double>(batches_per_epoch),
                     shown_loss,
-                    format_duration(eta_seconds(seconds_since(epoch_start), b + 1, batches)).c_str());
+                    format_duration(eta_seconds(seconds_since(epoch_start), b + 1 - first_batch,
+                                                batches - first_batch)).c_str());
         std::fflush(stdout);
       }
     }
@@ -186,8 +262,9 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
         (b + 1 == batches || Clock::now() - drawn >= std::chrono::milliseconds(100))) {
       drawn = Clock::now();
       const double elapsed = seconds_since(epoch_start);
-      const double rate =
-          elapsed > 0 ? static_cast<double>(samples * runtime_.world_size()) / elapsed : 0.0;
+      const double rate = elapsed > 0 ? static_cast<double>((samples - restored.samples) *
+                                                            runtime_.world_size()) / elapsed
+                                      : 0.0;
       const std::string line =
           format_progress_bar(epoch, b + 1, batches, rate, shown_loss, elapsed, terminal_width());
       std::printf("\r%s\033[K", line.c_str());
@@ -196,7 +273,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     }
   }
   if (bar_drawn) std::printf("\n");
-  const double seconds = seconds_since(epoch_start);
+  const double seconds = restored.seconds + seconds_since(epoch_start);
   local.sync = ddp_ ? ddp_->sync_seconds() - sync_at_start : 0.0;
   local.forward_backward -= local.sync;  // the sync ran inside backward
 
@@ -259,9 +336,14 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
   if (train.size() == 0) throw std::invalid_argument("Trainer::fit: the training set is empty");
   if (test.size() == 0) throw std::invalid_argument("Trainer::fit: the test set is empty");
   std::vector<EpochResult> results;
+  stopped_by_ = 0;
+  stop_snapshot_.clear();
   const int64_t first_epoch = options_.checkpoint.resume.empty() ? 1 : resume(scheduler);
+  // A resumed run continues the metrics of the run it resumes; a fresh one starts a new file.
+  open_metrics(first_epoch > 1 || resume_batches_ > 0 ? first_epoch - 1 : -1);
   for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
     EpochResult r = train_epoch(train, epoch);
+    if (stopped_by_) break;
     const Evaluation eval = evaluate(test);
     r.test_loss = eval.loss;
     r.test_accuracy = eval.accuracy();
@@ -305,6 +387,121 @@ std::string summary_table(const std::vector<EpochResult>& epochs) {
   return table;
 }
 
+Trainer::Boundary Trainer::at_boundary(int64_t b, int64_t first_batch) {
+  const int64_t check = options_.stop_check_every;
+  if (check > 0 && global_step_ % check == 0) {
+    // Every rank says whether it got a stop signal; the maximum tells each rank the same
+    // answer, so all stop before the same batch. Doubles carry the signal and rank exactly.
+    const int signal = stop_signal();
+    torch::Tensor flag =
+        torch::tensor({static_cast<double>(signal), signal ? double(runtime_.rank()) : -1.0,
+                       seconds_since_stop_signal()},
+                      torch::kDouble);
+    group_.cpu().all_reduce(flag, ReduceOp::Max);
+    const auto f = flag.accessor<double, 1>();
+    if (f[0] > 0) {
+      stopped_by_ = static_cast<int>(f[0]);
+      stop_rank_ = static_cast<int>(f[1]);
+      stop_seconds_ = f[2];
+      stop_checked_at_ = Clock::now();
+      return Boundary::Stop;
+    }
+  }
+  const int64_t every = options_.checkpoint.every_steps;
+  // Not before a first batch: nothing was trained since the epoch-end (or resumed) snapshot.
+  if (every > 0 && b > first_batch && global_step_ % every == 0) return Boundary::Save;
+  return Boundary::Continue;
+}
+
+void Trainer::save_inside_epoch(const std::string& path, int64_t epoch, int64_t b,
+                                const EpochSums& sums, at::Generator& augment_generator) {
+  TrainingProgress progress;
+  progress.epoch = epoch - 1;
+  progress.batches_done = b;
+  progress.global_step = global_step_;
+  progress.seed = options_.seed;
+  progress.world_size = runtime_.world_size();
+  RankState state;
+  state.generator = augment_generator.get_state();
+  const PhaseTimes& p = sums.phases;
+  state.values = torch::tensor(
+      {sums.loss, sums.samples, sums.seconds, p.data, p.forward_backward, p.sync, p.optimizer},
+      torch::kDouble);
+  if (runtime_.is_main()) {
+    std::error_code error;
+    std::filesystem::create_directories(options_.checkpoint.dir, error);
+    if (error) {
+      throw std::runtime_error(options_.checkpoint.dir +
+                               ": cannot create the checkpoint directory: " + error.message());
+    }
+  }
+  save_snapshot(path, group_.cpu(), model_, optimizer_, progress, state);
+  if (runtime_.is_main()) remove_older_inside_epoch_snapshots(path);
+}
+
+void Trainer::report_stop(int64_t epoch, int64_t b) {
+  if (!runtime_.is_main()) return;
+  const std::string what = std::string(stop_signal_name(stopped_by_)) + " (rank " +
+                           std::to_string(stop_rank_) + ")";
+  // From the signal to the check (on the rank that got it), then the snapshot.
+  const double waited = stop_seconds_ + seconds_since(stop_checked_at_);
+  if (stop_snapshot_.empty()) {
+    std::printf("Stopped by %s before batch %lld of epoch %lld (step %lld); nothing saved: "
+                "TrainerOptions::checkpoint.dir is empty (%.2f s after the signal)\n",
+                what.c_str(), static_cast<long long>(b), static_cast<long long>(epoch),
+                static_cast<long long>(global_step_), waited);
+  } else {
+    std::printf("Stopped by %s before batch %lld of epoch %lld (step %lld): wrote %s %.2f s "
+                "after the signal; resume from it to continue\n",
+                what.c_str(), static_cast<long long>(b), static_cast<long long>(epoch),
+                static_cast<long long>(global_step_), stop_snapshot_.c_str(), waited);
+  }
+  std::fflush(stdout);
+}
+
+void Trainer::remove_older_inside_epoch_snapshots(const std::string& newest) {
+  bool older = false;
+  for (const std::string& path : list_snapshots(options_.checkpoint.dir)) {
+    if (path == newest) {
+      older = true;
+    } else if (older && path.find("_batch") != std::string::npos) {
+      std::remove(path.c_str());
+    }
+  }
+}
+
+void Trainer::open_metrics(int64_t finished_epochs) {
+  if (!runtime_.is_main() || options_.metrics_file.empty()) return;
+  const std::string& file = options_.metrics_file;
+  if (metrics_.is_open()) metrics_.close();
+  if (finished_epochs >= 0) {
+    // Resumed: keep the lines of the epochs the snapshot had finished, drop any of later epochs
+    // (written after the snapshot by the run that stopped; this run trains them again).
+    std::ifstream in(file);
+    std::string kept, line;
+    bool dropped = false;
+    while (std::getline(in, line)) {
+      const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (json.is_object() && json.contains("epoch") && json["epoch"].is_number_integer() &&
+          json["epoch"].get<int64_t>() > finished_epochs) {
+        dropped = true;
+        continue;
+      }
+      kept += line + "\n";
+    }
+    if (dropped) {
+      write_atomically(file, [&](const std::string& tmp) {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << kept;
+        out.close();
+        if (!out) throw std::runtime_error(tmp + ": write failed");
+      });
+    }
+  }
+  metrics_.open(file, finished_epochs >= 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics_) throw std::runtime_error(file + ": cannot open the metrics file for writing");
+}
+
 int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
   const CheckpointOptions& c = options_.checkpoint;
   Communicator& comm = group_.cpu();
@@ -327,11 +524,22 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
   for (size_t i = 0;; ++i) {
     const std::string& path = candidates[i];
     try {
-      const TrainingProgress p = load_snapshot(path, comm, model_, optimizer_, scheduler);
+      RankState state;
+      const TrainingProgress p = load_snapshot(path, comm, model_, optimizer_, scheduler, &state);
       global_step_ = p.global_step;
+      resume_epoch_ = p.epoch + 1;
+      resume_batches_ = p.batches_done;
+      resume_state_ = state;
       if (runtime_.is_main()) {
-        std::printf("Resumed from %s: epoch %lld done, step %lld\n", path.c_str(),
-                    static_cast<long long>(p.epoch), static_cast<long long>(p.global_step));
+        if (p.batches_done > 0) {
+          std::printf("Resumed from %s: epoch %lld done, %lld batches of epoch %lld, step %lld\n",
+                      path.c_str(), static_cast<long long>(p.epoch),
+                      static_cast<long long>(p.batches_done), static_cast<long long>(p.epoch + 1),
+                      static_cast<long long>(p.global_step));
+        } else {
+          std::printf("Resumed from %s: epoch %lld done, step %lld\n", path.c_str(),
+                      static_cast<long long>(p.epoch), static_cast<long long>(p.global_step));
+        }
         if (p.world_size != runtime_.world_size()) {
           std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the "
                       "data order differs from an uninterrupted run\n",
@@ -374,6 +582,7 @@ void Trainer::checkpoint(int64_t epoch) {
   progress.world_size = runtime_.world_size();
   save_snapshot(snapshot_path(c.dir, epoch), group_.cpu(), model_, optimizer_,
                 progress);
+  if (runtime_.is_main()) remove_older_inside_epoch_snapshots(snapshot_path(c.dir, epoch));
   if (runtime_.is_main() && c.keep > 0 && epoch > c.keep) {
     // Only after the new files are complete; removing what is absent is fine.
     const int64_t old = epoch - c.keep;

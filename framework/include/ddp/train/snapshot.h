@@ -1,18 +1,22 @@
 #pragma once
 // Training snapshots: everything a run needs to continue as if it had never stopped. On the CPU
-// a run resumed from the snapshot of epoch k ends bit-identical to an uninterrupted run.
+// a run resumed from a snapshot ends bit-identical to an uninterrupted run, whether the
+// snapshot was written at an epoch end or inside an epoch (on a stop signal, or every N steps).
 //
 // A snapshot holds the model's parameters and buffers, the optimizer's state (momentum buffers,
-// learning rates), the epoch and global step, the seed, the world size, a description of the
-// model (names, shapes, dtypes) to refuse a snapshot of another model, and every rank's CPU
-// random generator state. The learning-rate scheduler is not stored: it is replayed (stepped
-// once per finished epoch before the optimizer state is loaded), which restores any LibTorch
-// scheduler whose rate depends only on its step count. The sampler's order and the
-// augmentation draws are functions of (seed, epoch, rank), so they need no state.
+// learning rates), the position (epochs finished, batches of the next epoch trained, global
+// step), the seed, the world size, a description of the model (names, shapes, dtypes) to refuse
+// a snapshot of another model, and for every rank: its CPU random generator state and, inside
+// an epoch, what the caller hands in as RankState (the Trainer's: its augmentation generator and
+// the epoch's metrics so far). The learning-rate schedule is its step count, the epochs finished:
+// the scheduler is replayed (stepped once per finished epoch before the optimizer state is
+// loaded), which restores any LibTorch scheduler whose rate depends only on its step count. The
+// sampler's order is a function of (seed, epoch, rank): the position is all it needs.
 //
-// File format: "DDPSNAP2", the payload's byte count and XXH64 hash (little-endian
-// uint64 each), then the payload, a LibTorch archive. The hash catches truncated and corrupted
-// files, which LibTorch's zip reader may not. Files are written atomically (write_atomically).
+// File format 3: "DDPSNAP3", the payload's byte count and XXH64 hash (little-endian uint64
+// each), then the payload, a LibTorch archive. The hash catches truncated and corrupted files,
+// which LibTorch's zip reader may not. Files are written atomically (write_atomically). Formats
+// 1 and 2 (no position inside an epoch) are refused with a message saying so.
 
 #include <ddp/comm/communicator.h>
 
@@ -31,26 +35,45 @@ struct TrainingProgress {
   int64_t global_step = 0;  // optimizer steps taken
   int64_t seed = 0;
   int world_size = 1;       // of the run that wrote it
+  // Batches of epoch `epoch + 1` already trained: > 0 for a snapshot taken inside an epoch,
+  // which resumes only with the same world size (the shards, and so the position, depend on it).
+  int64_t batches_done = 0;
 };
 
-// "<dir>/snapshot_epoch<epoch>.pt"
-std::string snapshot_path(const std::string& dir, int64_t epoch);
+// What each rank holds inside an epoch that the others do not. Every rank's is saved; loading
+// gives each rank back its own. All ranks must hand in the same kinds and sizes.
+struct RankState {
+  torch::Tensor generator;  // a CPU generator's state (get_state()), or undefined for none
+  torch::Tensor values;     // float64 [K], the caller's numbers, or undefined for none
+};
 
-// The snapshot files in `dir` (snapshot_epoch<N>.pt), highest epoch first; empty when the
-// directory does not exist.
+// "<dir>/snapshot_epoch<epoch>.pt": written at the end of `epoch`.
+std::string snapshot_path(const std::string& dir, int64_t epoch);
+// "<dir>/snapshot_epoch<epoch>_batch<batches_done>.pt": written inside `epoch` (1-based, the
+// epoch in progress) after `batches_done` of its batches.
+std::string snapshot_path(const std::string& dir, int64_t epoch, int64_t batches_done);
+
+// The snapshot files in `dir`, newest position first: an epoch end before the snapshots inside
+// that epoch, which come newest batch first, before the end of the previous epoch. Empty when
+// the directory does not exist.
 std::vector<std::string> list_snapshots(const std::string& dir);
 
-// Collective over `comm` (gathers every rank's random generator state); rank 0 writes `path`.
+// Collective over `comm` (gathers every rank's random generator state and `rank_state`); rank 0
+// writes `path`.
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
-                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress);
+                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
+                   const RankState& rank_state = {});
 
 // Collective: rank 0 reads `path` and broadcasts it, so the other ranks need not see the file.
 // Restores the model, replays `scheduler` (may be null) and loads the optimizer state, and
-// restores this rank's random generator state when the world size is the same. Throws
-// std::runtime_error naming the file on every rank when it is missing, truncated, corrupted,
-// or written for another model or optimizer; nothing is modified then.
+// restores this rank's random generator state and `rank_state` (may be null; left empty when
+// the snapshot has none) when the world size is the same. Throws std::runtime_error naming the
+// file on every rank when it is missing, truncated, corrupted, of an older format, written for
+// another model or optimizer, or taken inside an epoch by another number of ranks; nothing is
+// modified then.
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                               torch::optim::LRScheduler* scheduler);
+                               torch::optim::LRScheduler* scheduler,
+                               RankState* rank_state = nullptr);
 
 }  // namespace ddp

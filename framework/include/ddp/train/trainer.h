@@ -5,9 +5,14 @@
 // The same Trainer runs a single process (world size 1, no DistributedDataParallel).
 //
 // Optionally it augments each batch, checks that the replicas are still identical every N
-// steps, writes a checkpoint at every epoch end and resumes from one (snapshot.h): a resumed run
-// continues exactly where the stopped one was, because everything random in an epoch is a
-// function of (seed, epoch, rank) or restored from the snapshot.
+// steps, writes a checkpoint at every epoch end (and every N steps) and resumes from one
+// (snapshot.h): a resumed run continues exactly where the stopped one was, because everything
+// random in an epoch is a function of (seed, epoch, rank) or restored from the snapshot.
+//
+// A stop signal (SIGTERM, SIGUSR1, SIGUSR2: stop_signal.h) on any rank stops every rank at the
+// same step boundary: they agree on it with one small all-reduce every `stop_check_every` steps,
+// write a snapshot of where they stand inside the epoch, and fit() returns; stopped_by() says
+// why, and a program exits with kStoppedExitCode.
 
 #include <ddp/data/dataset.h>
 #include <ddp/parallel/distributed_data_parallel.h>
@@ -15,6 +20,8 @@
 #include <ddp/parallel/process_group.h>
 #include <ddp/runtime/runtime.h>
 #include <ddp/parallel/timeline.h>
+#include <ddp/train/snapshot.h>
+#include <ddp/util/stop_signal.h>
 
 #include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
@@ -22,9 +29,11 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +50,9 @@ struct CheckpointOptions {
   // With "latest": an unreadable newest snapshot is skipped for the one before it (with a
   // warning) instead of being an error.
   bool fallback = false;
+  // Also a snapshot inside the epoch every N optimizer steps (snapshot_epoch<E>_batch<B>.pt),
+  // for the crashes that give no warning; only the newest such file is kept. 0: epoch ends only.
+  int64_t every_steps = 0;
 };
 
 // Maps a batch of uint8 pixels [B,C,H,W] to augmented pixels of the same shape, drawing from
@@ -63,6 +75,10 @@ struct TrainerOptions {
   // buffers (replica_check.h); a difference stops the job naming the tensor and ranks. 0: never.
   int64_t check_sync_every = 0;
   CheckpointOptions checkpoint;
+  // Steps between the checks whether a rank got a stop signal: one all-reduce of 3 doubles on
+  // the process group's CPU communicator (docs/reliability.md has its cost). 0: no check, and the
+  // signals keep their default action (the process dies).
+  int64_t stop_check_every = 1;
 };
 
 // Wall seconds per phase of the training steps, averaged over ranks.
@@ -115,11 +131,32 @@ class Trainer {
   // Optimizer steps taken so far, counting those before a resume.
   int64_t global_step() const { return global_step_; }
 
+  // The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
+  // then stop_snapshot() is the snapshot it wrote ("" without a checkpoint directory).
+  int stopped_by() const { return stopped_by_; }
+  const std::string& stop_snapshot() const { return stop_snapshot_; }
+
  private:
+  // This rank's sums of an epoch in progress, as a snapshot keeps them (RankState::values).
+  struct EpochSums {
+    double loss = 0, samples = 0, seconds = 0;
+    PhaseTimes phases;  // sync: so far
+  };
+  void open_metrics(int64_t finished_epochs);
   void write_metrics(const EpochResult& result);
   // Loads the snapshot options_.checkpoint.resume names; returns the first epoch to run.
   int64_t resume(torch::optim::LRScheduler* scheduler);
   void checkpoint(int64_t epoch);
+  // The boundary before batch `b` of an epoch whose first batch this process trains is
+  // `first_batch`: the stop check (collective) and the periodic snapshot decide.
+  enum class Boundary { Continue, Save, Stop };
+  Boundary at_boundary(int64_t b, int64_t first_batch);
+  void save_inside_epoch(const std::string& path, int64_t epoch, int64_t b, const EpochSums& sums,
+                         at::Generator& augment_generator);
+  void report_stop(int64_t epoch, int64_t b);
+  // Rank 0, once `newest` is complete: removes the snapshots taken inside an epoch that are
+  // older than it (only the newest such is worth keeping).
+  void remove_older_inside_epoch_snapshots(const std::string& newest);
 
   ProcessGroup& group_;
   Runtime& runtime_;
@@ -130,6 +167,21 @@ class Trainer {
   DistributedDataParallel* ddp_;
   std::ofstream metrics_;
   int64_t global_step_ = 0;
+  // Installed for the Trainer's lifetime unless stop_check_every is 0.
+  std::optional<StopSignalHandlers> stop_handlers_;
+  // DDP_TEST_SIGNAL_AT_STEP=STEP:RANK:SIGNAL (tests only): rank RANK raises SIGNAL (TERM, USR1,
+  // USR2, or KILL for a crash) on itself right after optimizer step STEP: a signal at a known
+  // step, so the tests can assert where the ranks stop.
+  int64_t test_signal_step_ = -1;
+  int test_signal_rank_ = -1, test_signal_ = 0;
+  // A snapshot taken inside epoch resume_epoch_ that fit() continues from.
+  int64_t resume_epoch_ = 0, resume_batches_ = 0;
+  RankState resume_state_;
+  int stopped_by_ = 0;         // the agreed stop: the highest signal number any rank got,
+  int stop_rank_ = -1;         // the highest rank that got one,
+  double stop_seconds_ = 0;    // and the longest any rank had waited at the check
+  std::chrono::steady_clock::time_point stop_checked_at_{};
+  std::string stop_snapshot_;
 };
 
 // The end-of-run table, one row per epoch: train loss, test loss and accuracy, training time,
