@@ -493,7 +493,9 @@ TEST(DistributedDataParallel, TimelineRecordsBucketAllReduces) {
   ddp::DistributedDataParallel model(pg(), net, options);
   net->forward(torch::ones({2, 10})).sum().backward();
   EXPECT_EQ(timeline.size(), 6u * 2 + 1);  // queued + all-reduce per bucket, one wait
-  const std::string path = std::string(DDP_TEST_TMP) + "/timeline.json";
+  // One file per world size: ctest -j runs distributed_np2 and _np4 at the same time.
+  const std::string path =
+      std::string(DDP_TEST_TMP) + "/timeline_np" + std::to_string(rt().world_size()) + ".json";
   timeline.write(path);
   if (rt().is_main()) {
     const std::string summary = ddp_test::run_command(
