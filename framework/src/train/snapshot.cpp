@@ -234,10 +234,8 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
   progress_values = progress_values.contiguous();
   check_snapshot_progress(progress_values.data_ptr<int64_t>(),
                           static_cast<size_t>(progress_values.numel()), path);
-  if (generators.dim() != 2 || generators.scalar_type() != torch::kByte ||
-      generators.size(0) != progress_values[3].item<int64_t>()) {
-    throw fail("unreadable snapshot: cpu_generator_states is not one uint8 row per rank of the "
-               "run that wrote it");
+  if (generators.dim() != 2 || generators.scalar_type() != torch::kByte || generators.size(0) < 1) {
+    throw fail("unreadable snapshot: cpu_generator_states is not uint8 rows, one per rank");
   }
   const std::string difference = first_difference(describe(model), description.toStringRef());
   if (!difference.empty()) throw fail("written for a different model: " + difference);
@@ -259,6 +257,11 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                std::to_string(comm.size()) +
                ": a snapshot inside an epoch resumes only on as many ranks as wrote it (each "
                "rank's shard depends on the count); resume from an epoch-end snapshot instead");
+  }
+  // Checked before anything is restored: the rows are indexed by rank below.
+  if (progress.world_size == comm.size() && generators.size(0) != comm.size()) {
+    throw fail("unreadable snapshot: cpu_generator_states has " + std::to_string(generators.size(0)) +
+               " rows for the " + std::to_string(comm.size()) + " ranks that wrote it");
   }
   try {
     load_module(model, model_archive);  // copies: the DDP hooks stay attached
