@@ -117,13 +117,7 @@ void write_cifar10_file(const std::string& path, const torch::Tensor& images,
   }
   const torch::Tensor records = torch::cat(
       {cpu_labels.to(torch::kByte).view({count, 1}), images.cpu().reshape({count, kPixels})}, 1);
-  write_atomically(path, [&](const std::string& tmp) {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(static_cast<const char*>(records.data_ptr()),
-              static_cast<std::streamsize>(records.numel()));
-    out.close();
-    if (!out) fail(path, "cannot write " + tmp + ": " + std::strerror(errno));
-  });
+  write_atomically(path, records.data_ptr(), static_cast<std::size_t>(records.numel()));
 }
 
 }  // namespace ddp

@@ -490,12 +490,7 @@ void Trainer::open_metrics(int64_t finished_epochs) {
       kept += line + "\n";
     }
     if (dropped) {
-      write_atomically(file, [&](const std::string& tmp) {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << kept;
-        out.close();
-        if (!out) throw std::runtime_error(tmp + ": write failed");
-      });
+      write_atomically(file, kept);  // names the file and errno's reason on failure
     }
   }
   metrics_.open(file, finished_epochs >= 0 ? std::ios::app : std::ios::trunc);
