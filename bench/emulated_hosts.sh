@@ -5,6 +5,8 @@
 # PyTorch DDP. Appends to RESULTS/emulated.jsonl and logs commands to RESULTS/commands.txt.
 # Called by bench/run_all.sh; needs root.
 #   bench/emulated_hosts.sh RESULTS_DIR [QUICK(0|1)]
+# DDP_BENCH_MODELS and DDP_BENCH_LINKS pick a subset (default: mlp cnn resnet18; 1gbit 100mbit);
+# DDP_* and OMP_* settings of the caller reach the ranks (DDP_MPI_MESSAGE_KIB=1024, say).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}
@@ -27,8 +29,12 @@ agent=$root/tests/cluster/netns_agent.sh
 # Runs a 2-rank job logged in on h1, as a user on a real cluster would with ddprun.
 launch() {
   echo "ddprun --hostfile hostfile --iface eth0 -n 2 -t 1 $*" | sed "s|$root/||g" >> "$results/commands.txt"
-  local line
-  printf -v line '%q ' env OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+  # The agent starts h1's shell with a fresh environment, as sshd would: the caller's DDP_* and
+  # OMP_* settings (DDP_MPI_MESSAGE_KIB, say) are passed on explicitly, as a user would export
+  # them on h1; ddprun then forwards them to the ranks.
+  local line var passed=()
+  for var in $(compgen -e | grep -E '^(DDP_|OMP_)' || true); do passed+=("$var=${!var}"); done
+  printf -v line '%q ' env "${passed[@]}" OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
     DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
     "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n 2 -t 1 -x MASTER_ADDR "$@"
   "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
@@ -40,7 +46,7 @@ declare -A window=([mlp]=100 [cnn]=4 [resnet18]=2)
 windows=5
 if [ "$quick" = 1 ]; then windows=2; window=([mlp]=10 [cnn]=2 [resnet18]=1); fi
 
-for rate in 1gbit 100mbit; do
+for rate in ${DDP_BENCH_LINKS:-1gbit 100mbit}; do
   netns_shape h1 "$rate"
   netns_shape h2 "$rate"
   for model in ${DDP_BENCH_MODELS:-mlp cnn resnet18}; do
