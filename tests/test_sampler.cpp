@@ -1,8 +1,10 @@
+#include <ddp/data/data_loader_sampler.h>
 #include <ddp/data/distributed_sampler.h>
 
 #include "test_support.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <set>
@@ -63,6 +65,84 @@ TEST(DistributedSampler, RejectsBadArgumentsNamingThem) {
   }
   EXPECT_THROW(ddp::DistributedSampler(10, 0, 0), std::invalid_argument);
   EXPECT_THROW(ddp::DistributedSampler(-1, 1, 0), std::invalid_argument);
+}
+
+// A torch::data dataset whose example i is the number i: what a loader yields names the indices
+// it was asked for.
+struct IndexDataset : torch::data::datasets::Dataset<IndexDataset> {
+  explicit IndexDataset(size_t n) : n(n) {}
+  torch::data::Example<> get(size_t i) override {
+    return {torch::tensor(static_cast<int64_t>(i)), torch::tensor(0)};
+  }
+  std::optional<size_t> size() const override { return n; }
+  size_t n;
+};
+
+// Every index a loader yields in one pass, in order.
+template <typename Loader>
+std::vector<int64_t> one_pass(Loader& loader, std::vector<size_t>* batch_sizes = nullptr) {
+  std::vector<int64_t> seen;
+  for (auto& batch : loader) {
+    if (batch_sizes) batch_sizes->push_back(static_cast<size_t>(batch.data.size(0)));
+    for (int64_t i = 0; i < batch.data.size(0); ++i) seen.push_back(batch.data[i].template item<int64_t>());
+  }
+  return seen;
+}
+
+TEST(DataLoaderSampler, WorkersYieldTheSamplersIndicesEpochByEpoch) {
+  const size_t n = 23;  // not a multiple of 3 ranks: the shard is padded, as PyTorch's is
+  ddp::DistributedSampler sampler(static_cast<int64_t>(n), 3, 1, /*shuffle=*/true, /*seed=*/5);
+  auto loader = torch::data::make_data_loader(
+      IndexDataset(n).map(torch::data::transforms::Stack<>()), ddp::DataLoaderSampler(sampler),
+      torch::data::DataLoaderOptions().batch_size(3).workers(2));
+  std::vector<std::vector<int64_t>> epochs;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    sampler.set_epoch(epoch);
+    std::vector<size_t> sizes;
+    epochs.push_back(one_pass(*loader, &sizes));
+    EXPECT_EQ(epochs.back(), sampler.indices()) << "epoch " << epoch;
+    EXPECT_EQ(sizes, (std::vector<size_t>{3, 3, 2})) << "epoch " << epoch;  // 8 per rank
+  }
+  EXPECT_NE(epochs[0], epochs[1]) << "set_epoch did not reach the loader's copy";
+}
+
+TEST(DataLoaderSampler, RefusesADataSetOfAnotherSize) {
+  ddp::DistributedSampler sampler(10, 2, 0);
+  ddp::DataLoaderSampler s(sampler);
+  try {
+    s.reset(11);
+    FAIL() << "reset(11) accepted for a sampler of 10";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("11 examples but the DistributedSampler was built for 10"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(DataLoaderSampler, SaveAndLoadKeepThePosition) {
+  ddp::DistributedSampler sampler(20, 2, 1, true, 3);
+  sampler.set_epoch(4);
+  ddp::DataLoaderSampler s(sampler);
+  s.reset();
+  const auto first = s.next(3);
+  ASSERT_TRUE(first.has_value());
+  torch::serialize::OutputArchive out;
+  s.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+
+  ddp::DataLoaderSampler restored(sampler);
+  torch::serialize::InputArchive in;
+  std::istringstream input(bytes.str());
+  in.load_from(input);
+  restored.load(in);
+  EXPECT_EQ(restored.position(), 3u);
+  EXPECT_EQ(restored.next(100), s.next(100));  // the rest of the epoch, the same on both
+
+  sampler.set_epoch(5);
+  torch::serialize::InputArchive again;
+  std::istringstream input2(bytes.str());
+  again.load_from(input2);
+  EXPECT_THROW(restored.load(again), std::invalid_argument);  // saved at epoch 4
 }
 
 TEST(EvaluationShard, EveryIndexExactlyOnce) {

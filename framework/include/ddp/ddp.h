@@ -22,6 +22,7 @@
 
 #include <ddp/data/augment.h>
 #include <ddp/data/cifar.h>
+#include <ddp/data/data_loader_sampler.h>
 #include <ddp/data/dataset.h>
 #include <ddp/data/distributed_sampler.h>
 #include <ddp/data/mnist.h>

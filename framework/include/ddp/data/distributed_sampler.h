@@ -22,6 +22,7 @@ class DistributedSampler {
   std::vector<int64_t> indices() const;
 
   int64_t num_samples() const { return num_samples_; }   // per rank
+  int64_t dataset_size() const { return dataset_size_; }
   int64_t total_size() const { return num_samples_ * num_replicas_; }
 
  private:
