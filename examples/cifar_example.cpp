@@ -19,7 +19,7 @@ namespace po = boost::program_options;
 namespace {
 
 struct CifarFlags {
-  std::string model, schedule;
+  std::string model;
   double momentum = 0, weight_decay = 0, gamma = 0;
   int64_t step_size = 0;
   bool nesterov = false, sync_batchnorm = false, no_augment = false;
@@ -48,7 +48,7 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
   const bool parallel = parallelism == Parallelism::DataParallel;
   const ExampleDefaults defaults{128, 30, 0.1, ddp::kDefaultCifar10Dir,
                                  "directory with CIFAR-10's binary files (scripts/download_cifar10.sh)",
-                                 "cifar_model.pt"};
+                                 "cifar_model.pt", "cosine"};
   CommonFlags flags;
   CifarFlags cifar;
   po::options_description options("Model and optimizer");
@@ -58,7 +58,6 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
     ("momentum", po::value(&cifar.momentum)->default_value(0.9, "0.9"), "SGD momentum")
     ("nesterov", po::bool_switch(&cifar.nesterov), "Nesterov momentum")
     ("weight-decay", po::value(&cifar.weight_decay)->default_value(5e-4, "5e-4"), "SGD weight decay (L2)")
-    ("schedule", po::value(&cifar.schedule)->default_value("cosine"), "learning rate schedule: cosine (over --epochs) or step")
     ("step-size", po::value(&cifar.step_size)->default_value(30), "step schedule: epochs between decays")
     ("gamma", po::value(&cifar.gamma)->default_value(0.1, "0.1"), "step schedule: decay factor")
     ("sync-batchnorm", po::bool_switch(&cifar.sync_batchnorm), "BatchNorm statistics over all ranks' batches (SyncBatchNorm)")
@@ -90,26 +89,19 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
                                     .momentum(cifar.momentum)
                                     .nesterov(cifar.nesterov)
                                     .weight_decay(cifar.weight_decay));
-    std::unique_ptr<torch::optim::LRScheduler> scheduler;
-    if (cifar.schedule == "cosine") {
-      scheduler = std::make_unique<ddp::CosineAnnealingLR>(optimizer, flags.epochs);
-    } else {
-      scheduler = std::make_unique<ddp::StepLR>(optimizer, static_cast<unsigned>(cifar.step_size),
-                                                cifar.gamma);
-    }
+    const Schedules schedules = make_schedules(flags, optimizer, train.size(), runtime.world_size(),
+                                               cifar.step_size, cifar.gamma);
 
     check_batch_memory(runtime, flags, *model.module, model.forward, {3, 32, 32}, train.size(), test.size());
     ddp::TrainerOptions options = trainer_options(flags, timeline.get());
     if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
+    options.lr_schedule = schedules.per_step.get();
     ddp::Trainer trainer(group, *model.module, model.forward, optimizer, options, ddp_model.get());
-    trainer.fit(train, test, flags.epochs, scheduler.get());
+    trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
     return finish(runtime, flags, defaults, timeline.get(), *model.module, trainer);
   }, [&] {
     if (cifar.model != "cnn" && cifar.model != "resnet18") {
       throw std::invalid_argument("--model '" + cifar.model + "' is not one of: cnn, resnet18");
-    }
-    if (cifar.schedule != "cosine" && cifar.schedule != "step") {
-      throw std::invalid_argument("--schedule '" + cifar.schedule + "' is not one of: cosine, step");
     }
     require_at_least("--step-size", cifar.step_size, 1);
     if (cifar.step_size > int64_t{UINT32_MAX}) {  // StepLR takes an unsigned

@@ -47,6 +47,17 @@ void check_common_flags(const CommonFlags& f) {
   require_at_least("--log-interval", f.log_interval, 0);
   require_at_least("--check-sync-every", f.check_sync_every, 0);
   require_at_least("--checkpoint-every-steps", f.checkpoint_every_steps, 0);
+  require_at_least("--accumulate", f.accumulate, 1);
+  require_at_least("--warmup-steps", f.warmup_steps, 0);
+  require_finite("--clip-grad-norm", f.clip_grad_norm, 0, /*least_allowed=*/true);
+  try {
+    ddp::parse_amp_mode(f.amp);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--amp: ") + e.what());
+  }
+  if (f.schedule != "cosine" && f.schedule != "step") {
+    throw std::invalid_argument("--schedule '" + f.schedule + "' is not one of: cosine, step");
+  }
   if (f.checkpoint_every_steps > 0 && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
   }
@@ -71,7 +82,12 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("seed", po::value(&f.seed)->default_value(1), "random seed (model init, data order, augmentation)")
     ("no-cuda", po::bool_switch(&f.no_cuda), "train on the CPU even when CUDA is available")
     ("dry-run", po::bool_switch(&f.dry_run), "quickly check a single pass: one batch, one epoch")
-    ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)");
+    ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)")
+    ("schedule", po::value(&f.schedule)->default_value(defaults.schedule), "learning rate schedule: cosine (down to 0 over --epochs) or step")
+    ("warmup-steps", po::value(&f.warmup_steps)->default_value(0), "linear learning-rate warmup over N optimizer steps, then --schedule per step instead of per epoch (0: none, per epoch)")
+    ("accumulate", po::value(&f.accumulate)->default_value(1), "micro-batches of --batch-size per optimizer step, accumulated without gradient sync (no_sync)")
+    ("clip-grad-norm", po::value(&f.clip_grad_norm)->default_value(0.0, "0"), "clip the gradients to this global 2-norm before each step (0: no clipping)")
+    ("amp", po::value(&f.amp)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and loss scaling)");
   po::options_description data("Data");
   data.add_options()
     ("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir), defaults.data_help.c_str());
@@ -238,7 +254,41 @@ ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* tim
   options.checkpoint.resume = flags.resume;
   options.checkpoint.fallback = flags.resume_fallback;
   options.checkpoint.every_steps = flags.checkpoint_every_steps;
+  options.accumulate = flags.accumulate;
+  options.clip_grad_norm = flags.clip_grad_norm;
+  options.amp = ddp::parse_amp_mode(flags.amp);
   return options;
+}
+
+Schedules make_schedules(const CommonFlags& flags, torch::optim::Optimizer& optimizer,
+                         int64_t train_size, int world_size, int64_t step_size, double gamma) {
+  Schedules s;
+  if (flags.warmup_steps == 0) {
+    if (flags.schedule == "cosine") {
+      s.per_epoch = std::make_unique<ddp::CosineAnnealingLR>(optimizer, flags.epochs);
+    } else {
+      s.per_epoch = std::make_unique<ddp::StepLR>(optimizer, static_cast<unsigned>(step_size), gamma);
+    }
+    return s;
+  }
+  // The Trainer's count: the sampler's shard (padded), its batches, the limit, then groups.
+  const int64_t shard = (train_size + world_size - 1) / world_size;
+  int64_t batches = (shard + flags.batch_size - 1) / flags.batch_size;
+  if (flags.limit_train_batches > 0) batches = std::min(batches, flags.limit_train_batches);
+  if (flags.dry_run) batches = std::min<int64_t>(batches, 1);
+  const int64_t steps_per_epoch = (batches + flags.accumulate - 1) / flags.accumulate;
+  ddp::LRScheduleOptions o;
+  o.warmup_steps = flags.warmup_steps;
+  if (flags.schedule == "cosine") {
+    o.decay = ddp::LRDecay::Cosine;
+    o.decay_steps = std::max<int64_t>(1, flags.epochs * steps_per_epoch - flags.warmup_steps);
+  } else {
+    o.decay = ddp::LRDecay::Step;
+    o.step_size = step_size * steps_per_epoch;
+    o.gamma = gamma;
+  }
+  s.per_step = std::make_unique<ddp::LRSchedule>(optimizer, o);
+  return s;
 }
 
 int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,

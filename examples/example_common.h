@@ -25,6 +25,10 @@ struct CommonFlags {
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
   std::string progress;
+  // The training step (issue 13).
+  int64_t accumulate = 1, warmup_steps = 0;
+  double clip_grad_norm = 0;
+  std::string amp, schedule;
 };
 
 // The defaults that differ between programs.
@@ -35,6 +39,7 @@ struct ExampleDefaults {
   std::string data_dir;
   std::string data_help;   // what --data-dir holds
   std::string model_file;  // what --save-model writes
+  std::string schedule = "step";  // --schedule's default: cosine or step
 };
 
 // Adds --help to `options`, and the shared flags in groups by topic (training, data, distributed,
@@ -91,6 +96,18 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
     Parallelism parallelism, ddp::Timeline* timeline);
 
 ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline);
+// The learning-rate schedule of --schedule on `optimizer`. Without --warmup-steps: per epoch, as
+// the seeds do (cosine over --epochs: CosineAnnealingLR; step: StepLR every `step_size` epochs
+// by `gamma`). With --warmup-steps N: per optimizer step (ddp::LRSchedule), a linear warmup over
+// N steps, then the cosine over the remaining steps of --epochs or the same step decay counted
+// in steps; the steps come from the shard of `train_size` samples, --batch-size,
+// --limit-train-batches and --accumulate. Exactly one of the two is set.
+struct Schedules {
+  std::unique_ptr<torch::optim::LRScheduler> per_epoch;  // for Trainer::fit
+  std::unique_ptr<ddp::LRSchedule> per_step;             // for TrainerOptions::lr_schedule
+};
+Schedules make_schedules(const CommonFlags& flags, torch::optim::Optimizer& optimizer,
+                         int64_t train_size, int world_size, int64_t step_size, double gamma);
 
 // After training: writes the timeline and, with --save-model, the weights (rank 0). Returns the
 // exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is

@@ -39,13 +39,17 @@ int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
     net->to(device);
     const auto ddp_model = make_ddp(group, net, flags, parallelism, timeline.get());
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
-    ddp::StepLR scheduler(optimizer, /*step_size=*/1, gamma);
+    // The seeds' StepLR every epoch by --gamma, unless --schedule or --warmup-steps say otherwise.
+    const Schedules schedules =
+        make_schedules(flags, optimizer, train.size(), runtime.world_size(), /*step_size=*/1, gamma);
 
     check_batch_memory(runtime, flags, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                        {1, 28, 28}, train.size(), test.size());
+    ddp::TrainerOptions options = trainer_options(flags, timeline.get());
+    options.lr_schedule = schedules.per_step.get();
     ddp::Trainer trainer(group, *net, [&](const torch::Tensor& x) { return net->forward(x); },
-                         optimizer, trainer_options(flags, timeline.get()), ddp_model.get());
-    trainer.fit(train, test, flags.epochs, &scheduler);
+                         optimizer, options, ddp_model.get());
+    trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
     return finish(runtime, flags, defaults, timeline.get(), *net, trainer);
   }, [&] { require_finite("--gamma", gamma, 0, /*least_allowed=*/true); });
 }

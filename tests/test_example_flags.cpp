@@ -16,6 +16,7 @@ CommonFlags good() {
   f.batch_size = 64, f.test_batch_size = 1000, f.epochs = 14, f.log_interval = 10, f.seed = 1;
   f.lr = 1.0, f.bucket_mb = 25, f.first_bucket_mb = 1;
   f.keep_checkpoints = 3;
+  f.amp = "off", f.schedule = "step";
   return f;
 }
 
@@ -57,6 +58,21 @@ TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
             "--log-interval must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](CommonFlags& f) { f.check_sync_every = -3; }),
             "--check-sync-every must be >= 0 (got -3)");
+}
+
+TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.accumulate = 0; }), "--accumulate must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.warmup_steps = -1; }), "--warmup-steps must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.clip_grad_norm = nan; }),
+            "--clip-grad-norm must be a finite number >= 0 (got nan)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.amp = "fp8"; }),
+            "--amp: mixed precision 'fp8': expected off, bf16 or fp16");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.schedule = "linear"; }),
+            "--schedule 'linear' is not one of: cosine, step");
+  EXPECT_EQ(error_of([](CommonFlags& f) {
+              f.accumulate = 4, f.warmup_steps = 10, f.clip_grad_norm = 1, f.amp = "bf16", f.schedule = "cosine";
+            }),
+            "");
 }
 
 TEST(ExampleFlags, ResumeFlagsMustComeTogether) {

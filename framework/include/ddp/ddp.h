@@ -26,8 +26,12 @@
 #include <ddp/data/dataset.h>
 #include <ddp/data/distributed_sampler.h>
 #include <ddp/data/mnist.h>
+#include <ddp/nn/autocast.h>
 #include <ddp/nn/batch_norm.h>
 #include <ddp/optim/adadelta.h>
+#include <ddp/optim/grad_clip.h>
+#include <ddp/optim/grad_scaler.h>
+#include <ddp/optim/lr_schedule.h>
 #include <ddp/optim/lr_scheduler.h>
 
 #include <ddp/train/memory_check.h>

@@ -5,6 +5,7 @@
 
 #include "parallel/reducer.h"
 
+#include <c10/core/GradMode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -110,7 +111,13 @@ void broadcast_from_rank0(Communicator& comm, const torch::Tensor& t) {
 DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
                                                  std::shared_ptr<torch::nn::Module> module,
                                                  DDPOptions options)
+    : DistributedDataParallel(group, std::move(module), options, torch::nn::AnyModule()) {}
+
+DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
+                                                 std::shared_ptr<torch::nn::Module> module,
+                                                 DDPOptions options, torch::nn::AnyModule forward)
     : module_(std::move(module)),
+      forward_(std::move(forward)),
       options_(options),
       world_size_(group.runtime().world_size()),
       control_comm_(group.new_cpu_communicator()) {
@@ -162,8 +169,24 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const 
   return reducer_ ? reducer_->bucket_layout() : std::vector<std::vector<size_t>>{};
 }
 
+void DistributedDataParallel::before_forward() {
+  if (forward_.is_empty()) {
+    throw std::logic_error(
+        "DistributedDataParallel::forward: the wrapper was built from a plain torch::nn::Module "
+        "pointer, whose forward() it cannot call; build it from std::shared_ptr<YourModule> (a "
+        "module with one forward() method), or call the module yourself after prepare_forward()");
+  }
+  if (reducer_) reducer_->reattach_hooks();
+  // Evaluation (no grad) stays local: ranks may evaluate different numbers of batches.
+  if (c10::GradMode::is_enabled()) broadcast_buffers();
+}
+
 void DistributedDataParallel::prepare_forward() {
   if (reducer_) reducer_->reattach_hooks();
+  broadcast_buffers();
+}
+
+void DistributedDataParallel::broadcast_buffers() {
   if (!options_.broadcast_buffers || world_size_ == 1) return;
   // One flat broadcast per dtype: ResNet-18 has 60 small buffers, and a collective each would
   // cost more latency than the bytes.

@@ -154,7 +154,7 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
 
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
                    const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
-                   const RankState& rank_state) {
+                   const RankState& rank_state, const TrainingExtras& extras) {
   const torch::Tensor generators = comm.all_gather(cpu_generator_state());
   // Every rank hands in the same kinds (the same code runs everywhere), so every rank takes part
   // in the same gathers.
@@ -182,6 +182,17 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
   // Empty tensors stand for "none": an archive has no optional entries.
   archive.write("rank_generator_states", rank_generators.defined() ? rank_generators : torch::empty({0}, torch::kByte));
   archive.write("rank_values", rank_values.defined() ? rank_values : torch::empty({0}, torch::kDouble));
+  // Entries only when the run has them (load_snapshot checks both ways).
+  if (extras.lr_schedule) {
+    torch::serialize::OutputArchive schedule_archive;
+    extras.lr_schedule->save(schedule_archive);
+    archive.write("lr_schedule", schedule_archive);
+  }
+  if (extras.grad_scaler) {
+    torch::serialize::OutputArchive scaler_archive;
+    extras.grad_scaler->save(scaler_archive);
+    archive.write("grad_scaler", scaler_archive);
+  }
 
   std::ostringstream payload_stream;
   archive.save_to(payload_stream);
@@ -196,7 +207,8 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
 
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                               torch::optim::LRScheduler* scheduler, RankState* rank_state) {
+                               torch::optim::LRScheduler* scheduler, RankState* rank_state,
+                               const TrainingExtras& extras) {
   const std::string bytes = broadcast_file(path, comm);
   auto fail = [&](const std::string& why) -> std::runtime_error {
     return std::runtime_error(path + ": " + why);
@@ -207,7 +219,9 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
   const size_t size = bytes.size() - kSnapshotHeaderBytes;
   check_snapshot_payload(header, payload, size, path);
 
-  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
+  torch::serialize::InputArchive archive, model_archive, optimizer_archive, schedule_archive,
+      scaler_archive;
+  bool has_schedule = false, has_scaler = false;
   c10::IValue description, optimizer_type;
   torch::Tensor progress_values, generators, rank_generators, rank_values;
   try {
@@ -220,6 +234,8 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     archive.read("cpu_generator_states", generators);
     archive.read("rank_generator_states", rank_generators);
     archive.read("rank_values", rank_values);
+    has_schedule = archive.try_read("lr_schedule", schedule_archive);
+    has_scaler = archive.try_read("grad_scaler", scaler_archive);
   } catch (const c10::Error& e) {
     throw fail(std::string("unreadable snapshot: ") + e.what_without_backtrace());
   }
@@ -243,6 +259,19 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     throw fail("written for optimizer " + optimizer_type.toStringRef() + ", this run uses " +
                optimizer_name(optimizer));
   }
+
+  auto check_extra = [&](bool in_file, bool in_run, const std::string& what) {
+    if (in_file && !in_run) {
+      throw fail("holds the state of a " + what + ", which this run does not use (resume with the "
+                 "same training options)");
+    }
+    if (!in_file && in_run) {
+      throw fail("holds no state of a " + what + ", which this run uses: it was written by a "
+                 "run without one (resume with the same training options)");
+    }
+  };
+  check_extra(has_schedule, extras.lr_schedule != nullptr, "per-step learning-rate schedule (LRSchedule)");
+  check_extra(has_scaler, extras.grad_scaler != nullptr, "loss scaler (GradScaler, fp16 mixed precision)");
 
   TrainingProgress progress;
   progress.epoch = progress_values[0].item<int64_t>();
@@ -269,6 +298,9 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
       for (int64_t e = 0; e < progress.epoch; ++e) scheduler->step();
     }
     optimizer.load(optimizer_archive);
+    // After the optimizer: the schedule sets the rates of its position over the loaded ones.
+    if (extras.lr_schedule) extras.lr_schedule->load(schedule_archive);
+    if (extras.grad_scaler) extras.grad_scaler->load(scaler_archive);
   } catch (const c10::Error& e) {
     throw fail(std::string("cannot restore the training state: ") + e.what_without_backtrace());
   } catch (const std::runtime_error& e) {

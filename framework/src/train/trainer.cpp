@@ -1,6 +1,7 @@
 #include <ddp/train/trainer.h>
 
 #include <ddp/data/augment.h>
+#include <ddp/optim/grad_clip.h>
 #include <ddp/util/checkpoint.h>
 #include <ddp/data/distributed_sampler.h>
 #include <ddp/parallel/replica_check.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +87,12 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
   at_least("checkpoint.keep", options_.checkpoint.keep, 0);
   at_least("checkpoint.every_steps", options_.checkpoint.every_steps, 0);
   at_least("stop_check_every", options_.stop_check_every, 0);
+  at_least("accumulate", options_.accumulate, 1);
+  if (!(options_.clip_grad_norm >= 0) || !std::isfinite(options_.clip_grad_norm)) {
+    throw std::invalid_argument("TrainerOptions::clip_grad_norm must be finite and >= 0 (got " +
+                                std::to_string(options_.clip_grad_norm) + ")");
+  }
+  if (options_.amp == AmpMode::Fp16) scaler_.emplace(&group_.cpu(), options_.grad_scaler);
   if (options_.checkpoint.every_steps > 0 && options_.checkpoint.dir.empty()) {
     throw std::invalid_argument("TrainerOptions::checkpoint.every_steps is " +
                                 std::to_string(options_.checkpoint.every_steps) +
@@ -191,8 +199,14 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   };
   // Batch b+1 is gathered one step ahead, once step b's backward is queued (see below).
   Batch next;
+  const int64_t accumulate = options_.accumulate;
   for (int64_t b = first_batch; b < batches; ++b) {
-    const Boundary action = at_boundary(b, first_batch);
+    // With accumulation, an optimizer step is a group of `accumulate` micro-batches; the
+    // boundaries (stop check, snapshots, replica check) lie only between groups, where no
+    // gradient is half accumulated.
+    const bool group_start = b % accumulate == 0;
+    const bool group_end = (b + 1) % accumulate == 0 || b + 1 == batches;
+    const Boundary action = group_start ? at_boundary(b, first_batch) : Boundary::Continue;
     if (action != Boundary::Continue) {
       // Only here does the step read this epoch's sums from the device.
       const std::string path = options_.checkpoint.dir.empty()
@@ -214,28 +228,43 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
       batch.inputs = train.normalise(batch.inputs);
     });
-    phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
+    if (group_start) phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
     // The buffer broadcast belongs to forward, as in PyTorch's DDP.
     if (ddp_) phase("forward", local.forward_backward, [&] { ddp_->prepare_forward(); });
-    if (options_.check_sync_every > 0 && global_step_ % options_.check_sync_every == 0) {
+    if (group_start && options_.check_sync_every > 0 &&
+        global_step_ % options_.check_sync_every == 0) {
       // Here, after the buffer broadcast and before forward, healthy replicas are identical.
       // A diagnostic: its time counts in no phase.
       check_replicas_in_sync(model_, comm, "at step " + std::to_string(global_step_) +
                                                " (epoch " + std::to_string(epoch) + ")");
     }
-    phase("forward", local.forward_backward,
-          [&] { loss = torch::nll_loss(forward_(batch.inputs), batch.targets); });
-    phase("backward", local.forward_backward, [&] { loss.backward(); });
+    phase("forward", local.forward_backward, [&] {
+      std::optional<Autocast> autocast;
+      if (options_.amp != AmpMode::Off) {
+        autocast.emplace(device.type(), options_.amp == AmpMode::Fp16 ? torch::kHalf : torch::kBFloat16);
+      }
+      loss = torch::nll_loss(forward_(batch.inputs), batch.targets);
+    });
+    phase("backward", local.forward_backward, [&] {
+      // Not the last micro-batch of a group: accumulate locally, no communication.
+      std::optional<DistributedDataParallel::NoSync> no_sync;
+      if (ddp_ && !group_end) no_sync.emplace(*ddp_);
+      torch::Tensor scaled = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
+      if (scaler_) scaled = scaler_->scale(scaled);
+      scaled.backward();
+    });
     // On a GPU, backward has mostly only been queued here: the host gathers the next batch while
     // the GPU computes, and a copy from host memory (ImageDataset::gather) runs on a side stream
     // during this step's backward and optimizer kernels. Only the gather moves: augmentation and
     // normalisation stay in their step, so the generator's draws keep their order and training
     // is bit-identical to gathering at the start of each step.
     if (b + 1 < batches) phase("data", local.data, [&] { next = gather(b + 1); });
-    phase("optimizer", local.optimizer, [&] { optimizer_.step(); });
-    ++global_step_;
-    if (global_step_ == test_signal_step_ && runtime_.rank() == test_signal_rank_) {
-      std::raise(test_signal_);
+    if (group_end) {
+      phase("optimizer", local.optimizer, [&] { optimizer_step(); });
+      ++global_step_;
+      if (global_step_ == test_signal_step_ && runtime_.rank() == test_signal_rank_) {
+        std::raise(test_signal_);
+      }
     }
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(end - begin);
@@ -297,6 +326,19 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   return result;
 }
 
+void Trainer::optimizer_step() {
+  // The gradients are averaged (DDP's backward): every rank clips, skips and steps alike.
+  if (scaler_ && options_.clip_grad_norm > 0) scaler_->unscale_(optimizer_);
+  if (options_.clip_grad_norm > 0) clip_grad_norm(model_.parameters(), options_.clip_grad_norm);
+  if (scaler_) {
+    scaler_->step(optimizer_);
+    scaler_->update();
+  } else {
+    optimizer_.step();
+  }
+  if (options_.lr_schedule) options_.lr_schedule->step();
+}
+
 Evaluation Trainer::evaluate(const ImageDataset& test) {
   Communicator& comm = group_.cpu();
   const torch::Device device = runtime_.device();
@@ -335,6 +377,10 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
   // An empty set would train nothing and report "0/0 (0%)" as if all were well.
   if (train.size() == 0) throw std::invalid_argument("Trainer::fit: the training set is empty");
   if (test.size() == 0) throw std::invalid_argument("Trainer::fit: the test set is empty");
+  if (scheduler && options_.lr_schedule) {
+    throw std::invalid_argument("Trainer::fit: a per-epoch scheduler and TrainerOptions::lr_schedule "
+                                "would both set the learning rate; use one");
+  }
   std::vector<EpochResult> results;
   stopped_by_ = 0;
   stop_snapshot_.clear();
@@ -435,7 +481,7 @@ void Trainer::save_inside_epoch(const std::string& path, int64_t epoch, int64_t 
                                ": cannot create the checkpoint directory: " + error.message());
     }
   }
-  save_snapshot(path, group_.cpu(), model_, optimizer_, progress, state);
+  save_snapshot(path, group_.cpu(), model_, optimizer_, progress, state, extras());
   if (runtime_.is_main()) remove_older_inside_epoch_snapshots(path);
 }
 
@@ -520,7 +566,8 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
     const std::string& path = candidates[i];
     try {
       RankState state;
-      const TrainingProgress p = load_snapshot(path, comm, model_, optimizer_, scheduler, &state);
+      const TrainingProgress p =
+          load_snapshot(path, comm, model_, optimizer_, scheduler, &state, extras());
       global_step_ = p.global_step;
       resume_epoch_ = p.epoch + 1;
       resume_batches_ = p.batches_done;
@@ -575,8 +622,8 @@ void Trainer::checkpoint(int64_t epoch) {
   progress.global_step = global_step_;
   progress.seed = options_.seed;
   progress.world_size = runtime_.world_size();
-  save_snapshot(snapshot_path(c.dir, epoch), group_.cpu(), model_, optimizer_,
-                progress);
+  save_snapshot(snapshot_path(c.dir, epoch), group_.cpu(), model_, optimizer_, progress, {},
+                extras());
   if (runtime_.is_main()) remove_older_inside_epoch_snapshots(snapshot_path(c.dir, epoch));
   if (runtime_.is_main() && c.keep > 0 && epoch > c.keep) {
     // Only after the new files are complete; removing what is absent is fine.

@@ -1,7 +1,21 @@
 #pragma once
 // Data-parallel training of any torch::nn::Module: every rank holds a full replica, computes
 // gradients on its own shard of the batch, and after loss.backward() returns every parameter's
-// grad() holds the average over all ranks. No extra call is needed in the training loop.
+// grad() holds the average over all ranks. No extra call is needed in the training loop:
+//
+//   ddp::DistributedDataParallel model(group, net);   // net: std::shared_ptr<MyNet>
+//   torch::Tensor loss = loss_fn(model(inputs), targets);   // forward through the wrapper
+//   loss.backward();                                        // gradients averaged
+//   optimizer.step();
+//
+// The forward through the wrapper (forward(), operator()) does the pre-forward work PyTorch's DDP
+// does in its forward: re-attaching the gradient hooks after torch::load, and broadcasting rank
+// 0's buffers. Calling the module directly (net->forward(x)) still averages the gradients: the
+// hooks sit on the parameters, not on the wrapper. What is then lost: the buffer broadcast
+// (BatchNorm running statistics drift apart between replicas) and the re-attaching of hooks after
+// torch::load (ddp::load_module copies in place and keeps them). Both make the replicas differ,
+// which replica_check.h (the Trainer's TrainerOptions::check_sync_every, the examples'
+// --check-sync-every) detects, naming the first differing tensor.
 //
 // Construction (collective): verifies that every rank has the same parameters and buffers
 // (names, shapes, dtypes; the first mismatch is reported on every rank), picks the backend
@@ -18,9 +32,13 @@
 #include <ddp/parallel/process_group.h>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ddp {
@@ -29,6 +47,21 @@ class Reducer;  // parallel/reducer.h (internal)
 
 class DistributedDataParallel {
  public:
+  // A module whose forward() the wrapper can call (forward(), operator() below): one forward
+  // method, not overloaded or templated (LibTorch's AnyModule's rule).
+  template <typename ModuleType,
+            typename = std::enable_if_t<torch::detail::has_forward<ModuleType>::value>>
+  DistributedDataParallel(ProcessGroup& group, std::shared_ptr<ModuleType> module,
+                          DDPOptions options = {})
+      : DistributedDataParallel(group, std::shared_ptr<torch::nn::Module>(module), options,
+                                torch::nn::AnyModule(module)) {}
+  // A TORCH_MODULE holder (torch::nn::Linear, MyNet).
+  template <typename ModuleType>
+  DistributedDataParallel(ProcessGroup& group, const torch::nn::ModuleHolder<ModuleType>& module,
+                          DDPOptions options = {})
+      : DistributedDataParallel(group, module.ptr(), options) {}
+  // Any module; forward() is then unavailable (the type of its forward is unknown): run the
+  // module yourself and call prepare_forward() before each training forward.
   DistributedDataParallel(ProcessGroup& group, std::shared_ptr<torch::nn::Module> module,
                           DDPOptions options = {});
   ~DistributedDataParallel();
@@ -60,8 +93,36 @@ class DistributedDataParallel {
   void set_sync_enabled(bool enabled);
   bool sync_enabled() const;
 
-  // Call before each training forward (the Trainer does), as PyTorch's DDP does this work at
-  // the start of its forward. Collective. With more than one rank:
+  // Runs the module's forward on `args` after the pre-forward work, as PyTorch's DDP forward
+  // does; returns what the module's forward returns (ReturnType: torch::Tensor unless named,
+  // e.g. model.forward<std::tuple<torch::Tensor, torch::Tensor>>(x)). The arguments are passed
+  // as LibTorch's AnyModule passes them: their types must be those of the forward's parameters
+  // (an int literal for an int64_t parameter is an error naming both types).
+  //
+  // Pre-forward work: always re-attaches replaced gradient hooks (local, a pointer comparison
+  // per parameter). Only when grad mode is on (a training forward), with more than one rank and
+  // options().broadcast_buffers: broadcasts rank 0's buffers, a collective. Under
+  // torch::NoGradGuard (evaluation) nothing is collective, so ranks may run different numbers of
+  // evaluation forwards (uneven test shards).
+  //
+  // Only for a wrapper built from a module type with a forward() (the templated constructors);
+  // otherwise std::logic_error.
+  template <typename ReturnType = torch::Tensor, typename... Args>
+  ReturnType forward(Args&&... args) {
+    before_forward();
+    return forward_.forward<ReturnType>(std::forward<Args>(args)...);
+  }
+  template <typename ReturnType = torch::Tensor, typename... Args>
+  ReturnType operator()(Args&&... args) {
+    return forward<ReturnType>(std::forward<Args>(args)...);
+  }
+  // Whether forward() can run the module (built from a module type with a forward()).
+  bool has_forward() const { return !forward_.is_empty(); }
+
+  // The pre-forward work of forward(), for code that runs the module itself (the Trainer, whose
+  // Forward function calls the model; a wrapper built from a plain torch::nn::Module pointer).
+  // Superseded by forward(): a program that calls the model through the wrapper needs nothing
+  // else. Collective, unconditionally (also under NoGradGuard). With more than one rank:
   //  - with options().broadcast_buffers, overwrites every buffer with rank 0's (one broadcast
   //    per buffer dtype), so BatchNorm statistics stay identical;
   //  - re-attaches the gradient hooks of parameters whose storage was swapped since the last
@@ -78,7 +139,14 @@ class DistributedDataParallel {
   std::vector<std::vector<size_t>> bucket_layout() const;
 
  private:
+  DistributedDataParallel(ProcessGroup& group, std::shared_ptr<torch::nn::Module> module,
+                          DDPOptions options, torch::nn::AnyModule forward);
+  // forward()'s pre-forward work (see there); throws when there is no forward to run.
+  void before_forward();
+  void broadcast_buffers();
+
   std::shared_ptr<torch::nn::Module> module_;
+  torch::nn::AnyModule forward_;  // empty: built from a plain torch::nn::Module
   DDPOptions options_;
   int world_size_;
   // Checks and the reducer's small exchanges, on an MPI communicator of their own.

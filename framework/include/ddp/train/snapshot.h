@@ -11,7 +11,11 @@
 // the epoch's metrics so far). The learning-rate schedule is its step count, the epochs finished:
 // the scheduler is replayed (stepped once per finished epoch before the optimizer state is
 // loaded), which restores any LibTorch scheduler whose rate depends only on its step count. The
-// sampler's order is a function of (seed, epoch, rank): the position is all it needs.
+// sampler's order is a function of (seed, epoch, rank): the position is all it needs. A per-step
+// LRSchedule and a GradScaler (TrainingExtras) are saved as entries of their own ("lr_schedule",
+// "grad_scaler"; their position, base rates, scale and growth tracker) when the caller has them:
+// a file without them is still format 3, and loading refuses a file that lacks one the run has,
+// or has one the run lacks, naming it, rather than silently restart or drop it.
 //
 // File format 3: "DDPSNAP3", the payload's byte count and XXH64 hash (little-endian uint64
 // each), then the payload, a LibTorch archive. The hash catches truncated and corrupted files,
@@ -19,6 +23,8 @@
 // 1 and 2 (no position inside an epoch) are refused with a message saying so.
 
 #include <ddp/comm/communicator.h>
+#include <ddp/optim/grad_scaler.h>
+#include <ddp/optim/lr_schedule.h>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -47,6 +53,12 @@ struct RankState {
   torch::Tensor values;     // float64 [K], the caller's numbers, or undefined for none
 };
 
+// Training state beyond the model and the optimizer; null: the run has none.
+struct TrainingExtras {
+  LRSchedule* lr_schedule = nullptr;
+  GradScaler* grad_scaler = nullptr;
+};
+
 // "<dir>/snapshot_epoch<epoch>.pt": written at the end of `epoch`.
 std::string snapshot_path(const std::string& dir, int64_t epoch);
 // "<dir>/snapshot_epoch<epoch>_batch<batches_done>.pt": written inside `epoch` (1-based, the
@@ -62,10 +74,10 @@ std::vector<std::string> list_snapshots(const std::string& dir);
 // writes `path`.
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
                    const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
-                   const RankState& rank_state = {});
+                   const RankState& rank_state = {}, const TrainingExtras& extras = {});
 
 // Collective: rank 0 reads `path` and broadcasts it, so the other ranks need not see the file.
-// Restores the model, replays `scheduler` (may be null) and loads the optimizer state, and
+// Restores the model, replays `scheduler` (may be null), loads the optimizer state and `extras`, and
 // restores this rank's random generator state and `rank_state` (may be null; left empty when
 // the snapshot has none) when the world size is the same. Throws std::runtime_error naming the
 // file on every rank when it is missing, truncated, corrupted, of an older format, written for
@@ -74,6 +86,6 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                torch::optim::LRScheduler* scheduler,
-                               RankState* rank_state = nullptr);
+                               RankState* rank_state = nullptr, const TrainingExtras& extras = {});
 
 }  // namespace ddp

@@ -15,6 +15,9 @@
 // why, and a program exits with kStoppedExitCode.
 
 #include <ddp/data/dataset.h>
+#include <ddp/nn/autocast.h>
+#include <ddp/optim/grad_scaler.h>
+#include <ddp/optim/lr_schedule.h>
 #include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/train/progress.h>
 #include <ddp/parallel/process_group.h>
@@ -79,6 +82,24 @@ struct TrainerOptions {
   // the process group's CPU communicator (docs/reliability.md has its cost). 0: no check, and the
   // signals keep their default action (the process dies).
   int64_t stop_check_every = 1;
+
+  // The training step (docs/training_loop.md has the same pieces in a loop of one's own).
+  // Micro-batches per optimizer step: backward runs under DistributedDataParallel::no_sync() on
+  // all but the last of each group, and each micro-batch's loss is divided by `accumulate`, so a
+  // step sees the mean over batch_size * ranks * accumulate samples. An epoch's last group may be
+  // shorter. Stop checks, replica checks and snapshots happen only between groups. 1: a step per
+  // batch.
+  int64_t accumulate = 1;
+  // > 0: the gradients are clipped to this global 2-norm (clip_grad_norm) before every step.
+  double clip_grad_norm = 0;
+  // The forward and the loss under Autocast on the rank's device: bf16, or fp16 with a
+  // GradScaler (options below; its state goes into snapshots). Off: fp32.
+  AmpMode amp = AmpMode::Off;
+  GradScalerOptions grad_scaler;
+  // Stepped after every optimizer step (not per epoch), its position saved in snapshots. Built by
+  // the caller on the same optimizer; it must outlive the Trainer. Null: none. fit() refuses a
+  // per-epoch scheduler as well.
+  LRSchedule* lr_schedule = nullptr;
 };
 
 // Wall seconds per phase of the training steps, averaged over ranks.
@@ -130,6 +151,8 @@ class Trainer {
 
   // Optimizer steps taken so far, counting those before a resume.
   int64_t global_step() const { return global_step_; }
+  // The fp16 loss scaler (TrainerOptions::amp is Fp16), else null.
+  const GradScaler* grad_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
 
   // The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
   // then stop_snapshot() is the snapshot it wrote ("" without a checkpoint directory).
@@ -147,6 +170,9 @@ class Trainer {
   // Loads the snapshot options_.checkpoint.resume names; returns the first epoch to run.
   int64_t resume(torch::optim::LRScheduler* scheduler);
   void checkpoint(int64_t epoch);
+  // At the end of a group of micro-batches: unscale and clip as configured, step (or skip, fp16
+  // overflow), update the scaler, step the per-step schedule.
+  void optimizer_step();
   // The boundary before batch `b` of an epoch whose first batch this process trains is
   // `first_batch`: the stop check (collective) and the periodic snapshot decide.
   enum class Boundary { Continue, Save, Stop };
@@ -182,6 +208,8 @@ class Trainer {
   double stop_seconds_ = 0;    // and the longest any rank had waited at the check
   std::chrono::steady_clock::time_point stop_checked_at_{};
   std::string stop_snapshot_;
+  std::optional<GradScaler> scaler_;  // with AmpMode::Fp16
+  TrainingExtras extras() { return TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr}; }
 };
 
 // The end-of-run table, one row per epoch: train loss, test loss and accuracy, training time,
