@@ -15,7 +15,8 @@
 namespace {
 
 const char* const kUsage =
-    "usage: ddp_compare_models [--tolerance X] A.pt B.pt [C.pt ...]\n"
+    "usage: ddp_compare_models A.pt B.pt [C.pt ...]\n"
+    "       ddp_compare_models --tolerance X A.pt B.pt [C.pt ...]\n"
     "  Compares the tensors of each file (written by ddp::save_module) with those of A.pt, bit for\n"
     "  bit. Prints \"identical: A.pt B.pt\", or \"differ: A.pt B.pt (N tensors)\" followed by one\n"
     "  line per differing tensor: name<TAB>difference.\n"
