@@ -31,7 +31,8 @@ struct CifarCnnImpl : torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor out = torch::flatten(features->forward(x), 1);
-    out = dropout(torch::relu(fc1(out)));
+    // ddp::dropout: each replica draws from its own generator (ddp/nn/dropout.h).
+    out = ddp::dropout(torch::relu(fc1(out)), dropout->options.p(), is_training());
     return torch::log_softmax(fc2(out), 1);
   }
 

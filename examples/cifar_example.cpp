@@ -68,19 +68,20 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
       (parallel ? ", data-parallel over MPI ranks" : "") + ".";
   return run_example(argc, argv, parallel ? "ddp_cifar" : "cifar", usage, parallelism, options,
                      flags, [&](ddp::ProcessGroup& group) {
-    ddp::Runtime& runtime = group.runtime();
-    torch::manual_seed(static_cast<uint64_t>(flags.seed));
-    const torch::Device device = runtime.device();
+    const torch::Device device = group.device();
     ddp::ImageDataset train = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Train);
     ddp::ImageDataset test = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Test);
-    place_data(runtime, train, test, flags.data_dir);
+    place_data(group, train, test, flags.data_dir);
 
-    const Model model = make_model(cifar.model);
+    // torch::manual_seed + construction with this replica's own generator (ddp/util/generator.h).
+    Model model;
+    ddp::build_seeded(static_cast<uint64_t>(flags.seed), device,
+                      [&] { model = make_model(cifar.model); });
     model.module->to(device);
     if (cifar.sync_batchnorm && parallel) {
       const int layers =
           ddp::convert_sync_batchnorm(*model.module, group.for_device(device));
-      if (runtime.is_main()) std::cout << "SyncBatchNorm: " << layers << " layers" << std::endl;
+      if (group.is_main()) std::cout << "SyncBatchNorm: " << layers << " layers" << std::endl;
     }
     const auto timeline = make_timeline(group, flags);
     const auto ddp_model = make_ddp(group, model.module, flags, parallelism, timeline.get());
@@ -89,16 +90,16 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
                                     .momentum(cifar.momentum)
                                     .nesterov(cifar.nesterov)
                                     .weight_decay(cifar.weight_decay));
-    const Schedules schedules = make_schedules(flags, optimizer, train.size(), runtime.world_size(),
+    const Schedules schedules = make_schedules(flags, optimizer, train.size(), group.size(),
                                                cifar.step_size, cifar.gamma);
 
-    check_batch_memory(runtime, flags, *model.module, model.forward, {3, 32, 32}, train.size(), test.size());
+    check_batch_memory(group, flags, *model.module, model.forward, {3, 32, 32}, train.size(), test.size());
     ddp::TrainerOptions options = trainer_options(flags, timeline.get());
     if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
     options.lr_schedule = schedules.per_step.get();
     ddp::Trainer trainer(group, *model.module, model.forward, optimizer, options, ddp_model.get());
     trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
-    return finish(runtime, flags, defaults, timeline.get(), *model.module, trainer);
+    return finish(group, flags, defaults, timeline.get(), *model.module, trainer);
   }, [&] {
     if (cifar.model != "cnn" && cifar.model != "resnet18") {
       throw std::invalid_argument("--model '" + cifar.model + "' is not one of: cnn, resnet18");

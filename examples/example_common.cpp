@@ -58,6 +58,11 @@ void check_common_flags(const CommonFlags& f) {
   if (f.schedule != "cosine" && f.schedule != "step") {
     throw std::invalid_argument("--schedule '" + f.schedule + "' is not one of: cosine, step");
   }
+  require_at_least("--replicas-per-process", f.replicas_per_process, 0);
+  if (f.replicas_per_process > 1024) {
+    throw std::invalid_argument("--replicas-per-process must be <= 1024 (got " +
+                                std::to_string(f.replicas_per_process) + ")");
+  }
   if (f.checkpoint_every_steps > 0 && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
   }
@@ -99,7 +104,8 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
-    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward");
+    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
+    ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)");
   po::options_description checkpoints("Checkpoints");
   checkpoints.add_options()
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
@@ -142,6 +148,7 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
   ddp::RuntimeOptions runtime_options;
   runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
   runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message
+  if (flag_error.empty()) runtime_options.replicas_per_process = static_cast<int>(flags.replicas_per_process);
   ddp::Runtime runtime(argc, argv, runtime_options);
   if (!flag_error.empty()) {
     // Every rank sees the same flags, so every rank stops here; rank 0 explains.
@@ -157,30 +164,41 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
   }
   int status = 0;
   const int aborted = ddp::run_or_abort(runtime, [&] {
-    ddp::ProcessGroup group(runtime);
     if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
                                std::to_string(runtime.world_size()) + " ranks: use ddp_" + name +
                                " for data-parallel training");
     }
-    if (flags.show_topology) {
-      const auto lines = ddp::all_gather_strings(group.cpu(), runtime.summary());
-      if (runtime.is_main()) {
-        for (const auto& line : lines) std::cout << line << "\n";
-      }
+    if (parallelism == Parallelism::SingleProcess && runtime.replicas_per_process() > 1) {
+      throw std::runtime_error(name + " trains one replica but --replicas-per-process is " +
+                               std::to_string(runtime.replicas_per_process()) + ": use ddp_" +
+                               name + " for data-parallel training");
     }
-    status = train(group);
+    status = ddp::run_replicas(runtime, [&](ddp::ProcessGroup& group) {
+      if (flags.show_topology) {
+        std::string place = runtime.summary();
+        if (group.replicas_per_process() > 1) {
+          place += " replica " + std::to_string(group.replica()) + "/" +
+                   std::to_string(group.replicas_per_process()) + " on " + group.device().str();
+        }
+        const auto lines = ddp::all_gather_strings(group.cpu(), place);
+        if (group.is_main()) {
+          for (const auto& line : lines) std::cout << line << "\n";
+        }
+      }
+      return train(group);
+    });
   });
   return aborted ? aborted : status;
 }
 
 namespace {
 
-ddp::ImageDataset place(ddp::Runtime& runtime, const ddp::ImageDataset& data,
+ddp::ImageDataset place(ddp::ProcessGroup& group, const ddp::ImageDataset& data,
                         const std::string& name) {
-  const torch::Device device = runtime.device();
-  const bool fits = ddp::fits_on(device, data.bytes(), runtime.rank());
-  if (runtime.is_main()) {
+  const torch::Device device = group.device();
+  const bool fits = ddp::fits_on(device, data.bytes(), group.rank());
+  if (group.is_main()) {
     char size[32];
     std::snprintf(size, sizeof size, "%.1f MB", static_cast<double>(data.bytes()) / 1e6);
     std::cout << name << " set (" << size << ") ";
@@ -199,14 +217,17 @@ ddp::ImageDataset place(ddp::Runtime& runtime, const ddp::ImageDataset& data,
 
 }  // namespace
 
-void place_data(ddp::Runtime& runtime, ddp::ImageDataset& train, ddp::ImageDataset& test,
+void place_data(ddp::ProcessGroup& group, ddp::ImageDataset& train, ddp::ImageDataset& test,
                 const std::string& data_dir) {
-  train = place(runtime, train, "Train");
-  test = place(runtime, test, "Test");
-  if (runtime.is_main()) {
+  train = place(group, train, "Train");
+  test = place(group, test, "Test");
+  if (group.is_main()) {
+    const ddp::Runtime& runtime = group.runtime();
     std::cout << "Train set size: " << train.size() << "\nTest set size: " << test.size()
-              << "\nTraining on " << runtime.world_size() << " rank(s), " << runtime.num_nodes()
-              << " node(s), device " << runtime.device() << ", data " << data_dir << std::endl;
+              << "\nTraining on " << group.size()
+              << (group.replicas_per_process() > 1 ? " replica(s)" : " rank(s)") << ", "
+              << runtime.num_nodes() << " node(s), device " << group.device() << ", data "
+              << data_dir << std::endl;
   }
 }
 
@@ -291,14 +312,14 @@ Schedules make_schedules(const CommonFlags& flags, torch::optim::Optimizer& opti
   return s;
 }
 
-int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+int finish(ddp::ProcessGroup& group, const CommonFlags& flags, const ExampleDefaults& defaults,
            ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer) {
   if (timeline) {
     timeline->write(flags.timeline);
-    if (runtime.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
+    if (group.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
   }
   if (trainer.stopped_by()) {
-    if (runtime.is_main()) {
+    if (group.is_main()) {
       std::cout << "Exit status " << ddp::kStoppedExitCode << ": stopped early by "
                 << ddp::stop_signal_name(trainer.stopped_by());
       if (trainer.stop_snapshot().empty()) {
@@ -310,32 +331,34 @@ int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefault
     }
     return ddp::kStoppedExitCode;
   }
-  if (flags.save_model && runtime.is_main()) {
+  if (flags.save_model && group.is_main()) {
     ddp::save_module(model, defaults.model_file);
     std::cout << "Saved " << defaults.model_file << std::endl;
   }
   return 0;
 }
 
-void check_batch_memory(ddp::Runtime& runtime, const CommonFlags& flags, torch::nn::Module& model,
+void check_batch_memory(ddp::ProcessGroup& group, const CommonFlags& flags, torch::nn::Module& model,
                         const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                         const std::vector<int64_t>& sample_shape, int64_t train_size,
                         int64_t test_size) {
   // Host memory only: on a GPU the batch lives in the device's memory (not estimated yet).
-  if (runtime.device().is_cuda()) return;
+  if (group.device().is_cuda()) return;
   const ddp::HostMemory memory = ddp::host_memory_available();
-  // A batch holds at most this rank's shard (the sampler pads shards to the same size).
-  const int64_t ranks = runtime.world_size();
+  // A batch holds at most this replica's shard (the sampler pads shards to the same size).
+  const int64_t ranks = group.size();
+  // Every replica on the node holds its batch at once.
+  const int local = group.runtime().local_size() * group.replicas_per_process();
   const int64_t train_batch = std::min(flags.batch_size, (train_size + ranks - 1) / ranks);
   const int64_t test_batch = std::min(flags.test_batch_size, (test_size + ranks - 1) / ranks);
   const uint64_t per_sample = ddp::training_bytes_per_sample(model, forward, sample_shape);
   ddp::require_batch_fits("--batch-size " + std::to_string(flags.batch_size) + " (" +
                               std::to_string(train_batch) + " samples per batch on each rank)",
-                          train_batch, per_sample, runtime.local_size(), memory);
+                          train_batch, per_sample, local, memory);
   // Evaluation keeps no graph: the batch's pixels (uint8 and float32) are the lower bound.
   uint64_t pixels = 1;
   for (int64_t d : sample_shape) pixels *= static_cast<uint64_t>(d);
   ddp::require_batch_fits("--test-batch-size " + std::to_string(flags.test_batch_size) + " (" +
                               std::to_string(test_batch) + " samples per batch on each rank)",
-                          test_batch, pixels * 5, runtime.local_size(), memory);
+                          test_batch, pixels * 5, local, memory);
 }

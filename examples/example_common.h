@@ -20,6 +20,7 @@ struct CommonFlags {
   int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
   int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
   int64_t checkpoint_every_steps = 0;
+  int64_t replicas_per_process = 0;  // 0: the default (RuntimeOptions::replicas_per_process)
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
@@ -48,8 +49,9 @@ void add_common_flags(boost::program_options::options_description& options, Comm
                       const ExampleDefaults& defaults);
 
 // The whole program around `train`: parses `options` (which holds the common flags and the
-// program's own), starts the Runtime, answers --help with `usage`, refuses several ranks for a
-// SingleProcess program, prints the topology when asked, and runs `train` under run_or_abort.
+// program's own), starts the Runtime, answers --help with `usage`, refuses several ranks (or
+// replicas) for a SingleProcess program, prints the topology when asked, and runs `train` under
+// run_or_abort, once per replica of the process (ddp::run_replicas: --replicas-per-process).
 // Returns the exit code: `train`'s (finish()'s) when it returns.
 // `check_flags` (optional) checks the program's own flags after parsing, throwing
 // std::invalid_argument naming the flag; like a bad common flag, that ends the program with
@@ -72,19 +74,19 @@ void require_finite(const char* flag, double value, double least, bool least_all
 // Refuses, before training, a --batch-size or --test-batch-size whose batches cannot fit in
 // the host memory left for this node's ranks (ddp/train/memory_check.h: a lower bound measured
 // with one forward of `model` on samples of `sample_shape`, e.g. {1, 28, 28}). A batch holds at
-// most a rank's shard of the train (test) set of `train_size` (`test_size`) samples. Nothing is
-// checked for a GPU.
-void check_batch_memory(ddp::Runtime& runtime, const CommonFlags& flags, torch::nn::Module& model,
+// most a replica's shard of the train (test) set of `train_size` (`test_size`) samples; the
+// node's replicas share the memory. Nothing is checked for a GPU.
+void check_batch_memory(ddp::ProcessGroup& group, const CommonFlags& flags, torch::nn::Module& model,
                         const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                         const std::vector<int64_t>& sample_shape, int64_t train_size,
                         int64_t test_size);
 
-// Puts the loaded train and test sets where training on runtime.device() reads them: each moved to
+// Puts the loaded train and test sets where training on group.device() reads them: each moved to
 // that device when it fits there (ddp::fits_on; the train set first, the test set against what
 // is left), else left in host memory, from which each batch is copied one step ahead. Each rank
-// decides for its own device; the batches are the same either way. Rank 0 says where each set
+// decides for its own device; the batches are the same either way. Replica 0 says where each set
 // went, their sizes and where training runs (`data_dir` names where they came from).
-void place_data(ddp::Runtime& runtime, ddp::ImageDataset& train, ddp::ImageDataset& test,
+void place_data(ddp::ProcessGroup& group, ddp::ImageDataset& train, ddp::ImageDataset& test,
                 const std::string& data_dir);
 
 // Null with --timeline unset.
@@ -112,5 +114,5 @@ Schedules make_schedules(const CommonFlags& flags, torch::optim::Optimizer& opti
 // After training: writes the timeline and, with --save-model, the weights (rank 0). Returns the
 // exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is
 // saved then: it is not trained yet).
-int finish(ddp::Runtime& runtime, const CommonFlags& flags, const ExampleDefaults& defaults,
+int finish(ddp::ProcessGroup& group, const CommonFlags& flags, const ExampleDefaults& defaults,
            ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);

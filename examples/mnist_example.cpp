@@ -27,29 +27,31 @@ int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
                             (parallel ? ", data-parallel over MPI ranks" : "") + ".";
   return run_example(argc, argv, parallel ? "ddp_mnist" : "mnist", usage, parallelism, options,
                      flags, [&](ddp::ProcessGroup& group) {
-    ddp::Runtime& runtime = group.runtime();
-    torch::manual_seed(static_cast<uint64_t>(flags.seed));
-    const torch::Device device = runtime.device();
+    const torch::Device device = group.device();
     ddp::ImageDataset train = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Train);
     ddp::ImageDataset test = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Test);
-    place_data(runtime, train, test, flags.data_dir);
+    place_data(group, train, test, flags.data_dir);
 
     const auto timeline = make_timeline(group, flags);
-    auto net = std::make_shared<MnistCnn>();
+    // torch::manual_seed + construction, as each rank does, but with this replica's own
+    // generator (ddp/util/generator.h): replicas in one process train what ranks train.
+    std::shared_ptr<MnistCnn> net;
+    ddp::build_seeded(static_cast<uint64_t>(flags.seed), device,
+                      [&] { net = std::make_shared<MnistCnn>(); });
     net->to(device);
     const auto ddp_model = make_ddp(group, net, flags, parallelism, timeline.get());
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
     // The seeds' StepLR every epoch by --gamma, unless --schedule or --warmup-steps say otherwise.
     const Schedules schedules =
-        make_schedules(flags, optimizer, train.size(), runtime.world_size(), /*step_size=*/1, gamma);
+        make_schedules(flags, optimizer, train.size(), group.size(), /*step_size=*/1, gamma);
 
-    check_batch_memory(runtime, flags, *net, [&](const torch::Tensor& x) { return net->forward(x); },
+    check_batch_memory(group, flags, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                        {1, 28, 28}, train.size(), test.size());
     ddp::TrainerOptions options = trainer_options(flags, timeline.get());
     options.lr_schedule = schedules.per_step.get();
     ddp::Trainer trainer(group, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                          optimizer, options, ddp_model.get());
     trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
-    return finish(runtime, flags, defaults, timeline.get(), *net, trainer);
+    return finish(group, flags, defaults, timeline.get(), *net, trainer);
   }, [&] { require_finite("--gamma", gamma, 0, /*least_allowed=*/true); });
 }

@@ -2,16 +2,35 @@
 // quickly with a message naming the failed rank, never hang.
 //   abort_probe throw : the rank throws; ddp::run_or_abort reports it and aborts the job
 //   abort_probe exit  : the rank dies without a word (exit without MPI_Finalize)
+//   abort_probe replica : 2 replicas per process; replica 1 of the last rank throws while its
+//                       sibling and the other processes' replicas wait in a collective
 #include <ddp/parallel/process_group.h>
+#include <ddp/parallel/replicas.h>
 #include <ddp/runtime/runtime.h>
+
+#include <torch/torch.h>
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 int main(int argc, char** argv) {
-  ddp::Runtime runtime(argc, argv);
   const std::string mode = argc > 1 ? argv[1] : "throw";
+  ddp::RuntimeOptions options;
+  if (mode == "replica") options.replicas_per_process = 2;
+  ddp::Runtime runtime(argc, argv, options);
+  if (mode == "replica") {
+    return ddp::run_or_abort(runtime, [&] {
+      ddp::run_replicas(runtime, [&](ddp::ProcessGroup& group) {
+        if (group.rank() == group.size() - 1) {
+          throw std::runtime_error("deliberate failure in replica " + std::to_string(group.rank()));
+        }
+        torch::Tensor t = torch::ones({4});
+        group.cpu().all_reduce(t);  // never completes: the last replica is gone
+        return 0;
+      });
+    });
+  }
   return ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroup group(runtime);
     if (runtime.rank() == runtime.world_size() - 1) {

@@ -58,6 +58,10 @@ TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
             "--log-interval must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](CommonFlags& f) { f.check_sync_every = -3; }),
             "--check-sync-every must be >= 0 (got -3)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.replicas_per_process = -1; }),
+            "--replicas-per-process must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.replicas_per_process = 5000; }),
+            "--replicas-per-process must be <= 1024 (got 5000)");
 }
 
 TEST(ExampleFlags, TrainingStepFlagsAreChecked) {

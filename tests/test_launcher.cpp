@@ -232,6 +232,26 @@ TEST(DescribeJob, BannerNamesLauncherNodesDevicesAndThreads) {
             "threads per rank (rank 0: 8 CPUs shared by 3 ranks)");
 }
 
+TEST(DescribeJob, BannerCountsProcessesTimesReplicas) {
+  ddp::ThreadChoice threads;
+  threads.threads = 1;
+  threads.from_user = true;
+  threads.reason = "OMP_NUM_THREADS=1";
+  // mpirun -np 2 ddp_mnist --replicas-per-process 2 on one machine.
+  const std::vector<ddp::RankPlace> one_node = {{0, 2, false, 1, 2}, {0, 2, false, 1, 2}};
+  EXPECT_EQ(ddp::describe_job(ddp::detect_launch({}), one_node, threads),
+            "ddp: singleton (no launcher): 2 processes x 2 replicas = 4 replicas on 1 node, "
+            "device cpu, 1 thread per replica (OMP_NUM_THREADS=1)");
+  // srun -N 2 --gpus-per-node 2: one task per node, 2 GPUs each.
+  const std::vector<ddp::RankPlace> two_nodes = {{0, 1, true, 4, 2}, {1, 1, true, 4, 2}};
+  threads.threads = 4;
+  threads.reason = "8 CPUs in this rank's cpuset, divided among 2 replicas";
+  EXPECT_EQ(ddp::describe_job(ddp::detect_launch(srun_task3()), two_nodes, threads),
+            "ddp: Slurm srun (PMIx), job 12: 2 processes x 2 replicas = 4 replicas on 2 nodes "
+            "(1 process per node), one GPU per replica, 4 threads per replica (8 CPUs in this "
+            "rank's cpuset, divided among 2 replicas)");
+}
+
 }  // namespace
 
 TEST(YieldWhenIdle, OnlyWhenTheCommunicationThreadsOversubscribeTheNode) {

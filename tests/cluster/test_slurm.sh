@@ -16,6 +16,9 @@
 #   srun_without_pmix       srun --mpi=none: ddp's explanation, not Open MPI's
 #   gpus_per_node_mismatch  srun -N 2 --gpus-per-node 2 without --ntasks-per-node (one task per
 #                           node): the warning with the fix, and training still runs on the CPU
+#   replicas                srun -N 2 (one task per node) with --replicas-per-process 2: 2
+#                           processes x 2 replicas; every replica's place, training, evaluation
+#                           and the metrics over 4 replicas
 #   preempt                 sbatch of the 2-node script (ddp_mnist with --checkpoint-dir and
 #                           --resume), then scancel --signal=USR1 (what --signal=USR1@120 does at
 #                           the time limit) once training runs: the ranks stop with a snapshot,
@@ -206,6 +209,19 @@ case "$scenario" in
     expect "$log" "^Resumed from ckpt/snapshot_epoch1_batch[0-9]+.pt: epoch 0 done, [0-9]+ batches of epoch 1" "the resume"
     expect "$log" "^== job $id \(ddp-2N4G\): 2 ranks on 2 node\(s\) .* exit status 0$" "the second run's exit status"
     [ -f ckpt/snapshot_epoch1.pt ] || fail "the resumed run did not finish the epoch"
+    ;;
+
+  replicas)
+    run replicas.log srun -N 2 "$ddp_mnist" "${short_run[@]}" --replicas-per-process 2 --show-topology
+    expect replicas.log "^ddp: Slurm srun \(PMIx\), job [0-9]+: 2 processes x 2 replicas = 4 replicas on 2 nodes \(1 process per node\), device cpu, [0-9]+ threads? per replica" "banner"
+    for r in 0 1; do
+      for k in 0 1; do
+        expect replicas.log "^rank $r/2 local 0/1 node $r/2 .* replica $k/2 on cpu$" "rank $r replica $k"
+      done
+    done
+    expect replicas.log "^Training on 4 replica\(s\), 2 node\(s\)" "the data split over 4 replicas"
+    expect replicas.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation"
+    expect replicas.log "^Summary over 4 replica\(s\):" "metrics over 4 replicas"
     ;;
 
   *) fail "unknown scenario '$scenario'" ;;

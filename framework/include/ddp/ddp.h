@@ -19,6 +19,7 @@
 #include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/parallel/process_group.h>
 #include <ddp/parallel/replica_check.h>
+#include <ddp/parallel/replicas.h>
 
 #include <ddp/data/augment.h>
 #include <ddp/data/cifar.h>
@@ -28,6 +29,7 @@
 #include <ddp/data/mnist.h>
 #include <ddp/nn/autocast.h>
 #include <ddp/nn/batch_norm.h>
+#include <ddp/nn/dropout.h>
 #include <ddp/optim/adadelta.h>
 #include <ddp/optim/grad_clip.h>
 #include <ddp/optim/grad_scaler.h>
@@ -41,4 +43,5 @@
 #include <ddp/train/trainer.h>
 
 #include <ddp/util/checkpoint.h>
+#include <ddp/util/generator.h>
 #include <ddp/util/stop_signal.h>

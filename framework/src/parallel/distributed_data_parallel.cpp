@@ -77,7 +77,7 @@ Backend choose_backend(ProcessGroup& group, const torch::nn::Module& module, Bac
   const torch::Device device =
       params.is_empty() ? torch::Device(torch::kCPU) : params.begin()->value().device();
   const Backend backend =
-      resolve_backend(requested, device, group.runtime().device(), nccl_communicator_built());
+      resolve_backend(requested, device, group.device(), nccl_communicator_built());
   if (backend == Backend::Nccl) {
     // NCCL reaches one device: the communicator's.
     auto check = [&](const char* kind, const std::string& name, const torch::Tensor& t) {
@@ -119,7 +119,7 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     : module_(std::move(module)),
       forward_(std::move(forward)),
       options_(options),
-      world_size_(group.runtime().world_size()),
+      world_size_(group.size()),
       control_comm_(group.new_cpu_communicator()) {
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
   verify_same_structure(*control_comm_, *module_);

@@ -2,6 +2,9 @@
 
 #include <ddp/comm/mpi_communicator.h>
 #include <ddp/config.h>
+#include <ddp/parallel/replicas.h>
+
+#include "parallel/mpi_environment.h"
 #include <ddp/runtime/launcher.h>
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 #include <ddp/comm/nccl_communicator.h>
@@ -47,13 +50,32 @@ MpiOptions mpi_options() {
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(Runtime& runtime)
-    : runtime_(runtime), cpu_(std::make_unique<MpiCommunicator>(runtime.comm(), mpi_options())) {}
+MpiOptions mpi_options_from_environment() { return mpi_options(); }
+
+ProcessGroup::ProcessGroup(Runtime& runtime) : runtime_(runtime) {
+  if (runtime.replicas_per_process() > 1) {
+    throw std::logic_error(
+        "ProcessGroup: rank " + std::to_string(runtime.rank()) + " is to train " +
+        std::to_string(runtime.replicas_per_process()) +
+        " replicas (RuntimeOptions::replicas_per_process), but ProcessGroup(runtime) is one: "
+        "run the training body with ddp::run_replicas (parallel/replicas.h), which gives each "
+        "replica thread its group");
+  }
+  cpu_ = std::make_unique<MpiCommunicator>(runtime.comm(), mpi_options());
+}
+
+ProcessGroup::ProcessGroup(ReplicaSet& replicas, int replica)
+    : runtime_(replicas.runtime()),
+      replicas_(&replicas),
+      replica_(replica),
+      cpu_(replicas.hub().communicator(replica)) {}
+
+int ProcessGroup::replicas_per_process() const { return replicas_ ? replicas_->size() : 1; }
 
 ProcessGroup::~ProcessGroup() = default;
 
 bool ProcessGroup::has_gpu() const {
-  return nccl_communicator_built() && runtime_.device().is_cuda();
+  return nccl_communicator_built() && device().is_cuda();
 }
 
 Communicator& ProcessGroup::gpu() {
@@ -61,12 +83,17 @@ Communicator& ProcessGroup::gpu() {
   if (!has_gpu()) {
     throw std::runtime_error(
         "ProcessGroup::gpu: rank " + std::to_string(runtime_.rank()) +
+        (replicas_ ? " (" + describe_replica(replica_, replicas_->size(), rank(), size()) + ")" : "") +
         " has no NCCL communicator: " +
-        (runtime_.device().is_cuda()
+        (device().is_cuda()
              ? "this build of ddp has none (it needs a CUDA LibTorch and NCCL >= 2.10 when it is "
                "configured; see docs/gpu.md)"
              : "it computes on the CPU (RuntimeOptions::use_cuda is false, or no GPU is "
                "visible); CPU tensors go through cpu()"));
+  }
+  if (replicas_) {
+    gpu_ = replicas_->nccl(replica_);
+    return *gpu_;
   }
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
   NcclOptions options;
@@ -82,10 +109,10 @@ Communicator& ProcessGroup::gpu() {
 
 std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
   if (!device.is_cuda()) return new_cpu_communicator();
-  const torch::Device mine = runtime_.device();
+  const torch::Device mine = this->device();
   if (mine.is_cuda() && device.has_index() && device.index() != mine.index()) {
     throw std::invalid_argument("ProcessGroup::for_device: rank " +
-                                std::to_string(runtime_.rank()) + " computes on " + mine.str() +
+                                std::to_string(rank()) + " computes on " + mine.str() +
                                 ", not " + device.str());
   }
   gpu();
@@ -93,6 +120,7 @@ std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
 }
 
 std::unique_ptr<Communicator> ProcessGroup::new_cpu_communicator() {
+  if (replicas_) return replicas_->hub().communicator(replica_);
   return std::make_unique<MpiCommunicator>(runtime_.comm(), mpi_options());
 }
 

@@ -212,21 +212,38 @@ int gpus_to_pair(const Environment& env, int visible, int local_size, bool own_g
 }
 
 std::string gpu_rank_mismatch(int gpus, int ranks_on_node, const std::string& node,
-                              bool cuda_usable) {
-  if (gpus <= 0 || gpus == ranks_on_node) return "";
+                              bool cuda_usable, int replicas_per_rank) {
+  const int replicas = std::max(replicas_per_rank, 1);
+  const int units = ranks_on_node * replicas;
+  if (gpus <= 0 || gpus == units) return "";
   std::string message = "node " + node + " has " + plural(gpus, "GPU") + " but " +
-                        plural(ranks_on_node, "rank") + " (ddp runs one rank per GPU): ";
-  if (ranks_on_node < gpus) {
-    message += plural(gpus - ranks_on_node, "GPU") + " would sit idle.";
+                        plural(ranks_on_node, "rank");
+  if (replicas > 1) {
+    message += " x " + plural(replicas, "replica") + " (ddp trains one replica per GPU): ";
   } else {
-    message += "ranks would share GPUs.";
+    message += " (ddp runs one rank per GPU): ";
+  }
+  if (units < gpus) {
+    message += plural(gpus - units, "GPU") + " would sit idle.";
+  } else {
+    message += replicas > 1 ? "replicas would share GPUs." : "ranks would share GPUs.";
   }
   message += " Start " + std::to_string(gpus) + " ranks per node: `srun --ntasks-per-node=" +
              std::to_string(gpus) + "` (Slurm starts one task per node unless told), `mpirun "
              "--npernode " + std::to_string(gpus) + "` or `ddprun -H host:" +
              std::to_string(gpus) + ",...`; or request as many GPUs as ranks per node";
+  if (ranks_on_node > 0 && gpus % ranks_on_node == 0 && gpus / ranks_on_node != replicas) {
+    message += "; or let each rank train " + std::to_string(gpus / ranks_on_node) +
+               " replicas, one per GPU (RuntimeOptions::replicas_per_process, the examples' "
+               "--replicas-per-process)";
+  }
   if (!cuda_usable) message += " (no CUDA device is usable here: the ranks train on the CPU)";
   return message;
+}
+
+int default_replicas_per_process(bool on_cuda, int visible_gpus, int local_size, bool own_gpu) {
+  if (!on_cuda || own_gpu || local_size < 1 || visible_gpus <= local_size) return 1;
+  return visible_gpus / local_size;  // any remainder sits idle, and gpu_rank_mismatch says so
 }
 
 ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_sharing_mask) {
@@ -284,9 +301,18 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
     max_threads = std::max(max_threads, r.threads);
   }
   const int world = static_cast<int>(ranks.size());
+  int replicas = 1;
+  for (const RankPlace& r : ranks) replicas = std::max(replicas, r.replicas);
+  const char* unit = replicas > 1 ? "replica" : "rank";
   std::ostringstream out;
-  out << "ddp: " << launch.description << ": " << plural(world, "rank") << " on "
-      << plural(static_cast<int>(per_node.size()), "node");
+  out << "ddp: " << launch.description << ": ";
+  if (replicas > 1) {
+    out << plural(world, "process") << " x " << plural(replicas, "replica") << " = "
+        << plural(world * replicas, "replica");
+  } else {
+    out << plural(world, "rank");
+  }
+  out << " on " << plural(static_cast<int>(per_node.size()), "node");
   if (per_node.size() > 1) {
     std::string sizes;
     bool uniform = true;
@@ -294,21 +320,26 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
       uniform = uniform && size == per_node.begin()->second;
       sizes += (sizes.empty() ? "" : "+") + std::to_string(size);
     }
-    out << " (" << (uniform ? std::to_string(per_node.begin()->second) + " per node" : sizes)
+    const std::string per = replicas > 1 ? (per_node.begin()->second == 1 && uniform
+                                                ? " process"
+                                                : " processes")
+                                         : "";
+    out << " (" << (uniform ? std::to_string(per_node.begin()->second) + per + " per node"
+                            : sizes + per)
         << ")";
   }
   if (on_cuda == 0) {
     out << ", device cpu";
   } else if (on_cuda == world) {
-    out << ", one GPU per rank";
+    out << ", one GPU per " << unit;
   } else {
     out << ", " << on_cuda << " on GPUs and " << world - on_cuda << " on the CPU";
   }
   out << ", ";
   if (min_threads == max_threads) {
-    out << plural(min_threads, "thread") << " per rank (" << rank0_threads.reason << ")";
+    out << plural(min_threads, "thread") << " per " << unit << " (" << rank0_threads.reason << ")";
   } else {
-    out << min_threads << "-" << max_threads << " threads per rank (rank 0: "
+    out << min_threads << "-" << max_threads << " threads per " << unit << " (rank 0: "
         << rank0_threads.reason << ")";
   }
   return out.str();

@@ -153,12 +153,38 @@ void Runtime::init_topology(RuntimeOptions options) {
   }
 
   try {
-    device_ = select_device(options.use_cuda, visible_gpus_, local_rank_, local_size_, own_gpu_);
+    if (options.replicas_per_process < 0) {
+      throw std::invalid_argument("RuntimeOptions::replicas_per_process must be >= 0 (0: the "
+                                  "default), got " + std::to_string(options.replicas_per_process));
+    }
+    const bool on_cuda = options.use_cuda && visible_gpus_ > 0;
+    replicas_ = options.replicas_per_process > 0
+                    ? options.replicas_per_process
+                    : default_replicas_per_process(on_cuda, visible_gpus_, local_size_, own_gpu_);
+    device_ = select_device(options.use_cuda, visible_gpus_, local_rank_, local_size_, own_gpu_,
+                            replicas_, 0);
 #if DDP_WITH_CUDA
     if (device_.is_cuda()) detail::set_current_cuda_device(device_.index(), rank_);
 #endif
   } catch (const std::exception& e) {
     abort(e.what());  // a placement error on every rank: end the job with the reason
+  }
+  // The replica index of the job is rank * replicas: every rank must have the same count.
+  int counts[2] = {replicas_, -replicas_};
+  DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_MAX, comm_));
+  if (counts[0] != -counts[1]) {
+    abort("the ranks train different numbers of replicas (" + std::to_string(-counts[1]) + " to " +
+          std::to_string(counts[0]) + "; this one " + std::to_string(replicas_) +
+          "): RuntimeOptions::replicas_per_process must come out the same on every rank (its "
+          "default follows each node's GPUs per rank: set it, or give every node as many GPUs "
+          "per rank)");
+  }
+  replica_threads_ = threads_;
+  if (replicas_ > 1 && !threads_.from_user) {
+    replica_threads_.threads = std::max(1, threads_.threads / replicas_);
+    replica_threads_.reason += ", divided among " + std::to_string(replicas_) + " replicas";
+    // LibTorch's count is process-wide; each replica thread takes it on its first parallel op.
+    if (!g_first_runtime_done) at::set_num_threads(replica_threads_.threads);
   }
   report_job(options);
   g_first_runtime_done = true;
@@ -205,11 +231,12 @@ void Runtime::set_threads(MPI_Comm node_comm) {
 void Runtime::report_job(const RuntimeOptions& options) const {
   // Rank 0 learns every rank's place in one gather; fixed-size records keep it a single call.
   struct Place {
-    int node_rank, local_size, on_cuda, threads, gpus;
+    int node_rank, local_size, on_cuda, threads, gpus, replicas;
     char node[64];
   };
-  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, threads_.threads,
-             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), {}};
+  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, replica_threads_.threads,
+             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), replicas_,
+             {}};
   const std::string node = launch_.slurm_node.empty() ? hostname_ : launch_.slurm_node;
   std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
   std::vector<Place> all(rank_ == 0 ? world_size_ : 0);
@@ -221,14 +248,16 @@ void Runtime::report_job(const RuntimeOptions& options) const {
   std::map<int, Place> first_of_node;
   std::map<int, bool> node_uses_cuda;
   for (const Place& p : all) {
-    places.push_back({p.node_rank, p.local_size, p.on_cuda != 0, p.threads});
+    places.push_back({p.node_rank, p.local_size, p.on_cuda != 0, p.threads, p.replicas});
     first_of_node.emplace(p.node_rank, p);
     node_uses_cuda[p.node_rank] = node_uses_cuda[p.node_rank] || p.on_cuda != 0;
   }
-  if (options.print_banner) std::cout << describe_job(launch_, places, threads_) << std::endl;
+  if (options.print_banner) {
+    std::cout << describe_job(launch_, places, replica_threads_) << std::endl;
+  }
   for (const auto& [node_rank, p] : first_of_node) {
     const std::string warning =
-        gpu_rank_mismatch(p.gpus, p.local_size, p.node, node_uses_cuda[node_rank]);
+        gpu_rank_mismatch(p.gpus, p.local_size, p.node, node_uses_cuda[node_rank], p.replicas);
     if (!warning.empty()) std::cerr << "ddp: warning: " << warning << std::endl;
   }
 }
@@ -243,6 +272,15 @@ Runtime::~Runtime() {
   }
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   if (owns_mpi_) MPI_Finalize();
+}
+
+torch::Device Runtime::replica_device(int replica) const {
+  if (replica < 0 || replica >= replicas_) {
+    throw std::out_of_range("Runtime::replica_device: replica " + std::to_string(replica) +
+                            " of " + std::to_string(replicas_));
+  }
+  if (!device_.is_cuda()) return device_;
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_.index() + replica));
 }
 
 std::string Runtime::summary() const {
@@ -276,11 +314,30 @@ int run_or_abort(const Runtime& runtime, const std::function<void()>& body) {
 }
 
 torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size, bool own_gpu) {
+                            int local_size, bool own_gpu, int replicas, int replica) {
   if (!use_cuda || visible_cuda_devices <= 0) return torch::Device(torch::kCPU);
-  if (own_gpu) return torch::Device(torch::kCUDA, 0);
+  replicas = std::max(replicas, 1);
+  const std::string gpus = std::to_string(visible_cuda_devices);
+  if (own_gpu) {
+    if (replicas > 1) {
+      throw std::runtime_error(
+          "each rank of this node sees one GPU of its own, so it cannot train " +
+          std::to_string(replicas) + " replicas (one per GPU): set "
+          "RuntimeOptions::replicas_per_process to 1, or let each rank see its node's GPUs "
+          "(`srun --gpus-per-node` instead of `--gpus-per-task`)");
+    }
+    return torch::Device(torch::kCUDA, 0);
+  }
+  if (replicas > 1 && local_size * replicas > visible_cuda_devices) {
+    throw std::runtime_error(
+        std::to_string(local_size) + " rank(s) x " + std::to_string(replicas) +
+        " replicas on this node need " + std::to_string(local_size * replicas) +
+        " GPUs, one per replica, but only " + gpus + " CUDA device(s) are visible: lower "
+        "RuntimeOptions::replicas_per_process (the examples' --replicas-per-process) to " +
+        std::to_string(std::max(1, visible_cuda_devices / std::max(local_size, 1))) +
+        " or start fewer ranks per node");
+  }
   if (local_size > visible_cuda_devices) {
-    const std::string gpus = std::to_string(visible_cuda_devices);
     throw std::runtime_error(
         std::to_string(local_size) + " ranks on this node but only " + gpus +
         " visible CUDA device(s), and NCCL cannot run two ranks on one GPU: start at most " +
@@ -288,7 +345,8 @@ torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_r
         gpus + "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or "
         "set RuntimeOptions::use_cuda to false to train on the CPU");
   }
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(local_rank * replicas + replica));
 }
 
 bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids) {

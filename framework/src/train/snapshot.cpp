@@ -1,6 +1,7 @@
 #include <ddp/train/snapshot.h>
 
 #include <ddp/util/checkpoint.h>
+#include <ddp/util/generator.h>
 #include <ddp/parallel/replica_check.h>
 
 #include "train/snapshot_format.h"
@@ -57,7 +58,7 @@ std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
 }
 
 torch::Tensor cpu_generator_state() {
-  return torch::globalContext().defaultGenerator(torch::kCPU).get_state();
+  return cpu_generator().get_state();  // the replica's own (util/generator.h)
 }
 
 // Rank 0's bytes of `path` on every rank; a failure to read is thrown on every rank. Rank 0
@@ -307,7 +308,7 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     throw fail(std::string("cannot restore the training state: ") + e.what());
   }
   if (progress.world_size == comm.size()) {
-    at::Generator generator = torch::globalContext().defaultGenerator(torch::kCPU);  // shared, not a copy
+    at::Generator generator = cpu_generator();  // shared, not a copy
     // A tensor of its own: given a row view of the gathered states (storage offset > 0 on every
     // rank but 0), LibTorch 2.15's set_state crashed on rank 1; a clone starts at offset 0.
     generator.set_state(generators[comm.rank()].clone());

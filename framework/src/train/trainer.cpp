@@ -103,12 +103,12 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
         "TrainerOptions::checkpoint.resume is \"latest\" but checkpoint.dir is empty: there is "
         "no directory to search");
   }
-  if (!ddp_ && runtime_.world_size() > 1) {
-    throw std::invalid_argument("Trainer: " + std::to_string(runtime_.world_size()) +
+  if (!ddp_ && group_.size() > 1) {
+    throw std::invalid_argument("Trainer: " + std::to_string(group_.size()) +
                                 " ranks but no DistributedDataParallel: the replicas would "
                                 "diverge (wrap the model, or run one process)");
   }
-  if (runtime_.is_main() && !options_.checkpoint.dir.empty()) {
+  if (group_.is_main() && !options_.checkpoint.dir.empty()) {
     // Now, not after the first epoch: an unwritable directory would waste the epoch.
     try {
       check_writable_directory(options_.checkpoint.dir, "checkpoint directory");
@@ -129,10 +129,10 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
 
 EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   Communicator& comm = group_.cpu();
-  const torch::Device device = runtime_.device();
+  const torch::Device device = group_.device();
   model_.train();
 
-  DistributedSampler sampler(train.size(), runtime_.world_size(), runtime_.rank(),
+  DistributedSampler sampler(train.size(), group_.size(), group_.rank(),
                              options_.shuffle, options_.seed);
   sampler.set_epoch(epoch);
   const std::vector<int64_t> indices = sampler.indices();
@@ -145,7 +145,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   if (options_.dry_run) batches = std::min<int64_t>(batches, 1);
 
   at::Generator augment_generator =
-      augmentation_generator(static_cast<uint64_t>(options_.seed), runtime_.rank(), epoch);
+      augmentation_generator(static_cast<uint64_t>(options_.seed), group_.rank(), epoch);
   // Inside an epoch that a snapshot resumes: its batches done, this rank's augmentation
   // generator and its sums so far.
   int64_t first_batch = 0;
@@ -169,7 +169,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   const auto epoch_start = Clock::now();
   // Rank 0 reports progress; every rank takes part in the log interval's loss average.
   const ProgressMode progress =
-      runtime_.is_main() ? resolve_progress_mode(options_.progress) : ProgressMode::None;
+      group_.is_main() ? resolve_progress_mode(options_.progress) : ProgressMode::None;
   double shown_loss = -1;  // the latest loss averaged over ranks; -1 before the first
   Clock::time_point drawn{};
   bool bar_drawn = false;
@@ -262,7 +262,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     if (group_end) {
       phase("optimizer", local.optimizer, [&] { optimizer_step(); });
       ++global_step_;
-      if (global_step_ == test_signal_step_ && runtime_.rank() == test_signal_rank_) {
+      if (global_step_ == test_signal_step_ && group_.rank() == test_signal_rank_) {
         std::raise(test_signal_);
       }
     }
@@ -275,7 +275,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       comm.all_reduce(mean_loss, ReduceOp::Avg);
       shown_loss = mean_loss.item<double>();
       if (progress == ProgressMode::Log) {
-        const int64_t seen = b * batch_size * runtime_.world_size();
+        const int64_t seen = b * batch_size * group_.size();
         std::printf("Train Epoch: %lld [%lld/%lld (%.0f%%)]\tLoss: %.6f\tETA %s\n",
                     static_cast<long long>(epoch), static_cast<long long>(seen),
                     static_cast<long long>(train.size()),
@@ -292,7 +292,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       drawn = Clock::now();
       const double elapsed = seconds_since(epoch_start);
       const double rate = elapsed > 0 ? static_cast<double>((samples - restored.samples) *
-                                                            runtime_.world_size()) / elapsed
+                                                            group_.size()) / elapsed
                                       : 0.0;
       const std::string line =
           format_progress_bar(epoch, b + 1, batches, rate, shown_loss, elapsed, terminal_width());
@@ -315,7 +315,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   comm.all_reduce(slowest, ReduceOp::Max);
 
   const auto s = sums.accessor<double, 1>();
-  const double ranks = runtime_.world_size();
+  const double ranks = group_.size();
   EpochResult result;
   result.epoch = epoch;
   result.samples = static_cast<int64_t>(s[1]);
@@ -341,12 +341,12 @@ void Trainer::optimizer_step() {
 
 Evaluation Trainer::evaluate(const ImageDataset& test) {
   Communicator& comm = group_.cpu();
-  const torch::Device device = runtime_.device();
+  const torch::Device device = group_.device();
   model_.eval();
   torch::NoGradGuard no_grad;
 
   const std::vector<int64_t> shard =
-      evaluation_shard(test.size(), runtime_.world_size(), runtime_.rank());
+      evaluation_shard(test.size(), group_.size(), group_.rank());
   const int64_t n = static_cast<int64_t>(shard.size());
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
@@ -393,15 +393,16 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
     const Evaluation eval = evaluate(test);
     r.test_loss = eval.loss;
     r.test_accuracy = eval.accuracy();
-    if (runtime_.is_main()) {
+    if (group_.is_main()) {
+      const std::string unit = group_.replicas_per_process() > 1 ? "replica(s)" : "rank(s)";
       std::printf("\nTest set: Average loss: %.4f, Accuracy: %lld/%lld (%.0f%%)\n\n", eval.loss,
                   static_cast<long long>(eval.correct), static_cast<long long>(eval.total),
                   100.0 * eval.accuracy());
       const PhaseTimes& p = r.phases;
-      std::printf("Epoch %lld: %.2f s, %.0f samples/s over %d rank(s) | data %s, forward+backward "
+      std::printf("Epoch %lld: %.2f s, %.0f samples/s over %d %s | data %s, forward+backward "
                   "%s, gradient sync %s, optimizer %s\n\n",
                   static_cast<long long>(epoch), r.seconds, r.samples_per_sec,
-                  runtime_.world_size(), percent(p.data, r.seconds).c_str(),
+                  group_.size(), unit.c_str(), percent(p.data, r.seconds).c_str(),
                   percent(p.forward_backward, r.seconds).c_str(),
                   percent(p.sync, r.seconds).c_str(), percent(p.optimizer, r.seconds).c_str());
       std::fflush(stdout);
@@ -412,8 +413,9 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
     checkpoint(epoch);
     if (options_.dry_run) break;
   }
-  if (runtime_.is_main() && !results.empty()) {
-    std::printf("Summary over %d rank(s):\n%s", runtime_.world_size(),
+  if (group_.is_main() && !results.empty()) {
+    std::printf("Summary over %d %s:\n%s", group_.size(),
+                group_.replicas_per_process() > 1 ? "replica(s)" : "rank(s)",
                 summary_table(results).c_str());
     std::fflush(stdout);
   }
@@ -440,7 +442,7 @@ Trainer::Boundary Trainer::at_boundary(int64_t b, int64_t first_batch) {
     // answer, so all stop before the same batch. Doubles carry the signal and rank exactly.
     const int signal = stop_signal();
     torch::Tensor flag =
-        torch::tensor({static_cast<double>(signal), signal ? double(runtime_.rank()) : -1.0,
+        torch::tensor({static_cast<double>(signal), signal ? double(group_.rank()) : -1.0,
                        seconds_since_stop_signal()},
                       torch::kDouble);
     group_.cpu().all_reduce(flag, ReduceOp::Max);
@@ -466,14 +468,14 @@ void Trainer::save_inside_epoch(const std::string& path, int64_t epoch, int64_t 
   progress.batches_done = b;
   progress.global_step = global_step_;
   progress.seed = options_.seed;
-  progress.world_size = runtime_.world_size();
+  progress.world_size = group_.size();
   RankState state;
   state.generator = augment_generator.get_state();
   const PhaseTimes& p = sums.phases;
   state.values = torch::tensor(
       {sums.loss, sums.samples, sums.seconds, p.data, p.forward_backward, p.sync, p.optimizer},
       torch::kDouble);
-  if (runtime_.is_main()) {
+  if (group_.is_main()) {
     std::error_code error;
     std::filesystem::create_directories(options_.checkpoint.dir, error);
     if (error) {
@@ -482,11 +484,11 @@ void Trainer::save_inside_epoch(const std::string& path, int64_t epoch, int64_t 
     }
   }
   save_snapshot(path, group_.cpu(), model_, optimizer_, progress, state, extras());
-  if (runtime_.is_main()) remove_older_inside_epoch_snapshots(path);
+  if (group_.is_main()) remove_older_inside_epoch_snapshots(path);
 }
 
 void Trainer::report_stop(int64_t epoch, int64_t b) {
-  if (!runtime_.is_main()) return;
+  if (!group_.is_main()) return;
   const std::string what = std::string(stop_signal_name(stopped_by_)) + " (rank " +
                            std::to_string(stop_rank_) + ")";
   // From the signal to the check (on the rank that got it), then the snapshot.
@@ -517,7 +519,7 @@ void Trainer::remove_older_inside_epoch_snapshots(const std::string& newest) {
 }
 
 void Trainer::open_metrics(int64_t finished_epochs) {
-  if (!runtime_.is_main() || options_.metrics_file.empty()) return;
+  if (!group_.is_main() || options_.metrics_file.empty()) return;
   const std::string& file = options_.metrics_file;
   if (metrics_.is_open()) metrics_.close();
   if (finished_epochs >= 0) {
@@ -550,7 +552,7 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
   // Rank 0 looks for the files and names them; load_snapshot sends each rank the bytes, so
   // only rank 0 needs to see the checkpoint directory.
   std::string names;
-  if (runtime_.is_main()) {
+  if (group_.is_main()) {
     for (const auto& path : latest ? list_snapshots(c.dir) : std::vector<std::string>{c.resume}) {
       names += path + "\n";
     }
@@ -559,7 +561,7 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
   std::istringstream lines(all_gather_strings(comm, names)[0]);
   for (std::string line; std::getline(lines, line);) candidates.push_back(line);
   if (candidates.empty()) {
-    if (runtime_.is_main()) std::printf("No snapshot in %s: starting at epoch 1\n", c.dir.c_str());
+    if (group_.is_main()) std::printf("No snapshot in %s: starting at epoch 1\n", c.dir.c_str());
     return 1;
   }
   for (size_t i = 0;; ++i) {
@@ -572,7 +574,7 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
       resume_epoch_ = p.epoch + 1;
       resume_batches_ = p.batches_done;
       resume_state_ = state;
-      if (runtime_.is_main()) {
+      if (group_.is_main()) {
         if (p.batches_done > 0) {
           std::printf("Resumed from %s: epoch %lld done, %lld batches of epoch %lld, step %lld\n",
                       path.c_str(), static_cast<long long>(p.epoch),
@@ -582,10 +584,10 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
           std::printf("Resumed from %s: epoch %lld done, step %lld\n", path.c_str(),
                       static_cast<long long>(p.epoch), static_cast<long long>(p.global_step));
         }
-        if (p.world_size != runtime_.world_size()) {
+        if (p.world_size != group_.size()) {
           std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the "
                       "data order differs from an uninterrupted run\n",
-                      p.world_size, runtime_.world_size());
+                      p.world_size, group_.size());
         }
         if (p.seed != options_.seed) {
           std::printf("Warning: continuing with the snapshot's seed %lld (not %lld) so the data "
@@ -598,7 +600,7 @@ int64_t Trainer::resume(torch::optim::LRScheduler* scheduler) {
       return p.epoch + 1;
     } catch (const std::runtime_error& e) {
       if (!(latest && c.fallback) || i + 1 == candidates.size()) throw;
-      if (runtime_.is_main()) {
+      if (group_.is_main()) {
         std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
       }
     }
@@ -611,7 +613,7 @@ void Trainer::checkpoint(int64_t epoch) {
   auto model_path = [&](int64_t e) {
     return c.dir + "/model_with_epoch" + std::to_string(e) + ".pt";
   };
-  if (runtime_.is_main()) {
+  if (group_.is_main()) {
     std::error_code error;
     std::filesystem::create_directories(c.dir, error);
     if (error) throw std::runtime_error(c.dir + ": cannot create the checkpoint directory: " + error.message());
@@ -621,11 +623,11 @@ void Trainer::checkpoint(int64_t epoch) {
   progress.epoch = epoch;
   progress.global_step = global_step_;
   progress.seed = options_.seed;
-  progress.world_size = runtime_.world_size();
+  progress.world_size = group_.size();
   save_snapshot(snapshot_path(c.dir, epoch), group_.cpu(), model_, optimizer_, progress, {},
                 extras());
-  if (runtime_.is_main()) remove_older_inside_epoch_snapshots(snapshot_path(c.dir, epoch));
-  if (runtime_.is_main() && c.keep > 0 && epoch > c.keep) {
+  if (group_.is_main()) remove_older_inside_epoch_snapshots(snapshot_path(c.dir, epoch));
+  if (group_.is_main() && c.keep > 0 && epoch > c.keep) {
     // Only after the new files are complete; removing what is absent is fine.
     const int64_t old = epoch - c.keep;
     std::remove(snapshot_path(c.dir, old).c_str());
@@ -643,7 +645,7 @@ void Trainer::write_metrics(const EpochResult& r) {
       {"samples_per_sec", r.samples_per_sec},
       {"seconds", r.seconds},
       {"samples", r.samples},
-      {"ranks", runtime_.world_size()},
+      {"ranks", group_.size()},
       {"data_seconds", r.phases.data},
       {"forward_backward_seconds", r.phases.forward_backward},
       {"sync_seconds", r.phases.sync},

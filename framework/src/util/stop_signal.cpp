@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdio>
 #include <ctime>
+#include <mutex>
 
 namespace ddp {
 
@@ -16,7 +17,9 @@ volatile std::sig_atomic_t received = 0;
 volatile std::sig_atomic_t received_sec = 0;
 volatile std::sig_atomic_t received_nsec = 0;
 
-int installed = 0;  // nesting count; main thread only
+// Nesting count: each replica thread's Trainer installs them (parallel/replicas.h).
+std::mutex installing;
+int installed = 0;
 std::array<struct sigaction, kSignals.size()> previous{};
 
 extern "C" void on_stop_signal(int signal) {
@@ -31,6 +34,7 @@ extern "C" void on_stop_signal(int signal) {
 }  // namespace
 
 StopSignalHandlers::StopSignalHandlers() {
+  std::lock_guard<std::mutex> lock(installing);
   if (installed++ > 0) return;
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -40,6 +44,7 @@ StopSignalHandlers::StopSignalHandlers() {
 }
 
 StopSignalHandlers::~StopSignalHandlers() {
+  std::lock_guard<std::mutex> lock(installing);
   if (--installed > 0) return;
   for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &previous[i], nullptr);
 }

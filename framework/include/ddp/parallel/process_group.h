@@ -22,20 +22,37 @@
 
 namespace ddp {
 
+class ReplicaSet;  // parallel/replicas.h
+
 class ProcessGroup {
  public:
-  // Collective over every rank of `runtime`.
+  // Collective over every rank of `runtime`. The process trains one replica: with
+  // Runtime::replicas_per_process() > 1 this throws std::logic_error (use run_replicas, which
+  // gives each replica thread its group).
   explicit ProcessGroup(Runtime& runtime);
+  // Replica `replica` of this process (parallel/replicas.h): collective over the replica
+  // threads of the process, each passing its own index.
+  ProcessGroup(ReplicaSet& replicas, int replica);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   Runtime& runtime() const { return runtime_; }
 
+  // This replica's place in the job: what a rank is when each process trains one replica.
+  // rank() = Runtime::rank() * replicas_per_process() + replica(); size() counts every replica.
+  int rank() const { return runtime_.rank() * replicas_per_process() + replica_; }
+  int size() const { return runtime_.world_size() * replicas_per_process(); }
+  bool is_main() const { return rank() == 0; }
+  int replica() const { return replica_; }
+  int replicas_per_process() const;
+  // The device this replica computes on (Runtime::replica_device).
+  torch::Device device() const { return runtime_.replica_device(replica_); }
+
   // Collectives over all ranks for CPU tensors (MPI).
   Communicator& cpu() { return *cpu_; }
 
-  // Whether gpu() can exist: this rank computes on CUDA and nccl_communicator_built().
+  // Whether gpu() can exist: this replica computes on CUDA and nccl_communicator_built().
   bool has_gpu() const;
   // Collectives over all ranks for CUDA tensors on runtime().device() (NCCL). The first call
   // creates it and is therefore collective: every rank must make it (DistributedDataParallel
@@ -47,11 +64,14 @@ class ProcessGroup {
   // CPU, so that its traffic cannot be confused with anybody else's. Collective.
   std::shared_ptr<Communicator> for_device(torch::Device device);
 
-  // A new MPI communicator over all ranks, with a worker thread of its own. Collective.
+  // A new MPI communicator over all ranks, with a worker thread of its own. Collective. With
+  // several replicas per process: a new channel of the replicas' hub (replica_communicator.h).
   std::unique_ptr<Communicator> new_cpu_communicator();
 
  private:
   Runtime& runtime_;
+  ReplicaSet* replicas_ = nullptr;  // null: the process is one replica
+  int replica_ = 0;
   std::unique_ptr<Communicator> cpu_;
   std::shared_ptr<Communicator> gpu_;  // shared with for_device()'s users
 };

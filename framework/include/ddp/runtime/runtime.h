@@ -37,6 +37,10 @@ struct RuntimeOptions {
   bool use_cuda = true;
   // false: rank 0 prints no start-up banner (warnings and errors still appear).
   bool print_banner = true;
+  // Replicas this process trains, one thread each (parallel/replicas.h): 0 picks the default,
+  // the GPUs this process sees per local rank on a GPU (default_replicas_per_process in
+  // launcher.h), 1 on the CPU. Must come out the same on every rank.
+  int replicas_per_process = 0;
 };
 
 class Runtime {
@@ -60,7 +64,17 @@ class Runtime {
   int num_nodes() const { return num_nodes_; }
   bool is_main() const { return rank_ == 0; }
   const std::string& hostname() const { return hostname_; }
+  // The device of the process's first replica (its only one, unless replicas_per_process() > 1).
   torch::Device device() const { return device_; }
+  // Replicas this process trains (RuntimeOptions::replicas_per_process, resolved); the same on
+  // every rank, so the job has world_size() * replicas_per_process() replicas.
+  int replicas_per_process() const { return replicas_; }
+  // The device of replica `replica` (0..replicas_per_process()-1): the CPU, or GPU
+  // local_rank() * replicas_per_process() + replica.
+  torch::Device replica_device(int replica) const;
+  // The intra-op threads of each replica: threads() divided among the replicas unless
+  // OMP_NUM_THREADS set them.
+  const ThreadChoice& replica_threads() const { return replica_threads_; }
   int mpi_thread_level() const { return thread_level_; }
   // How the job was started, from the environment the launcher left (read before MPI_Init).
   const LaunchInfo& launch() const { return launch_; }
@@ -96,6 +110,8 @@ class Runtime {
   torch::Device device_{torch::kCPU};
   LaunchInfo launch_;
   ThreadChoice threads_;
+  ThreadChoice replica_threads_;
+  int replicas_ = 1;
   int visible_gpus_ = 0;  // CUDA devices this rank sees (0 without CUDA or with use_cuda off)
   bool own_gpu_ = false;  // every rank of the node sees one GPU, its own
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -116,8 +132,12 @@ int run_or_abort(const Runtime& runtime, const std::function<void()>& body);
 // - std::runtime_error naming the counts and the fixes when the node has more ranks than
 //   visible GPUs (NCCL cannot run two ranks on one GPU).
 // Fewer ranks than GPUs is not an error: rank 0 warns (gpu_rank_mismatch in launcher.h).
+// With `replicas` per rank (RuntimeOptions::replicas_per_process), replica `replica` of the
+// rank computes on cuda:<local_rank * replicas + replica>; the node must have local_size *
+// replicas GPUs, and a rank that sees one GPU of its own (`own_gpu`) cannot have several.
 torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size, bool own_gpu = false);
+                            int local_size, bool own_gpu = false, int replicas = 1,
+                            int replica = 0);
 
 // Whether every rank of a node has a GPU of its own, from each rank's id (UUID) of the one GPU
 // it sees, "" when it sees none or several: all ids present and no two equal.

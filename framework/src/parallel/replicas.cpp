@@ -1,0 +1,129 @@
+#include <ddp/parallel/replicas.h>
+
+#include <ddp/comm/mpi_communicator.h>
+#include <ddp/config.h>
+#include <ddp/parallel/process_group.h>
+#include <ddp/runtime/launcher.h>
+#include <ddp/util/generator.h>
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+#include <ddp/comm/nccl_communicator.h>
+#endif
+
+#include "parallel/mpi_environment.h"
+#if DDP_WITH_CUDA
+#include "util/cuda_device.h"
+#endif
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace ddp {
+
+std::string describe_replica(int replica, int replicas, int rank, int size) {
+  return "replica " + std::to_string(replica) + " of " + std::to_string(replicas) +
+         " (replica " + std::to_string(rank) + " of the job's " + std::to_string(size) + ")";
+}
+
+ReplicaSet::ReplicaSet(Runtime& runtime)
+    : runtime_(runtime), replicas_(runtime.replicas_per_process()) {
+  const MPI_Comm comm = runtime.comm();
+  hub_ = std::make_unique<ReplicaHub>(replicas_, runtime.rank(), runtime.world_size(), [comm] {
+    return std::make_unique<MpiCommunicator>(comm, mpi_options_from_environment());
+  });
+}
+
+ReplicaSet::~ReplicaSet() = default;
+
+std::shared_ptr<Communicator> ReplicaSet::nccl(int replica) {
+  std::lock_guard<std::mutex> lock(nccl_mutex_);
+  if (nccl_.empty()) {
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+    std::vector<torch::Device> devices;
+    for (int r = 0; r < replicas_; ++r) devices.push_back(runtime_.replica_device(r));
+    NcclOptions options;
+    options.timeout = std::chrono::seconds(nccl_timeout_seconds(current_environment()));
+    const Runtime* runtime = &runtime_;
+    options.on_fatal_error = [runtime](const std::string& message) { runtime->abort(message); };
+    for (auto& comm : NcclCommunicator::create_for_devices(
+             runtime_.comm(), runtime_.rank(), runtime_.rank() * replicas_,
+             runtime_.world_size() * replicas_, devices, options)) {
+      nccl_.push_back(std::shared_ptr<Communicator>(std::move(comm)));
+    }
+#else
+    throw std::runtime_error("ReplicaSet::nccl: this build of ddp has no NCCL communicator (it "
+                             "needs a CUDA LibTorch and NCCL >= 2.10; see docs/gpu.md)");
+#endif
+  }
+  return nccl_.at(static_cast<size_t>(replica));
+}
+
+namespace {
+
+std::string message_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();  // LibTorch's message without its stack dump
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+int run_replicas(Runtime& runtime, const std::function<int(ProcessGroup&)>& body) {
+  const int n = runtime.replicas_per_process();
+  if (n == 1) {
+    ProcessGroup group(runtime);
+    return body(group);
+  }
+  ReplicaSet set(runtime);
+  const int threads = runtime.replica_threads().threads;
+  const bool set_threads = !runtime.replica_threads().from_user;
+  std::vector<int> status(static_cast<size_t>(n), 0);
+  std::atomic<bool> failing{false};
+  auto replica_main = [&](int r) {
+    const int global = runtime.rank() * n + r;
+    try {
+      // Per thread: LibTorch's intra-op count (OpenMP's is a per-thread setting), the device,
+      // the generator.
+      if (set_threads) at::set_num_threads(threads);
+#if DDP_WITH_CUDA
+      const torch::Device device = runtime.replica_device(r);
+      if (device.is_cuda()) detail::set_current_cuda_device(device.index(), global);
+#endif
+      ThreadCpuGenerator generator;
+      ProcessGroup group(set, r);
+      status[static_cast<size_t>(r)] = body(group);
+    } catch (const ReplicasAborted&) {
+      // Another replica failed first and is ending the job; nothing to add.
+    } catch (...) {
+      const std::string message = message_of(std::current_exception());
+      set.hub().abort("replica " + std::to_string(r) + " failed: " + message);
+      if (!failing.exchange(true)) {
+        runtime.abort(describe_replica(r, n, global, runtime.world_size() * n) + ": " + message);
+      }
+      // Another replica is ending the job already: wait for it.
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int r = 0; r < n; ++r) pool.emplace_back(replica_main, r);
+  for (auto& t : pool) t.join();
+  if (set.hub().aborted()) {
+    // Only a failure aborts the hub, and a failure ends the job: not reached in practice.
+    throw std::runtime_error("run_replicas: a replica failed");
+  }
+  return status[0];
+}
+
+}  // namespace ddp
