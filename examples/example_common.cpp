@@ -1,6 +1,7 @@
 #include "example_common.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -47,6 +48,13 @@ void check_common_flags(const CommonFlags& f) {
   require_at_least("--log-interval", f.log_interval, 0);
   require_at_least("--check-sync-every", f.check_sync_every, 0);
   require_at_least("--checkpoint-every-steps", f.checkpoint_every_steps, 0);
+  if (f.timeout) {
+    require_finite("--timeout", *f.timeout, 0, /*least_allowed=*/false);
+    if (*f.timeout > 1e7) {
+      throw std::invalid_argument("--timeout must be at most 10000000 seconds (got " +
+                                  short_text(*f.timeout) + ")");
+    }
+  }
   if (f.checkpoint_every_steps > 0 && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
   }
@@ -83,7 +91,9 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
-    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward");
+    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
+    ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
+     "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");
   checkpoints.add_options()
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
@@ -141,7 +151,11 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
   }
   int status = 0;
   const int aborted = ddp::run_or_abort(runtime, [&] {
-    ddp::ProcessGroup group(runtime);
+    ddp::ProcessGroupOptions group_options;
+    if (flags.timeout) {
+      group_options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
+    }
+    ddp::ProcessGroup group(runtime, group_options);
     if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
                                std::to_string(runtime.world_size()) + " ranks: use ddp_" + name +

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct CommonFlags {
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
   std::string progress;
+  std::optional<double> timeout;  // --timeout, when given
 };
 
 // The defaults that differ between programs.
@@ -56,7 +58,8 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
 
 // Throws std::invalid_argument naming the flag when the common flags are out of range: sizes
 // and counts below their least value, --lr and the bucket sizes not finite and > 0,
-// --resume without --checkpoint-dir, --resume-fallback without --resume.
+// --resume without --checkpoint-dir, --resume-fallback without --resume, --timeout not finite
+// and > 0 (and at most 10^7 s).
 void check_common_flags(const CommonFlags& flags);
 
 // For the programs' own flags: `value` >= `least`; a finite `value` > `least` (>= with
