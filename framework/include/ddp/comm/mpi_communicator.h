@@ -26,16 +26,18 @@
 // them (docs/performance.md). Limit: a rank stopped after every rank arrived at such a large
 // all-reduce (in the middle of the transfer) leaves the others spinning in it until the timeout.
 //
-// Watchdog: a second thread per communicator (asleep, waking every 100 ms) ends the job when a
+// Watchdog: a second thread per communicator (asleep, waking every 100 ms, no MPI call) ends the job when a
 // collective is still unfinished MpiOptions::timeout after this rank's worker entered it: it
 // calls MpiOptions::on_fatal_error (ProcessGroup passes Runtime::abort) with a message naming
 // the collective, its sequence number on this communicator (1 for the first call, counting
 // every kind), its dtype and shape, this rank, and the ranks that never arrived. To know those,
-// the timed-out rank asks every other rank over a private duplicate of the communicator, and
-// the watchdog threads answer with their worker's state (in which collective, or idle after
-// which). Limits, honestly: a rank that does not answer within 2 s is named "no answer"
-// (stopped, dead, or its process stuck without CPU); an answering rank that is idle or behind
-// is named with its last collective; the ranks are those of this communicator (ProcessGroup's
+// the timed-out rank asks every other rank over a private duplicate of the communicator and
+// waits 2 s; ranks whose watchdogs have fired too answer with their worker's state. Limits,
+// honestly: only ranks waiting past the timeout themselves answer, so the ranks named "no
+// answer" are those stopped, dead, hung, or alive but not in this collective (an idle rank
+// cannot be told from a stopped one: the watchdog makes no MPI call in normal operation,
+// because Open MPI 4.1.4's shared-memory transport crashed when it polled beside the workers);
+// an answering rank in another collective is named with it; the ranks are those of this communicator (ProcessGroup's
 // communicators are duplicates of MPI_COMM_WORLD, so these are the world ranks). The timeout
 // counts from when this rank entered the collective, not from when it was queued.
 //
