@@ -1,6 +1,7 @@
 #include "example_common.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -63,6 +64,13 @@ void check_common_flags(const CommonFlags& f) {
     throw std::invalid_argument("--replicas-per-process must be <= 1024 (got " +
                                 std::to_string(f.replicas_per_process) + ")");
   }
+  if (f.timeout) {
+    require_finite("--timeout", *f.timeout, 0, /*least_allowed=*/false);
+    if (*f.timeout > 1e7) {
+      throw std::invalid_argument("--timeout must be at most 10000000 seconds (got " +
+                                  short_text(*f.timeout) + ")");
+    }
+  }
   if (f.checkpoint_every_steps > 0 && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
   }
@@ -106,6 +114,8 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)");
+    ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
+     "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");
   checkpoints.add_options()
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
@@ -164,6 +174,10 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
   }
   int status = 0;
   const int aborted = ddp::run_or_abort(runtime, [&] {
+    ddp::ProcessGroupOptions group_options;
+    if (flags.timeout) {
+      group_options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
+    }
     if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
                                std::to_string(runtime.world_size()) + " ranks: use ddp_" + name +
@@ -187,7 +201,7 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
         }
       }
       return train(group);
-    });
+    }, group_options);
   });
   return aborted ? aborted : status;
 }

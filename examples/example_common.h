@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct CommonFlags {
   int64_t accumulate = 1, warmup_steps = 0;
   double clip_grad_norm = 0;
   std::string amp, schedule;
+  std::optional<double> timeout;  // --timeout, when given
 };
 
 // The defaults that differ between programs.
@@ -63,7 +65,8 @@ int run_example(int argc, char** argv, const std::string& name, const std::strin
 
 // Throws std::invalid_argument naming the flag when the common flags are out of range: sizes
 // and counts below their least value, --lr and the bucket sizes not finite and > 0,
-// --resume without --checkpoint-dir, --resume-fallback without --resume.
+// --resume without --checkpoint-dir, --resume-fallback without --resume, --timeout not finite
+// and > 0 (and at most 10^7 s).
 void check_common_flags(const CommonFlags& flags);
 
 // For the programs' own flags: `value` >= `least`; a finite `value` > `least` (>= with

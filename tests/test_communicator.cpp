@@ -75,6 +75,59 @@ TEST(MpiCommunicator, AllReduceInPiecesGivesTheSameResult) {
   EXPECT_TRUE(torch::equal(avg, torch::full({7}, double(w - 1))));
 }
 
+TEST(MpiCommunicator, EveryWayOfWaitingGivesTheSameResult) {
+  // Blocking all-reduce after an arrival barrier (blocking_bytes 0), non-blocking only (a huge
+  // threshold), sleeping at once (spin 0), never sleeping (max_sleep 0): the same sums.
+  const int r = comm().rank(), w = comm().size();
+  for (int variant = 0; variant < 4; ++variant) {
+    ddp::MpiOptions options;
+    if (variant == 0) options.blocking_bytes = 0;
+    if (variant == 1) options.blocking_bytes = std::size_t(1) << 40;
+    if (variant == 2) options.spin = std::chrono::microseconds(0);
+    if (variant == 3) options.max_sleep = std::chrono::microseconds(0);
+    ddp::MpiCommunicator c(MPI_COMM_WORLD, options);
+    for (int64_t n : {int64_t(3), int64_t(100'000)}) {
+      torch::Tensor t = torch::arange(n, torch::kLong).remainder(50) + r;
+      c.all_reduce(t, ddp::ReduceOp::Sum);
+      EXPECT_TRUE(torch::equal(t, torch::arange(n, torch::kLong).remainder(50) * w + w * (w - 1) / 2))
+          << "variant " << variant << ", " << n << " elements";
+    }
+    c.barrier();
+  }
+}
+
+TEST(MpiCommunicator, DebugModeNamesBothSidesOfAMismatchOnEveryRank) {
+  // Every rank gathers every call's fingerprint first: a mismatch throws the same message on
+  // every rank, no rank runs the collective, and the communicator stays usable.
+  const int r = comm().rank(), w = comm().size();
+  ddp::MpiOptions options;
+  options.check_collectives = true;
+  ddp::MpiCommunicator c(MPI_COMM_WORLD, options);
+  torch::Tensor t = torch::ones({2, 5});
+  c.all_reduce(t);  // #1: the same everywhere
+  EXPECT_TRUE(torch::equal(t, torch::full({2, 5}, double(w))));
+  if (w < 2) return;
+  std::string message;
+  try {
+    if (r == 1) {
+      c.broadcast(torch::zeros({3}, torch::kLong), 0);
+    } else {
+      c.all_reduce(torch::zeros({10}), ddp::ReduceOp::Max);
+    }
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  // Ranks 2 and 3 call what rank 0 calls: only rank 1 differs, so only rank 1 is named.
+  EXPECT_EQ(message,
+            "DDP_DEBUG=DETAIL: the ranks call different collectives on one communicator: rank 0 "
+            "called all_reduce #2 float32[10] (max) but rank 1 called broadcast #2 int64[3] "
+            "(root 0)");
+  c.barrier();  // #3: still usable
+  torch::Tensor shape = torch::ones({1, 2, 3, 4, 5, 6, 7}, torch::kDouble);
+  c.all_reduce(shape);
+  EXPECT_EQ(shape.sum().item<double>(), 5040.0 * w);
+}
+
 TEST(MpiCommunicator, BroadcastFromLastRank) {
   const int root = comm().size() - 1;
   torch::Tensor t = torch::full({2, 3}, comm().rank() == root ? 7.5 : -1.0);

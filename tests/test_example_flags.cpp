@@ -105,3 +105,18 @@ TEST(ExampleFlags, ProgramFlagHelpers) {
 }
 
 }  // namespace
+
+TEST(ExampleFlags, TimeoutIsFinitePositiveAndBounded) {
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 5; }), "");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 0.5; }), "");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 0; }),
+            "--timeout must be a finite number > 0 (got 0)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = -3; }),
+            "--timeout must be a finite number > 0 (got -3)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = std::numeric_limits<double>::quiet_NaN(); }),
+            "--timeout must be a finite number > 0 (got nan)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = std::numeric_limits<double>::infinity(); }),
+            "--timeout must be a finite number > 0 (got inf)");
+  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 2e7; }),
+            "--timeout must be at most 10000000 seconds (got 2e+07)");
+}

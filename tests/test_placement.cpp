@@ -175,6 +175,36 @@ TEST(NcclTimeout, DefaultEnvironmentAndBadValues) {
   }
 }
 
+TEST(CollectiveTimeout, OneVariableForBothBackendsNcclsOwnStillWins) {
+  EXPECT_EQ(ddp::collective_timeout_seconds({}), 600);
+  EXPECT_EQ(ddp::collective_timeout_seconds({{"DDP_TIMEOUT_SECONDS", "5"}}), 5);
+  EXPECT_EQ(ddp::nccl_timeout_seconds({{"DDP_TIMEOUT_SECONDS", "5"}}), 5);
+  EXPECT_EQ(ddp::nccl_timeout_seconds(
+                {{"DDP_TIMEOUT_SECONDS", "5"}, {"DDP_NCCL_TIMEOUT_SECONDS", "30"}}),
+            30);
+  for (const char* bad : {"0", "-5", "ten", "1.5"}) {
+    try {
+      ddp::collective_timeout_seconds({{"DDP_TIMEOUT_SECONDS", bad}});
+      FAIL() << "accepted " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("DDP_TIMEOUT_SECONDS='") + bad + "'")) << e.what();
+    }
+  }
+}
+
+TEST(DebugMode, DetailOffOrAnErrorNamingTheVariable) {
+  EXPECT_FALSE(ddp::debug_detail({}));
+  EXPECT_FALSE(ddp::debug_detail({{"DDP_DEBUG", ""}}));
+  EXPECT_FALSE(ddp::debug_detail({{"DDP_DEBUG", "OFF"}}));
+  EXPECT_TRUE(ddp::debug_detail({{"DDP_DEBUG", "DETAIL"}}));
+  try {
+    ddp::debug_detail({{"DDP_DEBUG", "verbose"}});
+    FAIL() << "accepted verbose";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "DDP_DEBUG='verbose': expected DETAIL")) << e.what();
+  }
+}
+
 TEST(ResolveBackend, AutoPicksNcclOnlyForAModelOnTheRanksGpuInANcclBuild) {
   using ddp::Backend;
   EXPECT_EQ(ddp::resolve_backend(Backend::Auto, cuda(0), cuda(0), true), Backend::Nccl);

@@ -34,14 +34,29 @@ void read_env(const char* name, long max, long& out) {
   out = number;
 }
 
-// The MPI backend's tuning knobs, for measurements (docs/performance.md):
-//   DDP_MPI_POLL_US      MpiOptions::poll_interval in microseconds (0: blocking calls)
-//   DDP_MPI_MESSAGE_KIB  MpiOptions::max_message_bytes in KiB (0: one call per tensor)
-MpiOptions mpi_options() {
+// The MPI backend's options: the timeout, the debug mode, Runtime::abort when a watchdog fires,
+// and its tuning knobs, for measurements (docs/performance.md):
+//   DDP_MPI_SPIN_US       MpiOptions::spin in microseconds (busy-testing before sleeping)
+//   DDP_MPI_MAX_SLEEP_US  MpiOptions::max_sleep in microseconds (0: never sleep)
+//   DDP_MPI_BLOCKING_KIB  MpiOptions::blocking_bytes in KiB
+//   DDP_MPI_MESSAGE_KIB   MpiOptions::max_message_bytes in KiB (0: one call per tensor)
+MpiOptions mpi_options(const Runtime& runtime, std::chrono::seconds timeout) {
   MpiOptions options;
-  long poll_us = options.poll_interval.count();
-  read_env("DDP_MPI_POLL_US", 1000000, poll_us);
-  options.poll_interval = std::chrono::microseconds(poll_us);
+  const Environment env = current_environment();
+  options.timeout = timeout.count() > 0 ? timeout
+                                        : std::chrono::seconds(collective_timeout_seconds(env));
+  options.check_collectives = debug_detail(env);
+  const Runtime* owner = &runtime;
+  options.on_fatal_error = [owner](const std::string& message) { owner->abort(message); };
+  long spin_us = options.spin.count();
+  read_env("DDP_MPI_SPIN_US", 1000000, spin_us);
+  options.spin = std::chrono::microseconds(spin_us);
+  long sleep_us = options.max_sleep.count();
+  read_env("DDP_MPI_MAX_SLEEP_US", 1000000, sleep_us);
+  options.max_sleep = std::chrono::microseconds(sleep_us);
+  long blocking_kib = static_cast<long>(options.blocking_bytes >> 10);
+  read_env("DDP_MPI_BLOCKING_KIB", 1L << 30, blocking_kib);
+  options.blocking_bytes = static_cast<std::size_t>(blocking_kib) << 10;
   long message_kib = static_cast<long>(options.max_message_bytes >> 10);
   read_env("DDP_MPI_MESSAGE_KIB", 1L << 30, message_kib);
   options.max_message_bytes = static_cast<std::size_t>(message_kib) << 10;
@@ -50,9 +65,16 @@ MpiOptions mpi_options() {
 
 }  // namespace
 
-MpiOptions mpi_options_from_environment() { return mpi_options(); }
+MpiOptions mpi_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout) {
+  return mpi_options(runtime, timeout);
+}
 
-ProcessGroup::ProcessGroup(Runtime& runtime) : runtime_(runtime) {
+ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options)
+    : runtime_(runtime), options_(options) {
+  if (options.timeout.count() < 0) {
+    throw std::invalid_argument("ProcessGroupOptions::timeout must be >= 0 seconds (0: "
+                                "DDP_TIMEOUT_SECONDS, else 600)");
+  }
   if (runtime.replicas_per_process() > 1) {
     throw std::logic_error(
         "ProcessGroup: rank " + std::to_string(runtime.rank()) + " is to train " +
@@ -61,11 +83,12 @@ ProcessGroup::ProcessGroup(Runtime& runtime) : runtime_(runtime) {
         "run the training body with ddp::run_replicas (parallel/replicas.h), which gives each "
         "replica thread its group");
   }
-  cpu_ = std::make_unique<MpiCommunicator>(runtime.comm(), mpi_options());
+  cpu_ = std::make_unique<MpiCommunicator>(runtime.comm(), mpi_options(runtime, options.timeout));
 }
 
 ProcessGroup::ProcessGroup(ReplicaSet& replicas, int replica)
     : runtime_(replicas.runtime()),
+      options_(replicas.options()),
       replicas_(&replicas),
       replica_(replica),
       cpu_(replicas.hub().communicator(replica)) {}
@@ -97,7 +120,9 @@ Communicator& ProcessGroup::gpu() {
   }
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
   NcclOptions options;
-  options.timeout = std::chrono::seconds(nccl_timeout_seconds(current_environment()));
+  options.timeout = options_.timeout.count() > 0
+                        ? options_.timeout
+                        : std::chrono::seconds(nccl_timeout_seconds(current_environment()));
   const Runtime* runtime = &runtime_;
   options.on_fatal_error = [runtime](const std::string& message) { runtime->abort(message); };
   gpu_ = std::make_shared<NcclCommunicator>(runtime_.comm(), runtime_.rank(),
@@ -121,7 +146,8 @@ std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
 
 std::unique_ptr<Communicator> ProcessGroup::new_cpu_communicator() {
   if (replicas_) return replicas_->hub().communicator(replica_);
-  return std::make_unique<MpiCommunicator>(runtime_.comm(), mpi_options());
+  return std::make_unique<MpiCommunicator>(runtime_.comm(),
+                                           mpi_options(runtime_, options_.timeout));
 }
 
 }  // namespace ddp

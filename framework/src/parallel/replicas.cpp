@@ -31,11 +31,14 @@ std::string describe_replica(int replica, int replicas, int rank, int size) {
          " (replica " + std::to_string(rank) + " of the job's " + std::to_string(size) + ")";
 }
 
-ReplicaSet::ReplicaSet(Runtime& runtime)
-    : runtime_(runtime), replicas_(runtime.replicas_per_process()) {
+ReplicaSet::ReplicaSet(Runtime& runtime, ProcessGroupOptions options)
+    : runtime_(runtime), options_(options), replicas_(runtime.replicas_per_process()) {
   const MPI_Comm comm = runtime.comm();
-  hub_ = std::make_unique<ReplicaHub>(replicas_, runtime.rank(), runtime.world_size(), [comm] {
-    return std::make_unique<MpiCommunicator>(comm, mpi_options_from_environment());
+  const Runtime* owner = &runtime;
+  const std::chrono::seconds timeout = options.timeout;
+  hub_ = std::make_unique<ReplicaHub>(replicas_, runtime.rank(), runtime.world_size(),
+                                      [comm, owner, timeout] {
+    return std::make_unique<MpiCommunicator>(comm, mpi_options_from_environment(*owner, timeout));
   });
 }
 
@@ -48,7 +51,9 @@ std::shared_ptr<Communicator> ReplicaSet::nccl(int replica) {
     std::vector<torch::Device> devices;
     for (int r = 0; r < replicas_; ++r) devices.push_back(runtime_.replica_device(r));
     NcclOptions options;
-    options.timeout = std::chrono::seconds(nccl_timeout_seconds(current_environment()));
+    options.timeout = options_.timeout.count() > 0
+                          ? options_.timeout
+                          : std::chrono::seconds(nccl_timeout_seconds(current_environment()));
     const Runtime* runtime = &runtime_;
     options.on_fatal_error = [runtime](const std::string& message) { runtime->abort(message); };
     for (auto& comm : NcclCommunicator::create_for_devices(
@@ -80,13 +85,14 @@ std::string message_of(std::exception_ptr error) {
 
 }  // namespace
 
-int run_replicas(Runtime& runtime, const std::function<int(ProcessGroup&)>& body) {
+int run_replicas(Runtime& runtime, const std::function<int(ProcessGroup&)>& body,
+                 ProcessGroupOptions options) {
   const int n = runtime.replicas_per_process();
   if (n == 1) {
-    ProcessGroup group(runtime);
+    ProcessGroup group(runtime, options);
     return body(group);
   }
-  ReplicaSet set(runtime);
+  ReplicaSet set(runtime, options);
   const int threads = runtime.replica_threads().threads;
   const bool set_threads = !runtime.replica_threads().from_user;
   std::vector<int> status(static_cast<size_t>(n), 0);

@@ -279,15 +279,37 @@ bool yield_when_idle(const Environment& env, int local_size, int cpus) {
   return ranks * (threads + 1) > std::max(cpus, 1);
 }
 
-int nccl_timeout_seconds(const Environment& env) {
-  const std::string text = get(env, "DDP_NCCL_TIMEOUT_SECONDS");
-  if (text.empty()) return 600;
-  const int seconds = get_int(env, "DDP_NCCL_TIMEOUT_SECONDS");
+namespace {
+
+int positive_seconds(const Environment& env, const char* name) {
+  const std::string text = get(env, name);
+  const int seconds = get_int(env, name);
   if (seconds <= 0) {
-    throw std::invalid_argument("DDP_NCCL_TIMEOUT_SECONDS='" + text +
+    throw std::invalid_argument(std::string(name) + "='" + text +
                                 "' is not a positive whole number of seconds");
   }
   return seconds;
+}
+
+}  // namespace
+
+int collective_timeout_seconds(const Environment& env) {
+  if (get(env, "DDP_TIMEOUT_SECONDS").empty()) return 600;
+  return positive_seconds(env, "DDP_TIMEOUT_SECONDS");
+}
+
+int nccl_timeout_seconds(const Environment& env) {
+  if (get(env, "DDP_NCCL_TIMEOUT_SECONDS").empty()) return collective_timeout_seconds(env);
+  return positive_seconds(env, "DDP_NCCL_TIMEOUT_SECONDS");
+}
+
+bool debug_detail(const Environment& env) {
+  const std::string value = get(env, "DDP_DEBUG");
+  if (value.empty() || value == "OFF") return false;
+  if (value == "DETAIL") return true;
+  throw std::invalid_argument("DDP_DEBUG='" + value +
+                              "': expected DETAIL (check that every rank calls the same "
+                              "collectives) or OFF");
 }
 
 std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>& ranks,

@@ -42,7 +42,7 @@ void parse_test_signal(const char* text, int64_t& step, int& rank, int& signal) 
   const auto bad = [&] {
     return std::invalid_argument("DDP_TEST_SIGNAL_AT_STEP='" + value +
                                  "': expected STEP:RANK:SIGNAL, e.g. 5:1:TERM (SIGNAL: TERM, "
-                                 "USR1, USR2 or KILL)");
+                                 "USR1, USR2, KILL or STOP)");
   };
   const size_t a = value.find(':'), b = value.find(':', a == std::string::npos ? a : a + 1);
   if (a == std::string::npos || b == std::string::npos) throw bad();
@@ -58,6 +58,7 @@ void parse_test_signal(const char* text, int64_t& step, int& rank, int& signal) 
            : name == "USR1" ? SIGUSR1
            : name == "USR2" ? SIGUSR2
            : name == "KILL" ? SIGKILL
+           : name == "STOP" ? SIGSTOP  // a hung rank, for the watchdog
                             : 0;
   if (signal == 0 || step < 1 || rank < 0) throw bad();
 }
@@ -263,6 +264,10 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       phase("optimizer", local.optimizer, [&] { optimizer_step(); });
       ++global_step_;
       if (global_step_ == test_signal_step_ && group_.rank() == test_signal_rank_) {
+        // Said first, so a test can time the job's end from the signal.
+        std::fprintf(stderr, "DDP_TEST_SIGNAL_AT_STEP: rank %d raises signal %d after step %lld\n",
+                     group_.rank(), test_signal_, static_cast<long long>(global_step_));
+        std::fflush(stderr);
         std::raise(test_signal_);
       }
     }

@@ -8,8 +8,8 @@
 //   ddp::DistributedDataParallel model(group, net);
 //
 // The backends know nothing of the Runtime: this is where they get what they need from it (the
-// bootstrap communicator, rank, size, device, the NCCL timeout from DDP_NCCL_TIMEOUT_SECONDS,
-// and Runtime::abort as what to do on a fatal NCCL error).
+// bootstrap communicator, rank, size, device, the collective timeout, the debug mode
+// (DDP_DEBUG=DETAIL), and Runtime::abort as what to do when a watchdog fires).
 //
 // Invariant: destroyed before the Runtime (declare it after), since its communicators need MPI.
 
@@ -18,9 +18,17 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <memory>
 
 namespace ddp {
+
+struct ProcessGroupOptions {
+  // How long a collective of any of the group's communicators (MPI and NCCL) may take before
+  // its watchdog ends the job. 0: DDP_TIMEOUT_SECONDS, else 600 s (PyTorch's default); NCCL's
+  // still honours the older DDP_NCCL_TIMEOUT_SECONDS. The examples' --timeout sets it.
+  std::chrono::seconds timeout{0};
+};
 
 class ReplicaSet;  // parallel/replicas.h
 
@@ -28,10 +36,12 @@ class ProcessGroup {
  public:
   // Collective over every rank of `runtime`. The process trains one replica: with
   // Runtime::replicas_per_process() > 1 this throws std::logic_error (use run_replicas, which
-  // gives each replica thread its group).
-  explicit ProcessGroup(Runtime& runtime);
+  // gives each replica thread its group). Reads the environment: DDP_TIMEOUT_SECONDS (unless
+  // options.timeout is set), DDP_DEBUG, and the MPI backend's tuning variables
+  // (process_group.cpp); a bad value is an error naming the variable.
+  explicit ProcessGroup(Runtime& runtime, ProcessGroupOptions options = {});
   // Replica `replica` of this process (parallel/replicas.h): collective over the replica
-  // threads of the process, each passing its own index.
+  // threads of the process, each passing its own index; the options are the ReplicaSet's.
   ProcessGroup(ReplicaSet& replicas, int replica);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -70,6 +80,7 @@ class ProcessGroup {
 
  private:
   Runtime& runtime_;
+  ProcessGroupOptions options_;
   ReplicaSet* replicas_ = nullptr;  // null: the process is one replica
   int replica_ = 0;
   std::unique_ptr<Communicator> cpu_;

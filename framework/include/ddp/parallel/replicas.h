@@ -34,6 +34,7 @@
 
 #include <ddp/comm/communicator.h>
 #include <ddp/comm/replica_communicator.h>
+#include <ddp/parallel/process_group.h>
 #include <ddp/runtime/runtime.h>
 
 #include <functional>
@@ -50,13 +51,14 @@ class ProcessGroup;
 // GPUs, the process's NCCL communicators. run_replicas() makes one; ProcessGroup uses it.
 class ReplicaSet {
  public:
-  // Runtime::replicas_per_process() replicas.
-  explicit ReplicaSet(Runtime& runtime);
+  // Runtime::replicas_per_process() replicas; `options` are every replica's group's.
+  explicit ReplicaSet(Runtime& runtime, ProcessGroupOptions options = {});
   ~ReplicaSet();
   ReplicaSet(const ReplicaSet&) = delete;
   ReplicaSet& operator=(const ReplicaSet&) = delete;
 
   Runtime& runtime() const { return runtime_; }
+  const ProcessGroupOptions& options() const { return options_; }
   int size() const { return replicas_; }
   ReplicaHub& hub() { return *hub_; }
 
@@ -67,6 +69,7 @@ class ReplicaSet {
 
  private:
   Runtime& runtime_;
+  ProcessGroupOptions options_;
   int replicas_;
   std::unique_ptr<ReplicaHub> hub_;
   std::mutex nccl_mutex_;
@@ -74,12 +77,13 @@ class ReplicaSet {
 };
 
 // Runs `body` once per replica of this process (Runtime::replicas_per_process()), each on a
-// thread of its own with its own ProcessGroup, and returns replica 0's result once all have
+// thread of its own with its own ProcessGroup (all with `options`), and returns replica 0's result once all have
 // returned. With one replica: `body` on the calling thread with ProcessGroup(runtime), exactly
 // what a program without replicas does. An exception from any replica's body ends the job
 // (Runtime::abort) naming the rank and the replica; with one replica it propagates, as it would
 // without run_replicas.
-int run_replicas(Runtime& runtime, const std::function<int(ProcessGroup&)>& body);
+int run_replicas(Runtime& runtime, const std::function<int(ProcessGroup&)>& body,
+                 ProcessGroupOptions options = {});
 
 // "replica 1 of 2 (replica 3 of the job's 4)": how errors name a replica.
 std::string describe_replica(int replica, int replicas, int rank, int size);

@@ -107,10 +107,19 @@ ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_
 // two emulated hosts at 100 Mbit/s: 849 vs 665 ms per CNN step). `local_size` < 1 counts as 1.
 bool yield_when_idle(const Environment& env, int local_size, int cpus);
 
-// Seconds an NCCL collective may take before the communicator's watchdog ends the job:
-// DDP_NCCL_TIMEOUT_SECONDS, or 600 when it is unset or empty. Throws std::invalid_argument
-// naming the variable when it is not a positive whole number.
+// Seconds a collective of either backend may take before the communicator's watchdog ends the
+// job: DDP_TIMEOUT_SECONDS, or 600 (PyTorch's default) when it is unset or empty. Throws
+// std::invalid_argument naming the variable when it is not a positive whole number.
+int collective_timeout_seconds(const Environment& env);
+
+// The same for NCCL alone: DDP_NCCL_TIMEOUT_SECONDS when it is set (the older, NCCL-only name),
+// else collective_timeout_seconds(env).
 int nccl_timeout_seconds(const Environment& env);
+
+// The debug mode (DDP_DEBUG, as PyTorch's TORCH_DISTRIBUTED_DEBUG): true for DETAIL (every
+// collective of the MPI backend is first checked to be the same on every rank), false when
+// unset, empty or OFF. Throws std::invalid_argument naming the variable for anything else.
+bool debug_detail(const Environment& env);
 
 // One rank's place, gathered on rank 0 for the banner.
 struct RankPlace {

@@ -196,8 +196,9 @@ class Trainer {
   // Installed for the Trainer's lifetime unless stop_check_every is 0.
   std::optional<StopSignalHandlers> stop_handlers_;
   // DDP_TEST_SIGNAL_AT_STEP=STEP:RANK:SIGNAL (tests only): rank RANK raises SIGNAL (TERM, USR1,
-  // USR2, or KILL for a crash) on itself right after optimizer step STEP: a signal at a known
-  // step, so the tests can assert where the ranks stop.
+  // USR2, KILL for a crash, STOP for a hung rank) on itself right after optimizer step STEP,
+  // saying so on stderr first: a signal at a known step, so the tests can assert where the
+  // ranks stop.
   int64_t test_signal_step_ = -1;
   int test_signal_rank_ = -1, test_signal_ = 0;
   // A snapshot taken inside epoch resume_epoch_ that fit() continues from.

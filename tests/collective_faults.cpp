@@ -1,0 +1,66 @@
+// Ranks that misbehave around the MPI backend's collectives, for the watchdog and the debug mode
+// (ctest registers each case with the message it must print; docs/reliability.md):
+//   collective_faults agree     every rank calls the same collectives (run with DDP_DEBUG=DETAIL):
+//                               all pass, results checked; rank 0 prints "... agreed: OK"
+//   collective_faults mismatch  collective #2: rank 1 broadcasts int64[3] while the others
+//                               all-reduce float32[10] (DDP_DEBUG=DETAIL names both sides)
+//   collective_faults stop      the last rank stops itself (SIGSTOP) before collective #3; the
+//                               others wait in it until the watchdog (DDP_TIMEOUT_SECONDS) fires
+//   collective_faults idle      rank 1 sleeps (alive) before collective #3; the watchdog of the
+//                               others says what rank 1 last did
+#include <ddp/parallel/process_group.h>
+#include <ddp/runtime/runtime.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+int main(int argc, char** argv) {
+  ddp::Runtime runtime(argc, argv);
+  const std::string mode = argc > 1 ? argv[1] : "agree";
+  return ddp::run_or_abort(runtime, [&] {
+    ddp::ProcessGroup group(runtime);
+    ddp::Communicator& comm = group.cpu();
+    const int rank = comm.rank(), size = comm.size();
+    // #1 and #2 below are the same on every rank, except in "mismatch".
+    torch::Tensor ones = torch::ones({4});
+    comm.all_reduce(ones);
+    if (ones[0].item<float>() != static_cast<float>(size)) throw std::runtime_error("wrong sum");
+    if (mode == "mismatch") {
+      if (rank == 1) {
+        comm.broadcast(torch::zeros({3}, torch::kLong));
+      } else {
+        comm.all_reduce(torch::zeros({10}));
+      }
+      throw std::runtime_error("collective_faults mismatch: the mismatch went unnoticed");
+    }
+    comm.barrier();
+    if (mode == "stop" && rank == size - 1) std::raise(SIGSTOP);
+    if (mode == "idle" && rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+    torch::Tensor stats = torch::tensor({1.0, static_cast<double>(rank), 3.0}, torch::kDouble);
+    comm.all_reduce(stats, ddp::ReduceOp::Max);  // #3
+    if (mode == "stop" || mode == "idle") {
+      throw std::runtime_error("collective_faults " + mode + ": the watchdog never fired");
+    }
+    // "agree": the other kinds, and an all-reduce large enough for the blocking path.
+    torch::Tensor root = torch::arange(3, torch::kLong) * (rank == 0 ? 1 : 0);
+    comm.broadcast(root);
+    torch::Tensor gathered = comm.all_gather(torch::full({2, 2}, rank, torch::kInt));
+    torch::Tensor large = torch::ones({1 << 20});
+    comm.all_reduce_async(large, ddp::ReduceOp::Avg)->wait();
+    if (root[2].item<int64_t>() != 2 || gathered[size - 1][1][1].item<int>() != size - 1 ||
+        large[12345].item<float>() != 1.0f || stats[1].item<double>() != size - 1) {
+      throw std::runtime_error("collective_faults agree: a result is wrong");
+    }
+    comm.barrier();
+    if (runtime.is_main()) {
+      std::printf("collective_faults: every rank called the same 7 collectives, results checked: "
+                  "OK\n");
+    }
+  });
+}
