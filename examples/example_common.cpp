@@ -113,7 +113,7 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
-    ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)");
+    ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
     ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
      "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");

@@ -18,7 +18,8 @@
 #                           node): the warning with the fix, and training still runs on the CPU
 #   replicas                srun -N 2 (one task per node) with --replicas-per-process 2: 2
 #                           processes x 2 replicas; every replica's place, training, evaluation
-#                           and the metrics over 4 replicas
+#                           and the metrics over 4 replicas; the model equals that of
+#                           srun -N 2 --ntasks-per-node 2 (4 ranks) to 1e-5
 #   preempt                 sbatch of the 2-node script (ddp_mnist with --checkpoint-dir and
 #                           --resume), then scancel --signal=USR1 (what --signal=USR1@120 does at
 #                           the time limit) once training runs: the ranks stop with a snapshot,
@@ -212,7 +213,9 @@ case "$scenario" in
     ;;
 
   replicas)
-    run replicas.log srun -N 2 "$ddp_mnist" "${short_run[@]}" --replicas-per-process 2 --show-topology
+    compare=${DDP_COMPARE_MODELS:?DDP_COMPARE_MODELS: the path of ddp_compare_models (ctest sets it)}
+    mkdir -p x2 x1
+    (cd x2 && run ../replicas.log srun -N 2 "$ddp_mnist" "${short_run[@]}" --replicas-per-process 2 --show-topology --save-model)
     expect replicas.log "^ddp: Slurm srun \(PMIx\), job [0-9]+: 2 processes x 2 replicas = 4 replicas on 2 nodes \(1 process per node\), device cpu, [0-9]+ threads? per replica" "banner"
     for r in 0 1; do
       for k in 0 1; do
@@ -222,6 +225,13 @@ case "$scenario" in
     expect replicas.log "^Training on 4 replica\(s\), 2 node\(s\)" "the data split over 4 replicas"
     expect replicas.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation"
     expect replicas.log "^Summary over 4 replica\(s\):" "metrics over 4 replicas"
+    # The same training as 4 ranks, 2 per node (tolerance: the same sum in another order,
+    # tests/replica_equivalence_check.sh).
+    (cd x1 && run ../ranks.log srun -N 2 --ntasks-per-node 2 "$ddp_mnist" "${short_run[@]}" --save-model)
+    expect ranks.log "^Summary over 4 rank\(s\):" "metrics over 4 ranks"
+    "$compare" --tolerance 1e-5 x2/mnist_cnn.pt x1/mnist_cnn.pt > compare.log 2>&1 ||
+      { cat compare.log; fail "2 processes x 2 replicas did not train what 4 ranks train"; }
+    expect compare.log "^(identical|equal within)" "the models agree"
     ;;
 
   *) fail "unknown scenario '$scenario'" ;;
