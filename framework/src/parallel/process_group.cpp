@@ -4,7 +4,7 @@
 #include <ddp/config.h>
 #include <ddp/parallel/replicas.h>
 
-#include "parallel/mpi_environment.h"
+#include "parallel/backend_options.h"
 #include <ddp/runtime/launcher.h>
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 #include <ddp/comm/nccl_communicator.h>
@@ -69,6 +69,18 @@ MpiOptions mpi_options_from_environment(const Runtime& runtime, std::chrono::sec
   return mpi_options(runtime, timeout);
 }
 
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+NcclOptions nccl_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout) {
+  NcclOptions options;
+  options.timeout = timeout.count() > 0
+                        ? timeout
+                        : std::chrono::seconds(nccl_timeout_seconds(current_environment()));
+  const Runtime* owner = &runtime;
+  options.on_fatal_error = [owner](const std::string& message) { owner->abort(message); };
+  return options;
+}
+#endif
+
 ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options)
     : runtime_(runtime), options_(options) {
   if (options.timeout.count() < 0) {
@@ -119,15 +131,9 @@ Communicator& ProcessGroup::gpu() {
     return *gpu_;
   }
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
-  NcclOptions options;
-  options.timeout = options_.timeout.count() > 0
-                        ? options_.timeout
-                        : std::chrono::seconds(nccl_timeout_seconds(current_environment()));
-  const Runtime* runtime = &runtime_;
-  options.on_fatal_error = [runtime](const std::string& message) { runtime->abort(message); };
   gpu_ = std::make_shared<NcclCommunicator>(runtime_.comm(), runtime_.rank(),
                                             runtime_.world_size(), runtime_.device(),
-                                            std::move(options));
+                                            nccl_options_from_environment(runtime_, options_.timeout));
 #endif
   return *gpu_;
 }

@@ -9,7 +9,7 @@
 #include <ddp/comm/nccl_communicator.h>
 #endif
 
-#include "parallel/mpi_environment.h"
+#include "parallel/backend_options.h"
 #if DDP_WITH_CUDA
 #include "util/cuda_device.h"
 #endif
@@ -50,12 +50,7 @@ std::shared_ptr<Communicator> ReplicaSet::nccl(int replica) {
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
     std::vector<torch::Device> devices;
     for (int r = 0; r < replicas_; ++r) devices.push_back(runtime_.replica_device(r));
-    NcclOptions options;
-    options.timeout = options_.timeout.count() > 0
-                          ? options_.timeout
-                          : std::chrono::seconds(nccl_timeout_seconds(current_environment()));
-    const Runtime* runtime = &runtime_;
-    options.on_fatal_error = [runtime](const std::string& message) { runtime->abort(message); };
+    const NcclOptions options = nccl_options_from_environment(runtime_, options_.timeout);
     for (auto& comm : NcclCommunicator::create_for_devices(
              runtime_.comm(), runtime_.rank(), runtime_.rank() * replicas_,
              runtime_.world_size() * replicas_, devices, options)) {
