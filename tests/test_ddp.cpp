@@ -9,6 +9,8 @@
 
 namespace {
 
+using ddp_test::identical_on_all_ranks;
+
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
@@ -31,14 +33,6 @@ torch::Tensor flat_state(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
-// True on every rank iff every rank's tensor is bit-identical to rank 0's.
-bool identical_on_all_ranks(const torch::Tensor& t) {
-  const torch::Tensor all = pg().cpu().all_gather(t.contiguous());
-  for (int r = 1; r < rt().world_size(); ++r) {
-    if (!torch::equal(all[r], all[0])) return false;
-  }
-  return true;
-}
 
 TEST(DistributedDataParallel, ConstructionBroadcastsParametersAndBuffers) {
   torch::manual_seed(100 + rt().rank());  // a different initialisation on every rank

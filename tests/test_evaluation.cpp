@@ -17,6 +17,9 @@
 
 namespace {
 
+using ddp_test::small_images;
+using ddp_test::small_cnn;
+
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
@@ -71,19 +74,7 @@ TEST(Trainer, SeveralRanksWithoutDdpIsRejected) {
                std::invalid_argument);
 }
 
-// 100 random 3x8x8 images in 10 classes.
-ddp::ImageDataset small_images() {
-  torch::manual_seed(7);
-  return ddp::ImageDataset{torch::randint(0, 256, {100, 3, 8, 8}, torch::kByte),
-                           torch::randint(0, 10, {100}, torch::kLong), {0.5, 0.4, 0.3},
-                           {0.2, 0.25, 0.3}};
-}
 
-torch::nn::Sequential small_cnn() {
-  torch::manual_seed(1);
-  return torch::nn::Sequential(torch::nn::Conv2d(3, 4, 3), torch::nn::ReLU(), torch::nn::Flatten(),
-                               torch::nn::Linear(4 * 6 * 6, 10), torch::nn::LogSoftmax(1));
-}
 
 // The Trainer gathers batch b+1 during step b. It must still train on exactly the batches of the
 // plain loop (gather, augment, normalise, then the step), and end with the same weights.

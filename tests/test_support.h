@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the test files.
 
+#include <ddp/data/dataset.h>
 #include <ddp/parallel/process_group.h>
 #include <ddp/runtime/runtime.h>
 
@@ -18,6 +19,31 @@ namespace ddp_test {
 ddp::Runtime& runtime();
 // Its ProcessGroup (the communicators), made right after the Runtime.
 ddp::ProcessGroup& group();
+
+// True on every rank iff every rank's tensor is bit-identical to rank 0's (collective over
+// group()'s CPU communicator; multi-rank test binary only).
+inline bool identical_on_all_ranks(const torch::Tensor& t) {
+  const torch::Tensor all = group().cpu().all_gather(t.contiguous());
+  for (int r = 1; r < runtime().world_size(); ++r) {
+    if (!torch::equal(all[r], all[0])) return false;
+  }
+  return true;
+}
+
+// 100 random 3x8x8 images in 10 classes, the same on every rank.
+inline ddp::ImageDataset small_images() {
+  torch::manual_seed(7);
+  return ddp::ImageDataset{torch::randint(0, 256, {100, 3, 8, 8}, torch::kByte),
+                           torch::randint(0, 10, {100}, torch::kLong), {0.5, 0.4, 0.3},
+                           {0.2, 0.25, 0.3}};
+}
+
+// A small CNN for those images, the same weights on every rank.
+inline torch::nn::Sequential small_cnn() {
+  torch::manual_seed(1);
+  return torch::nn::Sequential(torch::nn::Conv2d(3, 4, 3), torch::nn::ReLU(), torch::nn::Flatten(),
+                               torch::nn::Linear(4 * 6 * 6, 10), torch::nn::LogSoftmax(1));
+}
 
 // Runs a command and returns its stdout; throws if it exits non-zero.
 inline std::string run_command(const std::string& command) {

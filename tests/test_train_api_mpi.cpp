@@ -15,6 +15,8 @@
 
 namespace {
 
+using ddp_test::identical_on_all_ranks;
+
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
@@ -50,13 +52,6 @@ torch::Tensor flat_params(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
-bool identical_on_all_ranks(const torch::Tensor& t) {
-  const torch::Tensor all = pg().cpu().all_gather(t.contiguous());
-  for (int r = 1; r < rt().world_size(); ++r) {
-    if (!torch::equal(all[r], all[0])) return false;
-  }
-  return true;
-}
 
 TEST(DDPForward, ForwardThroughTheWrapperBroadcastsBuffersInTrainingOnly) {
   const int r = rt().rank();
