@@ -8,8 +8,13 @@
 //                               others wait in it until the watchdog (DDP_TIMEOUT_SECONDS) fires
 //   collective_faults idle      rank 1 sleeps (alive) before collective #3; the watchdog of the
 //                               others says what rank 1 last did
+//   collective_faults signal    as idle, but rank 0 (stop handlers installed, MpiOptions::
+//                               stop_grace 2 s, timeout 600 s) gets SIGTERM while it waits in #3:
+//                               its watchdog ends the job 2 s later, saying so
+#include <ddp/comm/mpi_communicator.h>
 #include <ddp/parallel/process_group.h>
 #include <ddp/runtime/runtime.h>
+#include <ddp/util/stop_signal.h>
 
 #include <torch/torch.h>
 
@@ -25,7 +30,18 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "agree";
   return ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroup group(runtime);
-    ddp::Communicator& comm = group.cpu();
+    // "signal": a communicator of its own, with a short stop grace and a long timeout, so only
+    // the stop grace can end the wait.
+    std::unique_ptr<ddp::MpiCommunicator> own;
+    if (mode == "signal") {
+      ddp::MpiOptions options;
+      options.timeout = std::chrono::seconds(600);
+      options.stop_grace = std::chrono::seconds(2);
+      options.on_fatal_error = [&](const std::string& message) { runtime.abort(message); };
+      own = std::make_unique<ddp::MpiCommunicator>(runtime.comm(), options);
+    }
+    ddp::StopSignalHandlers stop_handlers;
+    ddp::Communicator& comm = own ? static_cast<ddp::Communicator&>(*own) : group.cpu();
     const int rank = comm.rank(), size = comm.size();
     // #1 and #2 below are the same on every rank, except in "mismatch".
     torch::Tensor ones = torch::ones({4});
@@ -41,10 +57,20 @@ int main(int argc, char** argv) {
     }
     comm.barrier();
     if (mode == "stop" && rank == size - 1) std::raise(SIGSTOP);
-    if (mode == "idle" && rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+    if ((mode == "idle" || mode == "signal") && rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    std::thread signaller;
+    if (mode == "signal" && rank == 0) {
+      signaller = std::thread([] {  // while rank 0 waits in #3
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        std::raise(SIGTERM);
+      });
+      signaller.detach();
+    }
     torch::Tensor stats = torch::tensor({1.0, static_cast<double>(rank), 3.0}, torch::kDouble);
     comm.all_reduce(stats, ddp::ReduceOp::Max);  // #3
-    if (mode == "stop" || mode == "idle") {
+    if (mode == "stop" || mode == "idle" || mode == "signal") {
       throw std::runtime_error("collective_faults " + mode + ": the watchdog never fired");
     }
     // "agree": the other kinds, and an all-reduce large enough for the blocking path.

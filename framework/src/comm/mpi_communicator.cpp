@@ -2,6 +2,8 @@
 
 #include "util/mpi_check.h"
 
+#include <ddp/util/stop_signal.h>
+
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -463,12 +465,23 @@ void MpiCommunicator::watchdog_loop() {
       std::lock_guard<std::mutex> guard(state_mutex_);
       state = state_;
     }
-    if (state.in_collective && Clock::now() - state.entered > options_.timeout) timed_out(state);
+    if (state.in_collective) {
+      const auto now = Clock::now();
+      if (now - state.entered > options_.timeout) timed_out(state, /*after_stop=*/false);
+      // A stop signal that arrived while this collective was running (see the header).
+      const double since_stop = seconds_since_stop_signal();
+      if (since_stop >= 0 && options_.stop_grace.count() > 0 &&
+          since_stop > static_cast<double>(options_.stop_grace.count()) &&
+          state.entered < now - std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(since_stop))) {
+        timed_out(state, /*after_stop=*/true);
+      }
+    }
     lock.lock();
   }
 }
 
-void MpiCommunicator::timed_out(const WorkerState& state) {
+void MpiCommunicator::timed_out(const WorkerState& state, bool after_stop) {
   // Ask every other rank what its worker is doing; the watchdogs of live ranks answer within
   // 100 ms, whatever their workers do. Best effort: MPI errors here only mean no answer.
   const int64_t question = state.seq;
@@ -522,12 +535,19 @@ void MpiCommunicator::timed_out(const WorkerState& state) {
                           " (the ranks call different collectives; DDP_DEBUG=DETAIL checks each)");
     }
   }
-  std::string message =
-      "MPI watchdog on rank " + std::to_string(rank_) + ": " + state.task->what() + " unfinished " +
-      std::to_string(options_.timeout.count()) + " s after rank " + std::to_string(rank_) +
-      " entered it (MpiOptions::timeout: --timeout, DDP_TIMEOUT_SECONDS). Ranks that never "
-      "arrived: " +
-      (never_arrived.empty() ? std::string("none") : join(never_arrived));
+  const std::string why =
+      after_stop
+          ? " unfinished " + std::to_string(options_.stop_grace.count()) + " s after " +
+                stop_signal_name(stop_signal()) + " arrived while rank " + std::to_string(rank_) +
+                " was in it, so no rank can reach the step boundary where it would stop "
+                "(MpiOptions::stop_grace). Ranks that never arrived: "
+          : " unfinished " + std::to_string(options_.timeout.count()) + " s after rank " +
+                std::to_string(rank_) +
+                " entered it (MpiOptions::timeout: --timeout, DDP_TIMEOUT_SECONDS). Ranks that "
+                "never arrived: ";
+  std::string message = "MPI watchdog on rank " + std::to_string(rank_) + ": " +
+                        state.task->what() + why +
+                        (never_arrived.empty() ? std::string("none") : join(never_arrived));
   if (!elsewhere.empty()) message += "; " + join(elsewhere);
   if (!waiting.empty()) message += "; waiting in it too: rank(s) " + join(waiting);
   if (never_arrived.empty() && elsewhere.empty()) {

@@ -41,6 +41,15 @@
 // communicators are duplicates of MPI_COMM_WORLD, so these are the world ranks). The timeout
 // counts from when this rank entered the collective, not from when it was queued.
 //
+// Stop signals (ddp/util/stop_signal.h): a program that stops on SIGTERM stops at its next step
+// boundary, which a rank stuck in a collective whose peer is dead never reaches; Slurm's
+// `srun --kill-on-bad-exit` sends exactly that SIGTERM to the survivors of a crashed rank, and
+// kills them only KillWait (30 s) later, without a word. So a collective that was already
+// running when the stop signal came and is still unfinished MpiOptions::stop_grace after it
+// ends the job the same way, the message saying that the signal could not be honoured. The
+// collectives of the stop itself (entered after the signal: the agreement, the snapshot) keep
+// the full timeout.
+//
 // Debug mode (MpiOptions::check_collectives; ProcessGroup sets it from DDP_DEBUG=DETAIL): before
 // each collective the ranks all-gather a fingerprint of it (kind, sequence number, dtype, shape,
 // reduce op or root). When any rank differs, every rank's Work::wait() throws the same error
@@ -90,6 +99,10 @@ struct MpiOptions {
   // above). PyTorch's default, 10 minutes. ProcessGroup: ProcessGroupOptions::timeout, else
   // DDP_TIMEOUT_SECONDS.
   std::chrono::seconds timeout{600};
+  // A collective entered before a stop signal and unfinished this long after it ends the job
+  // (above). 0: only the timeout. 10 s: inside Slurm's default KillWait of 30 s, and far longer
+  // than one collective of a healthy job takes.
+  std::chrono::seconds stop_grace{10};
   // Called on the watchdog thread with the message; must not return (end the process or the
   // job). Unset: the message goes to stderr and the process calls std::abort().
   std::function<void(const std::string&)> on_fatal_error;
@@ -145,7 +158,8 @@ class MpiCommunicator final : public Communicator {
   void watchdog_loop();
   // Answers the other ranks' questions about this rank's worker (watchdog thread only).
   void answer_questions();
-  [[noreturn]] void timed_out(const WorkerState& state);
+  // `after_stop`: ended by stop_grace after a stop signal, not by the timeout.
+  [[noreturn]] void timed_out(const WorkerState& state, bool after_stop);
 
   MpiOptions options_;
   MPI_Comm comm_ = MPI_COMM_NULL;
