@@ -42,9 +42,9 @@
 // counts from when this rank entered the collective, not from when it was queued.
 //
 // Stop signals (ddp/util/stop_signal.h): a program that stops on SIGTERM stops at its next step
-// boundary, which a rank stuck in a collective whose peer is dead never reaches; Slurm's
-// `srun --kill-on-bad-exit` sends exactly that SIGTERM to the survivors of a crashed rank, and
-// kills them only KillWait (30 s) later, without a word. So a collective that was already
+// boundary, which a rank stuck in a collective whose peer is dead or hung never reaches (Slurm's
+// time limit while a rank hangs; `srun --kill-on-bad-exit`'s SIGTERM to the survivors of a
+// crash), and Slurm kills it only KillWait (30 s) later, without a word. So a collective that was already
 // running when the stop signal came and is still unfinished MpiOptions::stop_grace after it
 // ends the job the same way, the message saying that the signal could not be honoured. The
 // collectives of the stop itself (entered after the signal: the agreement, the snapshot) keep
