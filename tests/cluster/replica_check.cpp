@@ -19,19 +19,18 @@
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
-// FNV-1a over the bytes of every parameter: equal hashes mean bit-identical replicas here.
+// One hash (ddp::tensor_hash, XXH64) of every parameter, flattened and concatenated in
+// registration order: equal hashes mean bit-identical replicas here.
 std::string weights_hash(torch::nn::Module& module) {
-  uint64_t hash = 1469598103934665603ull;
-  for (const torch::Tensor& p : module.parameters()) {
-    const torch::Tensor t = p.detach().to(torch::kCPU).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-    for (size_t i = 0; i < t.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-  }
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& p : module.parameters()) flat.push_back(p.detach().to(torch::kCPU).flatten());
   char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(hash));
+  std::snprintf(text, sizeof(text), "%016llx",
+                static_cast<unsigned long long>(ddp::tensor_hash(torch::cat(flat))));
   return text;
 }
 
