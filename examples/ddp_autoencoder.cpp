@@ -372,7 +372,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     auto noise = at::make_generator<at::CPUGeneratorImpl>((flags.seed * 1000 + epoch) * 1000 + rank);
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
-    int64_t batch = 0;
+    int64_t batch = 0, samples = 0;
     for (torch::Tensor clean : *loader) {
       if (batch == batches) break;
       const torch::Tensor noisy = clean + flags.noise * torch::randn(clean.sizes(), noise);
@@ -400,6 +400,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
         schedule.step();  // warmup, then cosine, per optimizer step
       }
       loss_sum += loss.item<double>();
+      samples += clean.size(0);
       ++batch;
     }
     const double seconds =
@@ -409,7 +410,9 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     torch::Tensor train_sums = torch::tensor({loss_sum, static_cast<double>(batch)}, torch::kFloat64);
     group.cpu().all_reduce(train_sums);
     const double train_loss = train_sums[0].item<double>() / train_sums[1].item<double>();
-    const double samples_per_sec = static_cast<double>(batch * flags.batch_size * world_size) / seconds;
+    torch::Tensor all_samples = torch::tensor({static_cast<double>(samples)}, torch::kFloat64);
+    group.cpu().all_reduce(all_samples);  // every rank's samples in rank 0's time
+    const double samples_per_sec = all_samples.item<double>() / seconds;
     const double eval_loss = test_loss(model, test_set, flags.noise, flags.seed, group, device);
 
     if (rank == 0) {
@@ -446,7 +449,7 @@ int main(int argc, char** argv) {
   ddp::RuntimeOptions options;
   options.use_cuda = !flags.no_cuda;
   options.print_banner = flag_error.empty() && !flags.help;
-  ddp::Runtime runtime(argc, argv, options);
+  ddp::Runtime runtime(argc, argv, options);             // MPI up; rank, node, device
   if (!flag_error.empty() || flags.help) {
     if (runtime.is_main()) {
       if (flags.help) std::cout << kUsage << std::endl;
@@ -454,5 +457,6 @@ int main(int argc, char** argv) {
     }
     return flags.help ? 0 : 2;
   }
+  // an error on any rank ends the job, naming the rank
   return ddp::run_or_abort(runtime, [&] { train(flags, runtime); });
 }
