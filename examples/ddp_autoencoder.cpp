@@ -1,0 +1,462 @@
+// A denoising autoencoder on Fashion-MNIST, trained data-parallel over MPI ranks:
+//
+//   mpirun -np 2 ddp_autoencoder --epochs 5 --metrics-file metrics.jsonl
+//
+// The input is an image plus Gaussian noise, the target the clean image, the loss their mean
+// squared error. This file is written as a user of the installed library writes a program, in
+// the shape of a PyTorch DDP script (docs/porting.md sets it beside seed 004's multigpu.py): its
+// own torch::data dataset and DataLoader, its own loop through ddp::DistributedDataParallel, no
+// Trainer, nothing from examples/. It builds on its own:
+//
+//   find_package(ddp REQUIRED)
+//   add_executable(ddp_autoencoder ddp_autoencoder.cpp)
+//   target_link_libraries(ddp_autoencoder PRIVATE ddp::ddp)
+//
+// Everything random is a function of --seed (weights), the epoch (shuffle) and the rank (noise),
+// and a checkpoint is written at every epoch end, so `--resume` continues exactly where an
+// interrupted run stopped: the same losses, on the CPU bit for bit.
+
+#include <ddp/ddp.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+// ---- Flags ------------------------------------------------------------------------------------
+
+struct Flags {
+  int64_t epochs = 5;
+  int64_t batch_size = 64;           // per rank
+  int64_t limit_train_batches = 0;   // 0: all
+  int64_t accumulate = 1;            // micro-batches per optimizer step
+  int64_t warmup_steps = 100;
+  int64_t workers = 2;               // DataLoader worker threads
+  int64_t seed = 1;
+  double lr = 1e-3;
+  double clip_grad_norm = 1.0;       // 0: off
+  double noise = 0.3;                // standard deviation of the input noise
+  std::string amp = "off";
+  std::string data_dir = ddp::kDefaultMnistDir;
+  std::string metrics_file;
+  std::string checkpoint_dir;
+  bool resume = false;
+  bool no_cuda = false;
+  bool help = false;
+};
+
+const char* const kUsage = R"(Usage: mpirun -np N ddp_autoencoder [options]
+A denoising autoencoder on Fashion-MNIST (MSE between the clean image and the output for the
+image plus Gaussian noise), trained data-parallel.
+
+  --epochs N                epochs to train (5)
+  --batch-size N            training batch per rank (64)
+  --limit-train-batches N   at most N batches per epoch (0: all)
+  --accumulate N            micro-batches per optimizer step, under no_sync (1)
+  --lr X                    Adam's learning rate after warmup (0.001)
+  --warmup-steps N          linear warmup over N optimizer steps, then cosine to 0 (100)
+  --clip-grad-norm X        clip the gradients to this global 2-norm (1; 0: off)
+  --amp M                   mixed precision of forward and loss: off or bf16 (off)
+  --noise X                 standard deviation of the input noise (0.3)
+  --workers N               DataLoader worker threads per rank (2)
+  --seed N                  weights, data order and noise (1)
+  --data-dir D              MNIST-format IDX files (/usr/share/datasets/fashion-mnist)
+  --metrics-file F          rank 0 writes one JSON object per epoch to F
+  --checkpoint-dir D        rank 0 writes D/checkpoint_epoch<N>.pt at every epoch end
+  --resume                  continue from the newest checkpoint in D, if there is one
+  --no-cuda                 train on the CPU even when CUDA is available
+  --help                    this text)";
+
+// Parses "--name value" and "--name=value". Throws std::invalid_argument naming the flag.
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i], value;
+    const bool has_value = name.find('=') != std::string::npos;
+    if (has_value) {
+      value = name.substr(name.find('=') + 1);
+      name = name.substr(0, name.find('='));
+    }
+    auto next = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
+      return argv[++i];
+    };
+    auto integer = [&](int64_t least) {
+      const std::string text = next();
+      std::size_t used = 0;
+      int64_t v = 0;
+      try {
+        v = std::stoll(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != text.size()) {
+        throw std::invalid_argument(name + " must be an integer (got '" + text + "')");
+      }
+      if (v < least) {
+        throw std::invalid_argument(name + " must be >= " + std::to_string(least) + " (got " +
+                                    text + ")");
+      }
+      return v;
+    };
+    auto number = [&](double least, bool least_allowed) {
+      const std::string text = next();
+      std::size_t used = 0;
+      double v = NAN;
+      try {
+        v = std::stod(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      // Written so that NaN fails: every comparison with NaN is false.
+      if (used == 0 || used != text.size() || !std::isfinite(v) ||
+          !(v > least || (least_allowed && v == least))) {
+        throw std::invalid_argument(name + " must be a finite number " +
+                                    (least_allowed ? ">= " : "> ") + std::to_string(least) +
+                                    " (got '" + text + "')");
+      }
+      return v;
+    };
+    auto flag = [&]() {
+      if (has_value) throw std::invalid_argument(name + " takes no value");
+      return true;
+    };
+    if (name == "--epochs") f.epochs = integer(1);
+    else if (name == "--batch-size") f.batch_size = integer(1);
+    else if (name == "--limit-train-batches") f.limit_train_batches = integer(0);
+    else if (name == "--accumulate") f.accumulate = integer(1);
+    else if (name == "--warmup-steps") f.warmup_steps = integer(0);
+    else if (name == "--workers") f.workers = integer(0);
+    else if (name == "--seed") f.seed = integer(0);
+    else if (name == "--lr") f.lr = number(0, false);
+    else if (name == "--clip-grad-norm") f.clip_grad_norm = number(0, true);
+    else if (name == "--noise") f.noise = number(0, true);
+    else if (name == "--amp") f.amp = next();
+    else if (name == "--data-dir") f.data_dir = next();
+    else if (name == "--metrics-file") f.metrics_file = next();
+    else if (name == "--checkpoint-dir") f.checkpoint_dir = next();
+    else if (name == "--resume") f.resume = flag();
+    else if (name == "--no-cuda") f.no_cuda = flag();
+    else if (name == "--help" || name == "-h") f.help = flag();
+    else throw std::invalid_argument("unknown flag " + name);
+  }
+  if (f.amp != "off" && f.amp != "bf16") {
+    throw std::invalid_argument("--amp must be off or bf16 (got '" + f.amp + "')");
+  }
+  if (f.resume && f.checkpoint_dir.empty()) {
+    throw std::invalid_argument("--resume needs --checkpoint-dir to read the checkpoint from");
+  }
+  return f;
+}
+
+// ---- Data -------------------------------------------------------------------------------------
+
+// Fashion-MNIST's images as float32 [1, 28, 28] in 0..1 (the labels are not needed), read
+// from the IDX files with the library's reader (ddp::read_idx, .gz or raw).
+class FashionMnist : public torch::data::datasets::Dataset<FashionMnist> {
+ public:
+  FashionMnist(const std::string& dir, bool train)
+      : images_(ddp::read_idx(dir + (train ? "/train-images-idx3-ubyte" : "/t10k-images-idx3-ubyte"))
+                    .unsqueeze(1).to(torch::kFloat32).div_(255)) {}
+
+  torch::data::Example<> get(size_t index) override {
+    return {images_[static_cast<int64_t>(index)], torch::Tensor()};
+  }
+  std::optional<size_t> size() const override { return static_cast<size_t>(images_.size(0)); }
+  const torch::Tensor& images() const { return images_; }
+
+ private:
+  torch::Tensor images_;
+};
+
+// The images only: a batch is the stacked [B, 1, 28, 28] tensor.
+struct StackImages : torch::data::transforms::Collation<torch::Tensor, std::vector<torch::data::Example<>>> {
+  torch::Tensor apply_batch(std::vector<torch::data::Example<>> examples) override {
+    std::vector<torch::Tensor> images;
+    images.reserve(examples.size());
+    for (auto& example : examples) images.push_back(std::move(example.data));
+    return torch::stack(images);
+  }
+};
+
+// ---- Model ------------------------------------------------------------------------------------
+
+// 28x28 -> 16x14x14 -> 32x7x7 -> 16x14x14 -> 28x28, with a BatchNorm whose running statistics
+// the wrapper broadcasts from rank 0 before every training forward.
+struct AutoencoderImpl : torch::nn::Module {
+  AutoencoderImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).stride(2).padding(1)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(16))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).stride(2).padding(1)))),
+        deconv1(register_module("deconv1", torch::nn::ConvTranspose2d(
+            torch::nn::ConvTranspose2dOptions(32, 16, 3).stride(2).padding(1).output_padding(1)))),
+        deconv2(register_module("deconv2", torch::nn::ConvTranspose2d(
+            torch::nn::ConvTranspose2dOptions(16, 1, 3).stride(2).padding(1).output_padding(1)))) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn1(conv1(x)));
+    x = torch::relu(conv2(x));
+    x = torch::relu(deconv1(x));
+    return torch::sigmoid(deconv2(x));
+  }
+
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Conv2d conv2;
+  torch::nn::ConvTranspose2d deconv1, deconv2;
+};
+TORCH_MODULE(Autoencoder);
+
+// ---- Checkpoints ------------------------------------------------------------------------------
+
+std::string checkpoint_path(const std::string& dir, int64_t epoch) {
+  return dir + "/checkpoint_epoch" + std::to_string(epoch) + ".pt";
+}
+
+// The newest checkpoint_epoch<N>.pt in `dir`: its N, 0 when there is none.
+int64_t newest_checkpoint(const std::string& dir) {
+  int64_t newest = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    long long epoch = 0;
+    char end = 0;
+    if (std::sscanf(name.c_str(), "checkpoint_epoch%lld.p%c", &epoch, &end) == 2 && end == 't' &&
+        name == "checkpoint_epoch" + std::to_string(epoch) + ".pt") {
+      newest = std::max<int64_t>(newest, epoch);
+    }
+  }
+  return newest;
+}
+
+// Model, optimizer, schedule and the epochs done, in one LibTorch archive written atomically
+// (ddp::write_atomically: a crash mid-write leaves the previous checkpoint whole).
+void save_checkpoint(const std::string& path, int64_t epochs_done, torch::nn::Module& model,
+                     torch::optim::Optimizer& optimizer, const ddp::LRSchedule& schedule) {
+  torch::serialize::OutputArchive archive, model_archive, optimizer_archive, schedule_archive;
+  archive.write("epochs_done", torch::tensor(epochs_done));
+  model.save(model_archive);
+  optimizer.save(optimizer_archive);
+  schedule.save(schedule_archive);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optimizer_archive);
+  archive.write("schedule", schedule_archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  ddp::write_atomically(path, bytes.str());
+}
+
+// Every rank reads the file (one file system for all, as the checkpoint of a PyTorch job).
+// Copies into the model's tensors (ddp::load_module), so the wrapper's gradient hooks stay.
+int64_t load_checkpoint(const std::string& path, torch::nn::Module& model,
+                        torch::optim::Optimizer& optimizer, ddp::LRSchedule& schedule) {
+  torch::serialize::InputArchive archive, model_archive, optimizer_archive, schedule_archive;
+  archive.load_from(path);
+  torch::Tensor epochs_done;
+  archive.read("epochs_done", epochs_done);
+  archive.read("model", model_archive);
+  archive.read("optimizer", optimizer_archive);
+  archive.read("schedule", schedule_archive);
+  ddp::load_module(model, model_archive);
+  optimizer.load(optimizer_archive);
+  schedule.load(schedule_archive);
+  return epochs_done.item<int64_t>();
+}
+
+// ---- Evaluation -------------------------------------------------------------------------------
+
+// The mean squared error over the whole test set: each rank takes its evaluation shard (every
+// image exactly once over the ranks, no padding), and the sums are added over the ranks.
+double test_loss(ddp::DistributedDataParallel& model, const FashionMnist& test, double noise,
+                 int64_t seed, ddp::ProcessGroup& group, torch::Device device) {
+  model.module().eval();
+  torch::NoGradGuard no_grad;
+  const auto shard = ddp::evaluation_shard(test.images().size(0), group.size(), group.rank());
+  // The same noisy test set in every epoch, whatever the number of ranks: noise per image index.
+  torch::Tensor sums = torch::zeros({2}, torch::kFloat64);  // squared error, elements
+  const int64_t batch = 1000;
+  for (size_t begin = 0; begin < shard.size(); begin += batch) {
+    const size_t end = std::min(shard.size(), begin + batch);
+    const torch::Tensor index = torch::tensor(std::vector<int64_t>(shard.begin() + begin, shard.begin() + end));
+    const torch::Tensor clean = test.images().index_select(0, index);
+    torch::Tensor noisy = clean.clone();
+    for (int64_t i = 0; i < clean.size(0); ++i) {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003 + shard[begin + i]);
+      noisy[i] += noise * torch::randn(clean[i].sizes(), generator);
+    }
+    const torch::Tensor output = model(noisy.to(device));
+    sums[0] += torch::mse_loss(output.to(torch::kFloat32), clean.to(device), torch::Reduction::Sum)
+                   .item<double>();
+    sums[1] += static_cast<double>(clean.numel());
+  }
+  group.cpu().all_reduce(sums);
+  model.module().train();
+  return sums[0].item<double>() / sums[1].item<double>();
+}
+
+int train(const Flags& flags, ddp::Runtime& runtime) {
+  ddp::ProcessGroup group(runtime);
+  const torch::Device device = runtime.device();
+  const int rank = runtime.rank(), world_size = runtime.world_size();
+
+  // Data: a torch::data dataset and the library's DistributedSampler (the DataLoader: below).
+  FashionMnist train_set(flags.data_dir, /*train=*/true), test_set(flags.data_dir, /*train=*/false);
+  ddp::DistributedSampler sampler(train_set.size().value(), world_size, rank, /*shuffle=*/true,
+                                  flags.seed);
+  int64_t batches = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;
+  if (flags.limit_train_batches > 0) batches = std::min(batches, flags.limit_train_batches);
+  const int64_t steps_per_epoch = (batches + flags.accumulate - 1) / flags.accumulate;
+
+  // Model, wrapper, optimizer, schedule.
+  torch::manual_seed(static_cast<uint64_t>(flags.seed));
+  Autoencoder net;
+  net->to(device);
+  ddp::DistributedDataParallel model(group, net.ptr());  // rank 0's weights everywhere
+  torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(flags.lr));
+  ddp::LRScheduleOptions schedule_options;
+  schedule_options.warmup_steps = flags.warmup_steps;
+  schedule_options.decay = ddp::LRDecay::Cosine;
+  schedule_options.decay_steps = std::max<int64_t>(1, flags.epochs * steps_per_epoch - flags.warmup_steps);
+  ddp::LRSchedule schedule(optimizer, schedule_options);
+  const bool bf16 = flags.amp == "bf16";
+
+  // Checkpoints: the directory is checked before training, not after the first epoch.
+  int64_t first_epoch = 0;
+  if (!flags.checkpoint_dir.empty()) {
+    if (rank == 0) ddp::check_writable_directory(flags.checkpoint_dir, "--checkpoint-dir");
+    group.cpu().barrier();
+    if (flags.resume) {
+      const int64_t newest = newest_checkpoint(flags.checkpoint_dir);
+      if (newest > 0) {
+        const std::string path = checkpoint_path(flags.checkpoint_dir, newest);
+        first_epoch = load_checkpoint(path, *net, optimizer, schedule);
+        if (rank == 0) std::cout << "Resumed from " << path << " after epoch " << first_epoch << std::endl;
+      } else if (rank == 0) {
+        std::cout << "No checkpoint in " << flags.checkpoint_dir << " yet: starting from epoch 1"
+                  << std::endl;
+      }
+    }
+  }
+  std::ofstream metrics;
+  if (rank == 0 && !flags.metrics_file.empty()) {
+    metrics.open(flags.metrics_file, first_epoch > 0 ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw std::runtime_error("--metrics-file: cannot write " + flags.metrics_file);
+  }
+  if (rank == 0) {
+    std::cout << "Training a denoising autoencoder on " << world_size << " rank(s), device "
+              << device << ", " << batches << " batches of " << flags.batch_size
+              << " per rank and epoch" << std::endl;
+  }
+
+  for (int64_t epoch = first_epoch; epoch < flags.epochs; ++epoch) {
+    sampler.set_epoch(epoch);  // a new shuffle every epoch, the same on every rank
+    // A loader per epoch: LibTorch's refuses a second pass while batches its workers fetched
+    // ahead are unread, which leaving an epoch early (--limit-train-batches) does.
+    auto loader = torch::data::make_data_loader(
+        train_set.map(StackImages()), ddp::DataLoaderSampler(sampler),
+        torch::data::DataLoaderOptions().batch_size(flags.batch_size).workers(flags.workers));
+    // The noise of this rank in this epoch: resumable, and different on every rank.
+    auto noise = at::make_generator<at::CPUGeneratorImpl>((flags.seed * 1000 + epoch) * 1000 + rank);
+    const auto start = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    int64_t batch = 0, samples = 0;
+    for (torch::Tensor clean : *loader) {
+      if (batch == batches) break;
+      const torch::Tensor noisy = clean + flags.noise * torch::randn(clean.sizes(), noise);
+      clean = clean.to(device);
+      // `--accumulate N`: N micro-batches per step; the gradients are averaged over the ranks
+      // only in the last backward, the others accumulate locally under no_sync().
+      const int64_t first = batch - batch % flags.accumulate;
+      const int64_t group_size = std::min(flags.accumulate, batches - first);
+      const bool step_now = batch + 1 == first + group_size;
+      if (batch == first) optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        ddp::Autocast autocast(device.type(), torch::kBFloat16, /*enabled=*/bf16);
+        loss = torch::mse_loss(model(noisy.to(device)).to(torch::kFloat32), clean);
+      }
+      if (step_now) {
+        (loss / static_cast<double>(group_size)).backward();  // gradients averaged over ranks
+      } else {
+        auto no_sync = model.no_sync();
+        (loss / static_cast<double>(group_size)).backward();  // local accumulation only
+      }
+      if (step_now) {
+        if (flags.clip_grad_norm > 0) ddp::clip_grad_norm(net->parameters(), flags.clip_grad_norm);
+        optimizer.step();
+        schedule.step();  // warmup, then cosine, per optimizer step
+      }
+      loss_sum += loss.item<double>();
+      samples += clean.size(0);
+      ++batch;
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    // The epoch's mean training loss over all ranks, and the test loss over the whole test set.
+    torch::Tensor train_sums = torch::tensor({loss_sum, static_cast<double>(batch)}, torch::kFloat64);
+    group.cpu().all_reduce(train_sums);
+    const double train_loss = train_sums[0].item<double>() / train_sums[1].item<double>();
+    torch::Tensor all_samples = torch::tensor({static_cast<double>(samples)}, torch::kFloat64);
+    group.cpu().all_reduce(all_samples);  // every rank's samples in rank 0's time
+    const double samples_per_sec = all_samples.item<double>() / seconds;
+    const double eval_loss = test_loss(model, test_set, flags.noise, flags.seed, group, device);
+
+    if (rank == 0) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "{\"epoch\": %lld, \"train_loss\": %.9g, \"test_loss\": %.9g, "
+                    "\"samples_per_sec\": %.1f, \"seconds\": %.3f}",
+                    static_cast<long long>(epoch + 1), train_loss, eval_loss, samples_per_sec, seconds);
+      std::cout << "Epoch " << epoch + 1 << ": train loss " << train_loss << ", test loss "
+                << eval_loss << ", " << static_cast<int64_t>(samples_per_sec) << " samples/s"
+                << std::endl;
+      if (metrics.is_open()) metrics << line << std::endl;
+      if (!flags.checkpoint_dir.empty()) {
+        save_checkpoint(checkpoint_path(flags.checkpoint_dir, epoch + 1), epoch + 1, *net,
+                        optimizer, schedule);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Flags first: --no-cuda decides the device the Runtime picks. Every rank parses the same
+  // flags, so a bad one stops every rank; rank 0 says why.
+  Flags flags;
+  std::string flag_error;
+  try {
+    flags = parse_flags(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    flag_error = e.what();
+  }
+  ddp::RuntimeOptions options;
+  options.use_cuda = !flags.no_cuda;
+  options.print_banner = flag_error.empty() && !flags.help;
+  ddp::Runtime runtime(argc, argv, options);             // MPI up; rank, node, device
+  if (!flag_error.empty() || flags.help) {
+    if (runtime.is_main()) {
+      if (flags.help) std::cout << kUsage << std::endl;
+      else std::cerr << "ddp_autoencoder: " << flag_error << " (see --help)" << std::endl;
+    }
+    return flags.help ? 0 : 2;
+  }
+  // an error on any rank ends the job, naming the rank
+  return ddp::run_or_abort(runtime, [&] { train(flags, runtime); });
+}
