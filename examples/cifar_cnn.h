@@ -5,6 +5,7 @@
 // ddp::BatchNorm2d (not torch::nn's) so that --sync-batchnorm can convert it in place.
 
 #include <ddp/nn/batch_norm.h>
+#include <ddp/nn/dropout.h>
 
 #include <torch/torch.h>
 

@@ -1,9 +1,13 @@
 #include "cifar_example.h"
 
 #include "cifar_cnn.h"
-#include "example_common.h"
 #include "resnet.h"
 
+#include <ddp/cli/app.h>
+#include <ddp/cli/data_placement.h>
+#include <ddp/cli/finish.h>
+#include <ddp/cli/flag_checks.h>
+#include <ddp/cli/training_flags.h>
 #include <ddp/ddp.h>
 
 #include <boost/program_options.hpp>
@@ -44,15 +48,16 @@ Model make_model(const std::string& name) {
 
 }  // namespace
 
-int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
-  const bool parallel = parallelism == Parallelism::DataParallel;
-  const ExampleDefaults defaults{128, 30, 0.1, ddp::kDefaultCifar10Dir,
-                                 "directory with CIFAR-10's binary files (scripts/download_cifar10.sh)",
-                                 "cifar_model.pt", "cosine"};
-  CommonFlags flags;
+int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism) {
+  const bool parallel = parallelism == ddp::cli::Parallelism::DataParallel;
+  const ddp::cli::TrainingDefaults defaults{
+      128, 30, 0.1, ddp::kDefaultCifar10Dir,
+      "directory with CIFAR-10's binary files (scripts/download_cifar10.sh)", "cifar_model.pt",
+      "cosine"};
+  ddp::cli::TrainingFlags flags;
   CifarFlags cifar;
   po::options_description options("Model and optimizer");
-  add_common_flags(options, flags, defaults);
+  ddp::cli::add_training_flags(options, flags, defaults);
   options.add_options()
     ("model", po::value(&cifar.model)->default_value("resnet18"), "cnn (small, 0.8 M parameters) or resnet18 (11.2 M)")
     ("momentum", po::value(&cifar.momentum)->default_value(0.9, "0.9"), "SGD momentum")
@@ -66,12 +71,13 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
   const std::string usage =
       std::string("Trains a CIFAR-10 CNN or ResNet-18 with SGD, augmentation and checkpoints") +
       (parallel ? ", data-parallel over MPI ranks" : "") + ".";
-  return run_example(argc, argv, parallel ? "ddp_cifar" : "cifar", usage, parallelism, options,
-                     flags, [&](ddp::ProcessGroup& group) {
+  const ddp::cli::Program program{parallel ? "ddp_cifar" : "cifar", usage, parallelism,
+                                  "ddp_cifar"};
+  return ddp::cli::run(argc, argv, program, options, flags, [&](ddp::ProcessGroup& group) {
     const torch::Device device = group.device();
     ddp::ImageDataset train = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Train);
     ddp::ImageDataset test = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Test);
-    place_data(group, train, test, flags.data_dir);
+    ddp::cli::place_data(group, train, test, flags.data_dir);
 
     // torch::manual_seed + construction with this replica's own generator (ddp/util/generator.h).
     Model model;
@@ -83,34 +89,36 @@ int run_cifar_example(int argc, char** argv, Parallelism parallelism) {
           ddp::convert_sync_batchnorm(*model.module, group.for_device(device));
       if (group.is_main()) std::cout << "SyncBatchNorm: " << layers << " layers" << std::endl;
     }
-    const auto timeline = make_timeline(group, flags);
-    const auto ddp_model = make_ddp(group, model.module, flags, parallelism, timeline.get());
+    const auto timeline = ddp::cli::make_timeline(group, flags);
+    const auto ddp_model =
+        ddp::cli::make_ddp(group, model.module, flags, parallelism, timeline.get());
     torch::optim::SGD optimizer(model.module->parameters(),
                                 torch::optim::SGDOptions(flags.lr)
                                     .momentum(cifar.momentum)
                                     .nesterov(cifar.nesterov)
                                     .weight_decay(cifar.weight_decay));
-    const Schedules schedules = make_schedules(flags, optimizer, train.size(), group.size(),
-                                               cifar.step_size, cifar.gamma);
+    const ddp::cli::Schedules schedules = ddp::cli::make_schedules(
+        flags, optimizer, train.size(), group.size(), cifar.step_size, cifar.gamma);
 
-    check_batch_memory(group, flags, *model.module, model.forward, {3, 32, 32}, train.size(), test.size());
-    ddp::TrainerOptions options = trainer_options(flags, timeline.get());
+    ddp::cli::check_batch_memory(group, flags, *model.module, model.forward, {3, 32, 32},
+                                 train.size(), test.size());
+    ddp::TrainerOptions options = ddp::cli::trainer_options(flags, timeline.get());
     if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
     options.lr_schedule = schedules.per_step.get();
     ddp::Trainer trainer(group, *model.module, model.forward, optimizer, options, ddp_model.get());
     trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
-    return finish(group, flags, defaults, timeline.get(), *model.module, trainer);
+    return ddp::cli::finish(group, flags, defaults, timeline.get(), *model.module, trainer);
   }, [&] {
     if (cifar.model != "cnn" && cifar.model != "resnet18") {
       throw std::invalid_argument("--model '" + cifar.model + "' is not one of: cnn, resnet18");
     }
-    require_at_least("--step-size", cifar.step_size, 1);
+    ddp::cli::require_at_least("--step-size", cifar.step_size, 1);
     if (cifar.step_size > int64_t{UINT32_MAX}) {  // StepLR takes an unsigned
       throw std::invalid_argument("--step-size must be <= " + std::to_string(UINT32_MAX) +
                                   " (got " + std::to_string(cifar.step_size) + ")");
     }
-    require_finite("--momentum", cifar.momentum, 0, /*least_allowed=*/true);
-    require_finite("--weight-decay", cifar.weight_decay, 0, true);
-    require_finite("--gamma", cifar.gamma, 0, true);
+    ddp::cli::require_finite("--momentum", cifar.momentum, 0, /*least_allowed=*/true);
+    ddp::cli::require_finite("--weight-decay", cifar.weight_decay, 0, true);
+    ddp::cli::require_finite("--gamma", cifar.gamma, 0, true);
   });
 }

@@ -3,7 +3,7 @@
 // ResNet-18, SGD with momentum and weight decay under a cosine or step schedule, checkpoints
 // and resume. They differ only in whether the model is wrapped in ddp::DistributedDataParallel.
 
-#include "example_common.h"
+#include <ddp/cli/training_flags.h>
 
 // The whole program: parses flags, trains, returns the exit code.
-int run_cifar_example(int argc, char** argv, Parallelism parallelism);
+int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism);

@@ -1,8 +1,12 @@
 #include "mnist_example.h"
 
-#include "example_common.h"
 #include "mnist_cnn.h"
 
+#include <ddp/cli/app.h>
+#include <ddp/cli/data_placement.h>
+#include <ddp/cli/finish.h>
+#include <ddp/cli/flag_checks.h>
+#include <ddp/cli/training_flags.h>
 #include <ddp/ddp.h>
 
 #include <boost/program_options.hpp>
@@ -11,47 +15,49 @@
 
 namespace po = boost::program_options;
 
-int run_mnist_example(int argc, char** argv, Parallelism parallelism) {
-  const ExampleDefaults defaults{64, 14, 1.0, ddp::kDefaultMnistDir,
-                                 "directory with the MNIST-format IDX files (.gz or raw)",
-                                 "mnist_cnn.pt"};
-  CommonFlags flags;
+int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism) {
+  const ddp::cli::TrainingDefaults defaults{
+      64, 14, 1.0, ddp::kDefaultMnistDir, "directory with the MNIST-format IDX files (.gz or raw)",
+      "mnist_cnn.pt"};
+  ddp::cli::TrainingFlags flags;
   double gamma = 0.7;
   po::options_description options("Model and optimizer");
-  add_common_flags(options, flags, defaults);
+  ddp::cli::add_training_flags(options, flags, defaults);
   options.add_options()
     ("gamma", po::value(&gamma)->default_value(0.7, "0.7"), "learning rate step gamma");
 
-  const bool parallel = parallelism == Parallelism::DataParallel;
+  const bool parallel = parallelism == ddp::cli::Parallelism::DataParallel;
   const std::string usage = std::string("Trains the seed MNIST CNN with Adadelta + StepLR") +
                             (parallel ? ", data-parallel over MPI ranks" : "") + ".";
-  return run_example(argc, argv, parallel ? "ddp_mnist" : "mnist", usage, parallelism, options,
-                     flags, [&](ddp::ProcessGroup& group) {
+  const ddp::cli::Program program{parallel ? "ddp_mnist" : "mnist", usage, parallelism,
+                                  "ddp_mnist"};
+  return ddp::cli::run(argc, argv, program, options, flags, [&](ddp::ProcessGroup& group) {
     const torch::Device device = group.device();
     ddp::ImageDataset train = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Train);
     ddp::ImageDataset test = ddp::load_mnist(flags.data_dir, ddp::MnistSplit::Test);
-    place_data(group, train, test, flags.data_dir);
+    ddp::cli::place_data(group, train, test, flags.data_dir);
 
-    const auto timeline = make_timeline(group, flags);
+    const auto timeline = ddp::cli::make_timeline(group, flags);
     // torch::manual_seed + construction, as each rank does, but with this replica's own
     // generator (ddp/util/generator.h): replicas in one process train what ranks train.
     std::shared_ptr<MnistCnn> net;
     ddp::build_seeded(static_cast<uint64_t>(flags.seed), device,
                       [&] { net = std::make_shared<MnistCnn>(); });
     net->to(device);
-    const auto ddp_model = make_ddp(group, net, flags, parallelism, timeline.get());
+    const auto ddp_model = ddp::cli::make_ddp(group, net, flags, parallelism, timeline.get());
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
     // The seeds' StepLR every epoch by --gamma, unless --schedule or --warmup-steps say otherwise.
-    const Schedules schedules =
-        make_schedules(flags, optimizer, train.size(), group.size(), /*step_size=*/1, gamma);
+    const ddp::cli::Schedules schedules = ddp::cli::make_schedules(
+        flags, optimizer, train.size(), group.size(), /*step_size=*/1, gamma);
 
-    check_batch_memory(group, flags, *net, [&](const torch::Tensor& x) { return net->forward(x); },
-                       {1, 28, 28}, train.size(), test.size());
-    ddp::TrainerOptions options = trainer_options(flags, timeline.get());
+    ddp::cli::check_batch_memory(group, flags, *net,
+                                 [&](const torch::Tensor& x) { return net->forward(x); },
+                                 {1, 28, 28}, train.size(), test.size());
+    ddp::TrainerOptions options = ddp::cli::trainer_options(flags, timeline.get());
     options.lr_schedule = schedules.per_step.get();
     ddp::Trainer trainer(group, *net, [&](const torch::Tensor& x) { return net->forward(x); },
                          optimizer, options, ddp_model.get());
     trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
-    return finish(group, flags, defaults, timeline.get(), *net, trainer);
-  }, [&] { require_finite("--gamma", gamma, 0, /*least_allowed=*/true); });
+    return ddp::cli::finish(group, flags, defaults, timeline.get(), *net, trainer);
+  }, [&] { ddp::cli::require_finite("--gamma", gamma, 0, /*least_allowed=*/true); });
 }

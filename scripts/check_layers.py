@@ -21,6 +21,8 @@ ALLOWED = {
     "optim": {"util", "comm"},  # GradScaler agrees on overflow over a Communicator
     "nn": {"util", "comm"},
     "train": {"util", "runtime", "comm", "parallel", "data", "optim", "nn"},
+    # ddp::cli, a library of its own on top (start-up helper, training flags): every layer.
+    "cli": {"util", "runtime", "comm", "parallel", "data", "optim", "nn", "train"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 

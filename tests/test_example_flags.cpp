@@ -1,6 +1,7 @@
-// The examples' flag checks (examples/example_common.h), one bad value per numeric flag: each
-// is refused naming the flag and the value, before any data is read.
-#include "example_common.h"
+// The training flags' checks (ddp::cli, <ddp/cli/training_flags.h>), one bad value per numeric
+// flag: each is refused naming the flag and the value, before any data is read.
+#include <ddp/cli/flag_checks.h>
+#include <ddp/cli/training_flags.h>
 
 #include <gtest/gtest.h>
 
@@ -11,8 +12,12 @@
 
 namespace {
 
-CommonFlags good() {
-  CommonFlags f;
+using ddp::cli::TrainingFlags;
+using ddp::cli::require_at_least;
+using ddp::cli::require_finite;
+
+TrainingFlags good() {
+  TrainingFlags f;
   f.batch_size = 64, f.test_batch_size = 1000, f.epochs = 14, f.log_interval = 10, f.seed = 1;
   f.lr = 1.0, f.bucket_mb = 25, f.first_bucket_mb = 1;
   f.keep_checkpoints = 3;
@@ -20,11 +25,11 @@ CommonFlags good() {
   return f;
 }
 
-std::string error_of(const std::function<void(CommonFlags&)>& change) {
-  CommonFlags f = good();
+std::string error_of(const std::function<void(TrainingFlags&)>& change) {
+  TrainingFlags f = good();
   change(f);
   try {
-    check_common_flags(f);
+    ddp::cli::check_training_flags(f);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -34,58 +39,58 @@ std::string error_of(const std::function<void(CommonFlags&)>& change) {
 const double nan = std::numeric_limits<double>::quiet_NaN();
 const double inf = std::numeric_limits<double>::infinity();
 
-TEST(ExampleFlags, GoodFlagsPass) { EXPECT_EQ(error_of([](CommonFlags&) {}), ""); }
+TEST(ExampleFlags, GoodFlagsPass) { EXPECT_EQ(error_of([](TrainingFlags&) {}), ""); }
 
 TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.batch_size = 0; }), "--batch-size must be >= 1 (got 0)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.test_batch_size = -5; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.batch_size = 0; }), "--batch-size must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.test_batch_size = -5; }),
             "--test-batch-size must be >= 1 (got -5)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.epochs = 0; }), "--epochs must be >= 1 (got 0)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.epochs = -2; }), "--epochs must be >= 1 (got -2)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.lr = nan; }), "--lr must be a finite number > 0 (got nan)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.lr = inf; }), "--lr must be a finite number > 0 (got inf)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.lr = 0; }), "--lr must be a finite number > 0 (got 0)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.seed = -1; }), "--seed must be >= 0 (got -1)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.limit_train_batches = -1; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.epochs = 0; }), "--epochs must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.epochs = -2; }), "--epochs must be >= 1 (got -2)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = nan; }), "--lr must be a finite number > 0 (got nan)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = inf; }), "--lr must be a finite number > 0 (got inf)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = 0; }), "--lr must be a finite number > 0 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.seed = -1; }), "--seed must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.limit_train_batches = -1; }),
             "--limit-train-batches must be >= 0 (got -1)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.bucket_mb = nan; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.bucket_mb = nan; }),
             "--bucket-mb must be a finite number > 0 (got nan)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.first_bucket_mb = -1; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.first_bucket_mb = -1; }),
             "--first-bucket-mb must be a finite number > 0 (got -1)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.keep_checkpoints = -1; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.keep_checkpoints = -1; }),
             "--keep-checkpoints must be >= 0 (got -1)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.log_interval = -1; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.log_interval = -1; }),
             "--log-interval must be >= 0 (got -1)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.check_sync_every = -3; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.check_sync_every = -3; }),
             "--check-sync-every must be >= 0 (got -3)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.replicas_per_process = -1; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.replicas_per_process = -1; }),
             "--replicas-per-process must be >= 0 (got -1)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.replicas_per_process = 5000; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.replicas_per_process = 5000; }),
             "--replicas-per-process must be <= 1024 (got 5000)");
 }
 
 TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.accumulate = 0; }), "--accumulate must be >= 1 (got 0)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.warmup_steps = -1; }), "--warmup-steps must be >= 0 (got -1)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.clip_grad_norm = nan; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.accumulate = 0; }), "--accumulate must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.warmup_steps = -1; }), "--warmup-steps must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.clip_grad_norm = nan; }),
             "--clip-grad-norm must be a finite number >= 0 (got nan)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.amp = "fp8"; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.amp = "fp8"; }),
             "--amp: mixed precision 'fp8': expected off, bf16 or fp16");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.schedule = "linear"; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.schedule = "linear"; }),
             "--schedule 'linear' is not one of: cosine, step");
-  EXPECT_EQ(error_of([](CommonFlags& f) {
+  EXPECT_EQ(error_of([](TrainingFlags& f) {
               f.accumulate = 4, f.warmup_steps = 10, f.clip_grad_norm = 1, f.amp = "bf16", f.schedule = "cosine";
             }),
             "");
 }
 
 TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.resume = "latest"; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.resume = "latest"; }),
             "--resume without a path needs --checkpoint-dir to search");
-  EXPECT_NE(error_of([](CommonFlags& f) { f.resume_fallback = true; }).find(
+  EXPECT_NE(error_of([](TrainingFlags& f) { f.resume_fallback = true; }).find(
                 "--resume-fallback needs --resume (without a path)"),
             std::string::npos);
-  EXPECT_EQ(error_of([](CommonFlags& f) {
+  EXPECT_EQ(error_of([](TrainingFlags& f) {
               f.resume = "latest", f.checkpoint_dir = "ckpt", f.resume_fallback = true;
             }),
             "");
@@ -107,16 +112,16 @@ TEST(ExampleFlags, ProgramFlagHelpers) {
 }  // namespace
 
 TEST(ExampleFlags, TimeoutIsFinitePositiveAndBounded) {
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 5; }), "");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 0.5; }), "");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 0; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 5; }), "");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0.5; }), "");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0; }),
             "--timeout must be a finite number > 0 (got 0)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = -3; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = -3; }),
             "--timeout must be a finite number > 0 (got -3)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = std::numeric_limits<double>::quiet_NaN(); }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = std::numeric_limits<double>::quiet_NaN(); }),
             "--timeout must be a finite number > 0 (got nan)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = std::numeric_limits<double>::infinity(); }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = std::numeric_limits<double>::infinity(); }),
             "--timeout must be a finite number > 0 (got inf)");
-  EXPECT_EQ(error_of([](CommonFlags& f) { f.timeout = 2e7; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 2e7; }),
             "--timeout must be at most 10000000 seconds (got 2e+07)");
 }

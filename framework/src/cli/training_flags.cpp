@@ -1,41 +1,24 @@
-#include "example_common.h"
+#include <ddp/cli/training_flags.h>
+
+#include <ddp/cli/flag_checks.h>
+#include <ddp/nn/autocast.h>
+#include <ddp/optim/lr_scheduler.h>
+#include <ddp/parallel/ddp_options.h>
+#include <ddp/train/progress.h>
+
+#include "cli/number_text.h"
+
+#include <boost/program_options.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <iostream>
-#include <sstream>
 #include <stdexcept>
+#include <string>
 
 namespace po = boost::program_options;
 
-namespace {
+namespace ddp::cli {
 
-// 0.1 as "0.1" in --help, not Boost's round-trip "0.10000000000000001".
-std::string short_text(double value) {
-  std::ostringstream text;
-  text << value;
-  return text.str();
-}
-
-}  // namespace
-
-void require_at_least(const char* flag, int64_t value, int64_t least) {
-  if (value >= least) return;
-  throw std::invalid_argument(std::string(flag) + " must be >= " + std::to_string(least) +
-                              " (got " + std::to_string(value) + ")");
-}
-
-void require_finite(const char* flag, double value, double least, bool least_allowed) {
-  // Written so that NaN fails: every comparison with NaN is false.
-  if (std::isfinite(value) && (value > least || (least_allowed && value == least))) return;
-  throw std::invalid_argument(std::string(flag) + " must be a finite number " +
-                              (least_allowed ? ">= " : "> ") + short_text(least) + " (got " +
-                              short_text(value) + ")");
-}
-
-void check_common_flags(const CommonFlags& f) {
+void check_training_flags(const TrainingFlags& f) {
   require_at_least("--batch-size", f.batch_size, 1);
   require_at_least("--test-batch-size", f.test_batch_size, 1);
   require_at_least("--epochs", f.epochs, 1);
@@ -84,7 +67,7 @@ void check_common_flags(const CommonFlags& f) {
   }
 }
 
-void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleDefaults& defaults) {
+void add_training_flags(po::options_description& d, TrainingFlags& f, const TrainingDefaults& defaults) {
   d.add_options()("help,h", "print this help and exit");
   po::options_description training("Training");
   training.add_options()
@@ -135,125 +118,12 @@ void add_common_flags(po::options_description& d, CommonFlags& f, const ExampleD
   d.add(training).add(data).add(distributed).add(checkpoints).add(diagnostics);
 }
 
-int run_example(int argc, char** argv, const std::string& name, const std::string& usage,
-                Parallelism parallelism, const po::options_description& options,
-                const CommonFlags& flags, const std::function<int(ddp::ProcessGroup&)>& train,
-                const std::function<void()>& check_flags) {
-  // Flags first: they decide the device the Runtime picks. Their values are checked here too,
-  // before any data is read, so a bad value costs no time.
-  po::variables_map vm;
-  std::string flag_error;
-  try {
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-    if (!vm.count("help")) {
-      check_common_flags(flags);
-      if (check_flags) check_flags();
-    }
-  } catch (const po::error& e) {
-    flag_error = e.what();
-  } catch (const std::invalid_argument& e) {
-    flag_error = e.what();
-  }
-  ddp::RuntimeOptions runtime_options;
-  runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
-  runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message
-  if (flag_error.empty()) runtime_options.replicas_per_process = static_cast<int>(flags.replicas_per_process);
-  ddp::Runtime runtime(argc, argv, runtime_options);
-  if (!flag_error.empty()) {
-    // Every rank sees the same flags, so every rank stops here; rank 0 explains.
-    if (runtime.is_main()) std::cerr << name << ": " << flag_error << " (see --help)\n";
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (runtime.is_main()) {
-      std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
-                << name << " [options]\n" << usage << "\n\n" << options << "\n";
-    }
-    return 0;
-  }
-  int status = 0;
-  const int aborted = ddp::run_or_abort(runtime, [&] {
-    ddp::ProcessGroupOptions group_options;
-    if (flags.timeout) {
-      group_options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
-    }
-    if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
-      throw std::runtime_error(name + " trains in one process but was started as " +
-                               std::to_string(runtime.world_size()) + " ranks: use ddp_" + name +
-                               " for data-parallel training");
-    }
-    if (parallelism == Parallelism::SingleProcess && runtime.replicas_per_process() > 1) {
-      throw std::runtime_error(name + " trains one replica but --replicas-per-process is " +
-                               std::to_string(runtime.replicas_per_process()) + ": use ddp_" +
-                               name + " for data-parallel training");
-    }
-    status = ddp::run_replicas(runtime, [&](ddp::ProcessGroup& group) {
-      if (flags.show_topology) {
-        std::string place = runtime.summary();
-        if (group.replicas_per_process() > 1) {
-          place += " replica " + std::to_string(group.replica()) + "/" +
-                   std::to_string(group.replicas_per_process()) + " on " + group.device().str();
-        }
-        const auto lines = ddp::all_gather_strings(group.cpu(), place);
-        if (group.is_main()) {
-          for (const auto& line : lines) std::cout << line << "\n";
-        }
-      }
-      return train(group);
-    }, group_options);
-  });
-  return aborted ? aborted : status;
-}
-
-namespace {
-
-ddp::ImageDataset place(ddp::ProcessGroup& group, const ddp::ImageDataset& data,
-                        const std::string& name) {
-  const torch::Device device = group.device();
-  const bool fits = ddp::fits_on(device, data.bytes(), group.rank());
-  if (group.is_main()) {
-    char size[32];
-    std::snprintf(size, sizeof size, "%.1f MB", static_cast<double>(data.bytes()) / 1e6);
-    std::cout << name << " set (" << size << ") ";
-    if (!device.is_cuda()) {
-      std::cout << "in host memory: training on " << device;
-    } else if (fits) {
-      std::cout << "on " << device << ": at most half of its free memory";
-    } else {
-      std::cout << "in host memory: more than half of " << device << "'s free memory; batches "
-                << "are gathered into pinned memory and copied one step ahead";
-    }
-    std::cout << std::endl;
-  }
-  return fits ? data.to(device) : data;
-}
-
-}  // namespace
-
-void place_data(ddp::ProcessGroup& group, ddp::ImageDataset& train, ddp::ImageDataset& test,
-                const std::string& data_dir) {
-  train = place(group, train, "Train");
-  test = place(group, test, "Test");
-  if (group.is_main()) {
-    const ddp::Runtime& runtime = group.runtime();
-    std::cout << "Train set size: " << train.size() << "\nTest set size: " << test.size()
-              << "\nTraining on " << group.size()
-              << (group.replicas_per_process() > 1 ? " replica(s)" : " rank(s)") << ", "
-              << runtime.num_nodes() << " node(s), device " << group.device() << ", data "
-              << data_dir << std::endl;
-  }
-}
-
-std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const CommonFlags& flags) {
+std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags) {
   if (flags.timeline.empty()) return nullptr;
   return std::make_unique<ddp::Timeline>(group.cpu());
 }
 
-std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
-    ddp::ProcessGroup& group, std::shared_ptr<torch::nn::Module> model, const CommonFlags& flags,
-    Parallelism parallelism, ddp::Timeline* timeline) {
-  if (parallelism != Parallelism::DataParallel) return nullptr;
+ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline) {
   ddp::DDPOptions options;
   options.sync = ddp::parse_grad_sync(flags.grad_sync);
   options.compression = ddp::parse_compression(flags.compression);
@@ -263,12 +133,22 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
   options.find_unused_parameters = flags.find_unused_parameters;
   options.broadcast_buffers = !flags.no_broadcast_buffers;
   options.timeline = timeline;
-  return std::make_unique<ddp::DistributedDataParallel>(group, std::move(model), options);
+  return options;
 }
 
-ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* timeline) {
+std::unique_ptr<ddp::DistributedDataParallel> make_ddp(ddp::ProcessGroup& group,
+                                                       std::shared_ptr<torch::nn::Module> model,
+                                                       const TrainingFlags& flags,
+                                                       Parallelism parallelism,
+                                                       ddp::Timeline* timeline) {
+  if (parallelism != Parallelism::DataParallel) return nullptr;
+  return std::make_unique<ddp::DistributedDataParallel>(group, std::move(model),
+                                                        ddp_options(flags, timeline));
+}
+
+ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* timeline) {
   // The Trainer checks its options too, but in its own terms: here the user hears of the flag.
-  check_common_flags(flags);
+  check_training_flags(flags);
   ddp::TrainerOptions options;
   options.batch_size = flags.batch_size;
   options.test_batch_size = flags.test_batch_size;
@@ -295,7 +175,7 @@ ddp::TrainerOptions trainer_options(const CommonFlags& flags, ddp::Timeline* tim
   return options;
 }
 
-Schedules make_schedules(const CommonFlags& flags, torch::optim::Optimizer& optimizer,
+Schedules make_schedules(const TrainingFlags& flags, torch::optim::Optimizer& optimizer,
                          int64_t train_size, int world_size, int64_t step_size, double gamma) {
   Schedules s;
   if (flags.warmup_steps == 0) {
@@ -326,53 +206,4 @@ Schedules make_schedules(const CommonFlags& flags, torch::optim::Optimizer& opti
   return s;
 }
 
-int finish(ddp::ProcessGroup& group, const CommonFlags& flags, const ExampleDefaults& defaults,
-           ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer) {
-  if (timeline) {
-    timeline->write(flags.timeline);
-    if (group.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
-  }
-  if (trainer.stopped_by()) {
-    if (group.is_main()) {
-      std::cout << "Exit status " << ddp::kStoppedExitCode << ": stopped early by "
-                << ddp::stop_signal_name(trainer.stopped_by());
-      if (trainer.stop_snapshot().empty()) {
-        std::cout << " with nothing saved (no --checkpoint-dir)";
-      } else {
-        std::cout << "; continue with the same command and --resume";
-      }
-      std::cout << std::endl;
-    }
-    return ddp::kStoppedExitCode;
-  }
-  if (flags.save_model && group.is_main()) {
-    ddp::save_module(model, defaults.model_file);
-    std::cout << "Saved " << defaults.model_file << std::endl;
-  }
-  return 0;
-}
-
-void check_batch_memory(ddp::ProcessGroup& group, const CommonFlags& flags, torch::nn::Module& model,
-                        const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-                        const std::vector<int64_t>& sample_shape, int64_t train_size,
-                        int64_t test_size) {
-  // Host memory only: on a GPU the batch lives in the device's memory (not estimated yet).
-  if (group.device().is_cuda()) return;
-  const ddp::HostMemory memory = ddp::host_memory_available();
-  // A batch holds at most this replica's shard (the sampler pads shards to the same size).
-  const int64_t ranks = group.size();
-  // Every replica on the node holds its batch at once.
-  const int local = group.runtime().local_size() * group.replicas_per_process();
-  const int64_t train_batch = std::min(flags.batch_size, (train_size + ranks - 1) / ranks);
-  const int64_t test_batch = std::min(flags.test_batch_size, (test_size + ranks - 1) / ranks);
-  const uint64_t per_sample = ddp::training_bytes_per_sample(model, forward, sample_shape);
-  ddp::require_batch_fits("--batch-size " + std::to_string(flags.batch_size) + " (" +
-                              std::to_string(train_batch) + " samples per batch on each rank)",
-                          train_batch, per_sample, local, memory);
-  // Evaluation keeps no graph: the batch's pixels (uint8 and float32) are the lower bound.
-  uint64_t pixels = 1;
-  for (int64_t d : sample_shape) pixels *= static_cast<uint64_t>(d);
-  ddp::require_batch_fits("--test-batch-size " + std::to_string(flags.test_batch_size) + " (" +
-                              std::to_string(test_batch) + " samples per batch on each rank)",
-                          test_batch, pixels * 5, local, memory);
-}
+}  // namespace ddp::cli

@@ -1,0 +1,22 @@
+#pragma once
+// The end of a ddp::cli program's training body: the collective work that every rank must do
+// (the Timeline's write: skip it on one rank and the job hangs), the exit status of a run that a
+// stop signal ended, and --save-model.
+
+#include <ddp/cli/training_flags.h>
+#include <ddp/parallel/process_group.h>
+#include <ddp/parallel/timeline.h>
+#include <ddp/train/trainer.h>
+
+#include <torch/torch.h>
+
+namespace ddp::cli {
+
+// Call on every rank (replica) after training: writes the timeline (collective; rank 0 writes
+// --timeline) and, with --save-model, the weights to `defaults.model_file` (rank 0). Returns the
+// exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is
+// saved then: it is not trained yet).
+int finish(ddp::ProcessGroup& group, const TrainingFlags& flags, const TrainingDefaults& defaults,
+           ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);
+
+}  // namespace ddp::cli

@@ -1,0 +1,100 @@
+#pragma once
+// The training flags every ddp::cli program has (--batch-size, --epochs, --lr, --grad-sync,
+// --checkpoint-dir, --amp, ...; README.md lists them), their checks, and their mapping onto the
+// library's options: DDPOptions, TrainerOptions, the learning-rate schedules, the Timeline.
+// The errors name the flags (`--epochs must be >= 1 (got 0)`): here the flags are the API.
+
+#include <ddp/optim/lr_schedule.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/process_group.h>
+#include <ddp/parallel/timeline.h>
+#include <ddp/train/trainer.h>
+
+#include <boost/program_options/options_description.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace ddp::cli {
+
+// Whether the program wraps its model in DistributedDataParallel (make_ddp) or trains in one
+// process (ddp::cli::run refuses several ranks or replicas for it).
+enum class Parallelism { SingleProcess, DataParallel };
+
+// The parsed flags. add_training_flags stores into it; the defaults are its own.
+struct TrainingFlags {
+  int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
+  int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
+  int64_t checkpoint_every_steps = 0;
+  int64_t replicas_per_process = 0;  // 0: the default (RuntimeOptions::replicas_per_process)
+  double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
+  bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
+  bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
+  std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
+  std::string progress;
+  // The training step.
+  int64_t accumulate = 1, warmup_steps = 0;
+  double clip_grad_norm = 0;
+  std::string amp, schedule;
+  std::optional<double> timeout;  // --timeout, when given
+};
+
+// The defaults that differ between programs.
+struct TrainingDefaults {
+  int64_t batch_size;
+  int64_t epochs;
+  double lr;
+  std::string data_dir;
+  std::string data_help;   // what --data-dir holds
+  std::string model_file;  // what --save-model writes
+  std::string schedule = "step";  // --schedule's default: cosine or step
+};
+
+// Adds --help to `options`, and the training flags in groups by topic (training, data,
+// distributed, checkpoints, progress and diagnostics), storing into `flags`, which must outlive
+// the parsing.
+void add_training_flags(boost::program_options::options_description& options, TrainingFlags& flags,
+                        const TrainingDefaults& defaults);
+
+// Throws std::invalid_argument naming the flag when a value is out of range: sizes and counts
+// below their least value, --lr and the bucket sizes not finite and > 0, an unknown --amp or
+// --schedule, --resume without --checkpoint-dir, --resume-fallback without --resume, --timeout
+// not finite and > 0 (and at most 10^7 s). ddp::cli::run calls it right after parsing.
+void check_training_flags(const TrainingFlags& flags);
+
+// Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
+std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
+
+// The DistributedDataParallel options of --grad-sync, --compression, --backend, --bucket-mb,
+// --first-bucket-mb, --find-unused-parameters and --no-broadcast-buffers.
+ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline);
+
+// The wrapper those options describe, or null for a SingleProcess program. Collective.
+std::unique_ptr<ddp::DistributedDataParallel> make_ddp(ddp::ProcessGroup& group,
+                                                       std::shared_ptr<torch::nn::Module> model,
+                                                       const TrainingFlags& flags,
+                                                       Parallelism parallelism,
+                                                       ddp::Timeline* timeline);
+
+// The TrainerOptions the flags describe (every field a flag sets: the one place to map a new
+// one). Checks the flags first, so an error names the flag rather than the option.
+ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* timeline);
+
+// The learning-rate schedule of --schedule on `optimizer`. Without --warmup-steps: per epoch, as
+// the PyTorch examples do (cosine over --epochs: CosineAnnealingLR; step: StepLR every
+// `step_size` epochs by `gamma`). With --warmup-steps N: per optimizer step (ddp::LRSchedule), a
+// linear warmup over N steps, then the cosine over the remaining steps of --epochs or the same
+// step decay counted in steps; the steps come from the shard of `train_size` samples over
+// `world_size` replicas, --batch-size, --limit-train-batches, --dry-run and --accumulate, as the
+// Trainer counts them. Exactly one of the two is set.
+struct Schedules {
+  std::unique_ptr<torch::optim::LRScheduler> per_epoch;  // for Trainer::fit
+  std::unique_ptr<ddp::LRSchedule> per_step;             // for TrainerOptions::lr_schedule
+};
+Schedules make_schedules(const TrainingFlags& flags, torch::optim::Optimizer& optimizer,
+                         int64_t train_size, int world_size, int64_t step_size, double gamma);
+
+}  // namespace ddp::cli

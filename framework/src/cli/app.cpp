@@ -1,0 +1,99 @@
+#include <ddp/cli/app.h>
+
+#include <ddp/comm/communicator.h>
+#include <ddp/parallel/replicas.h>
+#include <ddp/runtime/runtime.h>
+
+#include <boost/program_options.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+namespace po = boost::program_options;
+
+namespace ddp::cli {
+
+namespace {
+
+// For a SingleProcess program started as several ranks or replicas: which to use instead.
+std::string instead(const Program& program) {
+  if (program.data_parallel_program.empty()) return "";
+  return ": use " + program.data_parallel_program + " for data-parallel training";
+}
+
+}  // namespace
+
+int run(int argc, char** argv, const Program& program, const po::options_description& options,
+        const TrainingFlags& flags, const std::function<int(ddp::ProcessGroup&)>& train,
+        const std::function<void()>& check_flags) {
+  const std::string& name = program.name;
+  const Parallelism parallelism = program.parallelism;
+  // Flags first: they decide the device the Runtime picks. Their values are checked here too,
+  // before any data is read, so a bad value costs no time.
+  po::variables_map vm;
+  std::string flag_error;
+  try {
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    po::notify(vm);
+    if (!vm.count("help")) {
+      check_training_flags(flags);
+      if (check_flags) check_flags();
+    }
+  } catch (const po::error& e) {
+    flag_error = e.what();
+  } catch (const std::invalid_argument& e) {
+    flag_error = e.what();
+  }
+  ddp::RuntimeOptions runtime_options;
+  runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
+  runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message
+  if (flag_error.empty()) runtime_options.replicas_per_process = static_cast<int>(flags.replicas_per_process);
+  ddp::Runtime runtime(argc, argv, runtime_options);
+  if (!flag_error.empty()) {
+    // Every rank sees the same flags, so every rank stops here; rank 0 explains.
+    if (runtime.is_main()) std::cerr << name << ": " << flag_error << " (see --help)\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    if (runtime.is_main()) {
+      std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
+                << name << " [options]\n" << program.description << "\n\n" << options << "\n";
+    }
+    return 0;
+  }
+  int status = 0;
+  const int aborted = ddp::run_or_abort(runtime, [&] {
+    ddp::ProcessGroupOptions group_options;
+    if (flags.timeout) {
+      group_options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
+    }
+    if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
+      throw std::runtime_error(name + " trains in one process but was started as " +
+                               std::to_string(runtime.world_size()) + " ranks" + instead(program));
+    }
+    if (parallelism == Parallelism::SingleProcess && runtime.replicas_per_process() > 1) {
+      throw std::runtime_error(name + " trains one replica but --replicas-per-process is " +
+                               std::to_string(runtime.replicas_per_process()) + instead(program));
+    }
+    status = ddp::run_replicas(runtime, [&](ddp::ProcessGroup& group) {
+      if (flags.show_topology) {
+        std::string place = runtime.summary();
+        if (group.replicas_per_process() > 1) {
+          place += " replica " + std::to_string(group.replica()) + "/" +
+                   std::to_string(group.replicas_per_process()) + " on " + group.device().str();
+        }
+        const auto lines = ddp::all_gather_strings(group.cpu(), place);
+        if (group.is_main()) {
+          for (const auto& line : lines) std::cout << line << "\n";
+        }
+      }
+      return train(group);
+    }, group_options);
+  });
+  return aborted ? aborted : status;
+}
+
+}  // namespace ddp::cli

@@ -1,0 +1,36 @@
+#include <ddp/cli/finish.h>
+
+#include <ddp/util/checkpoint.h>
+#include <ddp/util/stop_signal.h>
+
+#include <iostream>
+
+namespace ddp::cli {
+
+int finish(ddp::ProcessGroup& group, const TrainingFlags& flags, const TrainingDefaults& defaults,
+           ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer) {
+  if (timeline) {
+    timeline->write(flags.timeline);
+    if (group.is_main()) std::cout << "Wrote the timeline to " << flags.timeline << std::endl;
+  }
+  if (trainer.stopped_by()) {
+    if (group.is_main()) {
+      std::cout << "Exit status " << ddp::kStoppedExitCode << ": stopped early by "
+                << ddp::stop_signal_name(trainer.stopped_by());
+      if (trainer.stop_snapshot().empty()) {
+        std::cout << " with nothing saved (no --checkpoint-dir)";
+      } else {
+        std::cout << "; continue with the same command and --resume";
+      }
+      std::cout << std::endl;
+    }
+    return ddp::kStoppedExitCode;
+  }
+  if (flags.save_model && group.is_main()) {
+    ddp::save_module(model, defaults.model_file);
+    std::cout << "Saved " << defaults.model_file << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace ddp::cli

@@ -1,0 +1,21 @@
+// A program on ddp::cli from an install prefix: the training flags parsed before the Runtime,
+// --help and flag errors from rank 0, the body under run_or_abort once per replica.
+#include <ddp/cli/app.h>
+#include <ddp/cli/training_flags.h>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  ddp::cli::TrainingFlags flags;
+  boost::program_options::options_description options("consumer_cli");
+  ddp::cli::add_training_flags(options, flags,
+                               {32, 5, 0.1, "data", "where the data would be", "consumer.pt"});
+  return ddp::cli::run(argc, argv, {"consumer_cli", "Prints the flags it was given."}, options,
+                       flags, [&](ddp::ProcessGroup& group) {
+    if (group.is_main()) {
+      std::cout << "consumer_cli: epochs " << flags.epochs << ", batch size " << flags.batch_size
+                << ", " << group.size() << " rank(s)" << std::endl;
+    }
+    return 0;
+  });
+}
