@@ -29,6 +29,7 @@ struct CommonFlags {
   std::string progress;
   // The training step (issue 13).
   int64_t accumulate = 1, warmup_steps = 0;
+  int64_t scale_lr_with_batch = 0;  // --scale-lr-with-batch REFERENCE; 0: off
   double clip_grad_norm = 0;
   std::string amp, schedule;
   std::optional<double> timeout;  // --timeout, when given
