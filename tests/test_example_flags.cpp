@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <torch/optim/sgd.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -72,6 +74,8 @@ TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
 TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.accumulate = 0; }), "--accumulate must be >= 1 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.warmup_steps = -1; }), "--warmup-steps must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.scale_lr_with_batch = -1; }),
+            "--scale-lr-with-batch must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.clip_grad_norm = nan; }),
             "--clip-grad-norm must be a finite number >= 0 (got nan)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.amp = "fp8"; }),
@@ -82,6 +86,30 @@ TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
               f.accumulate = 4, f.warmup_steps = 10, f.clip_grad_norm = 1, f.amp = "bf16", f.schedule = "cosine";
             }),
             "");
+}
+
+// --scale-lr-with-batch REFERENCE: --lr x (batch x ranks x accumulate) / REFERENCE, the base of
+// either schedule (per epoch, or per step with --warmup-steps).
+TEST(ExampleFlags, ScaleLrWithBatchScalesTheBaseOfEitherSchedule) {
+  for (const int64_t warmup : {0, 5}) {
+    TrainingFlags f = good();
+    f.batch_size = 32, f.accumulate = 2, f.warmup_steps = warmup, f.scale_lr_with_batch = 128;
+    torch::Tensor w = torch::zeros({2}, torch::requires_grad());
+    torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
+    const ddp::cli::Schedules s = ddp::cli::make_schedules(f, sgd, /*train_size=*/1000, /*world_size=*/4, 1, 0.7);
+    // 32 x 4 ranks x 2 = 256 = 2 x 128.
+    if (warmup == 0) {
+      ASSERT_TRUE(s.per_epoch);
+      EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.2);
+    } else {
+      ASSERT_TRUE(s.per_step);
+      EXPECT_DOUBLE_EQ(s.per_step->base_lrs()[0], 0.2);
+    }
+    f.scale_lr_with_batch = 0;  // off: the rate stays
+    torch::optim::SGD plain({w}, torch::optim::SGDOptions(0.1));
+    ddp::cli::make_schedules(f, plain, 1000, 4, 1, 0.7);
+    EXPECT_DOUBLE_EQ(warmup == 0 ? plain.param_groups()[0].options().get_lr() : 0.1, 0.1);
+  }
 }
 
 TEST(ExampleFlags, ResumeFlagsMustComeTogether) {

@@ -207,6 +207,44 @@ TEST(LRSchedule, RefusesOptionsOutOfRangeNamingThem) {
   EXPECT_EQ(ddp::parse_lr_decay("cosine"), ddp::LRDecay::Cosine);
 }
 
+// The linear scaling rule as a function of its own (the examples' --scale-lr-with-batch).
+TEST(LRSchedule, LinearScalingRuleScalesWithTheGlobalBatch) {
+  EXPECT_EQ(ddp::global_batch_size(64, 4, 2), 512);
+  EXPECT_DOUBLE_EQ(ddp::scale_lr_with_batch(0.1, 512, 256), 0.2);
+  EXPECT_DOUBLE_EQ(ddp::scale_lr_with_batch(0.1, 64, 256), 0.025);
+  EXPECT_EQ(ddp::scale_lr_with_batch(0.1, 512, 0), 0.1);  // 0: off
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message([] { ddp::scale_lr_with_batch(0.1, 512, -1); }),
+            "scale_lr_with_batch: reference_batch must be >= 0 (0: no scaling), got -1");
+  EXPECT_NE(message([] { ddp::scale_lr_with_batch(0.1, 0, 256); }).find("global_batch must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(message([] { ddp::scale_lr_with_batch(NAN, 8, 256); }).find("lr must be finite"),
+            std::string::npos);
+  EXPECT_EQ(message([] { ddp::global_batch_size(64, 0, 1); }), "global_batch_size: ranks must be >= 1, got 0");
+  EXPECT_NE(message([] { ddp::global_batch_size(64, 2, 0); }).find("accumulate must be >= 1"), std::string::npos);
+
+  // Every parameter group of an optimizer, and the same base as LRScheduleOptions's scaling.
+  torch::Tensor a = torch::zeros({1}, torch::requires_grad()), b = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD sgd({torch::optim::OptimizerParamGroup({a}, std::make_unique<torch::optim::SGDOptions>(0.1)),
+                         torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(0.03))},
+                        torch::optim::SGDOptions(0.1));
+  ddp::scale_lr_with_batch(sgd, ddp::global_batch_size(32, 2, 2), 64);
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.2);
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[1].options().get_lr(), 0.06);
+  torch::optim::SGD other({a}, torch::optim::SGDOptions(0.1));
+  ddp::LRScheduleOptions o;
+  o.reference_batch = 64;
+  o.global_batch = 128;
+  EXPECT_DOUBLE_EQ(ddp::LRSchedule(other, o).base_lrs()[0], 0.2);
+}
+
 // ----------------------------------------------------------------------------------------------
 // GradScaler
 

@@ -39,6 +39,8 @@
 #include <ddp/train/memory_check.h>
 #include <ddp/train/progress.h>
 #include <ddp/train/snapshot.h>
+#include <ddp/train/task.h>
+#include <ddp/train/classification.h>
 #include <ddp/parallel/timeline.h>
 #include <ddp/train/trainer.h>
 

@@ -33,6 +33,7 @@ void check_training_flags(const TrainingFlags& f) {
   require_at_least("--checkpoint-every-steps", f.checkpoint_every_steps, 0);
   require_at_least("--accumulate", f.accumulate, 1);
   require_at_least("--warmup-steps", f.warmup_steps, 0);
+  require_at_least("--scale-lr-with-batch", f.scale_lr_with_batch, 0);
   require_finite("--clip-grad-norm", f.clip_grad_norm, 0, /*least_allowed=*/true);
   try {
     ddp::parse_amp_mode(f.amp);
@@ -81,6 +82,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)")
     ("schedule", po::value(&f.schedule)->default_value(defaults.schedule), "learning rate schedule: cosine (down to 0 over --epochs) or step")
     ("warmup-steps", po::value(&f.warmup_steps)->default_value(0), "linear learning-rate warmup over N optimizer steps, then --schedule per step instead of per epoch (0: none, per epoch)")
+    ("scale-lr-with-batch", po::value(&f.scale_lr_with_batch)->value_name("REFERENCE")->default_value(0), "linear scaling rule: --lr is for a global batch of REFERENCE samples; use --lr x (batch-size x ranks x accumulate) / REFERENCE (0: off)")
     ("accumulate", po::value(&f.accumulate)->default_value(1), "micro-batches of --batch-size per optimizer step, accumulated without gradient sync (no_sync)")
     ("clip-grad-norm", po::value(&f.clip_grad_norm)->default_value(0.0, "0"), "clip the gradients to this global 2-norm before each step (0: no clipping)")
     ("amp", po::value(&f.amp)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and loss scaling)");
@@ -178,6 +180,10 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
 Schedules make_schedules(const TrainingFlags& flags, torch::optim::Optimizer& optimizer,
                          int64_t train_size, int world_size, int64_t step_size, double gamma) {
   Schedules s;
+  if (flags.scale_lr_with_batch > 0) {  // before the schedules, which take the rate as their base
+    ddp::scale_lr_with_batch(optimizer, ddp::global_batch_size(flags.batch_size, world_size, flags.accumulate),
+                             flags.scale_lr_with_batch);
+  }
   if (flags.warmup_steps == 0) {
     if (flags.schedule == "cosine") {
       s.per_epoch = std::make_unique<ddp::CosineAnnealingLR>(optimizer, flags.epochs);

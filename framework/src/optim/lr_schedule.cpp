@@ -56,11 +56,8 @@ LRSchedule::LRSchedule(torch::optim::Optimizer& optimizer, LRScheduleOptions opt
     require(o.global_batch >= 1, "global_batch", ">= 1 when reference_batch is set",
             static_cast<double>(o.global_batch));
   }
-  const double scale = o.reference_batch > 0 ? static_cast<double>(o.global_batch) /
-                                                   static_cast<double>(o.reference_batch)
-                                             : 1.0;
   for (const auto& group : optimizer_.param_groups()) {
-    base_lrs_.push_back(group.options().get_lr() * scale);
+    base_lrs_.push_back(scale_lr_with_batch(group.options().get_lr(), o.global_batch, o.reference_batch));
   }
   apply();
 }
@@ -124,6 +121,41 @@ void LRSchedule::load(torch::serialize::InputArchive& archive) {
   base = base.to(torch::kDouble).contiguous();
   base_lrs_.assign(base.data_ptr<double>(), base.data_ptr<double>() + base.numel());
   apply();
+}
+
+double scale_lr_with_batch(double lr, int64_t global_batch, int64_t reference_batch) {
+  if (reference_batch < 0) {
+    throw std::invalid_argument("scale_lr_with_batch: reference_batch must be >= 0 (0: no scaling), got " +
+                                std::to_string(reference_batch));
+  }
+  if (!std::isfinite(lr)) {
+    throw std::invalid_argument("scale_lr_with_batch: lr must be finite, got " + std::to_string(lr));
+  }
+  if (reference_batch == 0) return lr;
+  if (global_batch < 1) {
+    throw std::invalid_argument("scale_lr_with_batch: global_batch must be >= 1 when reference_batch is set, got " +
+                                std::to_string(global_batch));
+  }
+  return lr * static_cast<double>(global_batch) / static_cast<double>(reference_batch);
+}
+
+void scale_lr_with_batch(torch::optim::Optimizer& optimizer, int64_t global_batch,
+                         int64_t reference_batch) {
+  for (auto& group : optimizer.param_groups()) {
+    group.options().set_lr(scale_lr_with_batch(group.options().get_lr(), global_batch, reference_batch));
+  }
+}
+
+int64_t global_batch_size(int64_t batch_size, int64_t ranks, int64_t accumulate) {
+  for (const auto& [name, value] : {std::make_pair("batch_size", batch_size),
+                                    std::make_pair("ranks", ranks),
+                                    std::make_pair("accumulate", accumulate)}) {
+    if (value < 1) {
+      throw std::invalid_argument(std::string("global_batch_size: ") + name + " must be >= 1, got " +
+                                  std::to_string(value));
+    }
+  }
+  return batch_size * ranks * accumulate;
 }
 
 }  // namespace ddp

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <any>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -65,6 +66,20 @@ void parse_test_signal(const char* text, int64_t& step, int& rank, int& signal) 
 
 }  // namespace
 
+Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& task,
+                 torch::optim::Optimizer& optimizer, TrainerOptions options,
+                 DistributedDataParallel* ddp)
+    : group_(group),
+      runtime_(group.runtime()),
+      model_(model),
+      task_(&task),
+      optimizer_(optimizer),
+      options_(std::move(options)),
+      ddp_(ddp) {
+  check_options();
+  check_task_metrics();
+}
+
 Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
                  torch::optim::Optimizer& optimizer, TrainerOptions options,
                  DistributedDataParallel* ddp)
@@ -72,9 +87,104 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
       runtime_(group.runtime()),
       model_(model),
       forward_(std::move(forward)),
+      task_(nullptr),
       optimizer_(optimizer),
       options_(std::move(options)),
       ddp_(ddp) {
+  if (!forward_) throw std::invalid_argument("Trainer: the forward function is empty");
+  check_options();
+}
+
+namespace {
+
+// The preset's task for the length of one call.
+class PresetScope {
+ public:
+  PresetScope(TrainingTask*& slot, TrainingTask& task) : slot_(slot) { slot_ = &task; }
+  ~PresetScope() { slot_ = nullptr; }
+  PresetScope(const PresetScope&) = delete;
+  PresetScope& operator=(const PresetScope&) = delete;
+
+ private:
+  TrainingTask*& slot_;
+};
+
+bool valid_metric_name(const std::string& name) {
+  if (name.empty()) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// Adds a step's metric sums to the running ones (float64, on the sums' device), checking that
+// the task returned one per name.
+void add_sums(std::vector<torch::Tensor>& totals, const std::vector<torch::Tensor>& sums,
+              const char* method, const char* names) {
+  if (sums.size() != totals.size()) {
+    throw std::runtime_error("Trainer: the task's " + std::string(method) + " returned " +
+                             std::to_string(sums.size()) + " metric sum(s) for the " +
+                             std::to_string(totals.size()) + " name(s) of its " + names + "()");
+  }
+  for (size_t i = 0; i < sums.size(); ++i) {
+    if (!sums[i].defined() || sums[i].numel() != 1) {
+      throw std::runtime_error("Trainer: the task's " + std::string(method) + " returned metric sum " +
+                               std::to_string(i) + " that is not a scalar tensor");
+    }
+    totals[i] += sums[i].detach().to(totals[i].device(), torch::kDouble).reshape({});
+  }
+}
+
+}  // namespace
+
+TrainingTask& Trainer::task() {
+  if (!task_) {
+    throw std::logic_error("Trainer: built with a forward function (the classification preset): "
+                           "call fit(train, test, ...), train_epoch(train, ...) or evaluate(test)");
+  }
+  return *task_;
+}
+
+void Trainer::check_task_metrics() {
+  for (const auto& [kind, names] : {std::make_pair("train_metrics", task().train_metrics()),
+                                    std::make_pair("test_metrics", task().test_metrics())}) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string& name = names[i];
+      if (!valid_metric_name(name) || std::find(names.begin(), names.begin() + i, name) !=
+                                          names.begin() + i) {
+        throw std::invalid_argument(
+            "Trainer: the task's " + std::string(kind) + "() has \"" + name +
+            "\": a metric name must be unique and made of lower case letters, digits and '_'");
+      }
+    }
+  }
+}
+
+EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
+  if (!forward_) throw std::logic_error("Trainer::train_epoch(train, epoch): this Trainer was built with a task; call train_epoch(epoch)");
+  ClassificationTask preset(train, nullptr, forward_, options_.augment);
+  PresetScope scope(task_, preset);
+  return train_epoch(epoch);
+}
+
+Evaluation Trainer::evaluate(const ImageDataset& test) {
+  if (!forward_) throw std::logic_error("Trainer::evaluate(test): this Trainer was built with a task; call evaluate()");
+  ClassificationTask preset(test, &test, forward_, options_.augment);
+  PresetScope scope(task_, preset);
+  return evaluate();
+}
+
+std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageDataset& test,
+                                      int64_t epochs, torch::optim::LRScheduler* scheduler) {
+  if (!forward_) throw std::logic_error("Trainer::fit(train, test, ...): this Trainer was built with a task; call fit(epochs)");
+  // An empty set would train nothing and report "0/0 (0%)" as if all were well.
+  if (train.size() == 0) throw std::invalid_argument("Trainer::fit: the training set is empty");
+  if (test.size() == 0) throw std::invalid_argument("Trainer::fit: the test set is empty");
+  ClassificationTask preset(train, &test, forward_, options_.augment);
+  PresetScope scope(task_, preset);
+  return fit(epochs, scheduler);
+}
+
+void Trainer::check_options() {
   auto at_least = [](const char* option, int64_t value, int64_t least) {
     if (value >= least) return;
     throw std::invalid_argument("TrainerOptions::" + std::string(option) + " must be >= " +
@@ -128,12 +238,14 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
   }
 }
 
-EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
+EpochResult Trainer::train_epoch(int64_t epoch) {
+  TrainingTask& task = this->task();
   Communicator& comm = group_.cpu();
   const torch::Device device = group_.device();
   model_.train();
+  const size_t metric_count = task.train_metrics().size();
 
-  DistributedSampler sampler(train.size(), group_.size(), group_.rank(),
+  DistributedSampler sampler(task.train_size(), group_.size(), group_.rank(),
                              options_.shuffle, options_.seed);
   sampler.set_epoch(epoch);
   const std::vector<int64_t> indices = sampler.indices();
@@ -154,9 +266,20 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   if (epoch == resume_epoch_ && resume_batches_ > 0) {
     first_batch = std::min(resume_batches_, batches);
     if (resume_state_.generator.defined()) augment_generator.set_state(resume_state_.generator);
-    if (resume_state_.values.defined() && resume_state_.values.numel() == 7) {
+    // 7 numbers, then the task's metric sums: another count is another task's snapshot, whose
+    // sums would be wrong here.
+    const int64_t expected = static_cast<int64_t>(7 + metric_count);
+    if (resume_state_.values.defined() && resume_state_.values.numel() != expected) {
+      throw std::runtime_error(
+          "Trainer: the snapshot's epoch in progress has " +
+          std::to_string(resume_state_.values.numel()) + " sums on rank " +
+          std::to_string(group_.rank()) + ", but this task's needs " + std::to_string(expected) +
+          " (7 and one per name of train_metrics()): was it written by another task?");
+    }
+    if (resume_state_.values.defined()) {
       const auto v = resume_state_.values.accessor<double, 1>();
-      restored = EpochSums{v[0], v[1], v[2], PhaseTimes{v[3], v[4], v[5], v[6]}};
+      restored = EpochSums{v[0], v[1], v[2], PhaseTimes{v[3], v[4], v[5], v[6]}, {}};
+      for (size_t i = 0; i < metric_count; ++i) restored.metrics.push_back(v[7 + i]);
     }
     resume_batches_ = 0;
     resume_state_ = RankState{};
@@ -167,6 +290,13 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   torch::Tensor loss_sum =
       torch::full({}, restored.loss, torch::TensorOptions().dtype(torch::kDouble).device(device));
   int64_t samples = static_cast<int64_t>(restored.samples);
+  // The task's metric sums, as the loss: on the device, read at the epoch end (or a snapshot).
+  std::vector<torch::Tensor> metric_sums;
+  for (size_t i = 0; i < metric_count; ++i) {
+    metric_sums.push_back(torch::full(
+        {}, i < restored.metrics.size() ? restored.metrics[i] : 0.0,
+        torch::TensorOptions().dtype(torch::kDouble).device(device)));
+  }
   const auto epoch_start = Clock::now();
   // Rank 0 reports progress; every rank takes part in the log interval's loss average.
   const ProgressMode progress =
@@ -192,14 +322,17 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
     sums.seconds = restored.seconds + seconds_since(epoch_start);
     sums.phases = local;
     sums.phases.sync = (ddp_ ? ddp_->sync_seconds() : 0.0) - sync_at_start;
+    for (const torch::Tensor& m : metric_sums) sums.metrics.push_back(m.item<double>());
     return sums;
   };
 
   auto gather = [&](int64_t b) {
-    return train.gather(indices, b * batch_size, std::min(n, (b + 1) * batch_size), device);
+    const auto first = indices.begin() + b * batch_size;
+    return task.train_batch_any(
+        std::vector<int64_t>(first, indices.begin() + std::min(n, (b + 1) * batch_size)), device);
   };
   // Batch b+1 is gathered one step ahead, once step b's backward is queued (see below).
-  Batch next;
+  std::any next;
   const int64_t accumulate = options_.accumulate;
   for (int64_t b = first_batch; b < batches; ++b) {
     // With accumulation, an optimizer step is a group of `accumulate` micro-batches; the
@@ -221,13 +354,11 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
         return EpochResult{};
       }
     }
-    const int64_t begin = b * batch_size, end = std::min(n, begin + batch_size);
-    Batch batch;
-    torch::Tensor loss;
+    std::any batch;
+    StepOutput out;
     phase("data", local.data, [&] {
       batch = b == first_batch ? gather(b) : std::move(next);
-      if (options_.augment) batch.inputs = options_.augment(batch.inputs, augment_generator);
-      batch.inputs = train.normalise(batch.inputs);
+      task.prepare_any(batch, augment_generator);
     });
     if (group_start) phase("zero_grad", local.optimizer, [&] { optimizer_.zero_grad(); });
     // The buffer broadcast belongs to forward, as in PyTorch's DDP.
@@ -244,8 +375,15 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       if (options_.amp != AmpMode::Off) {
         autocast.emplace(device.type(), options_.amp == AmpMode::Fp16 ? torch::kHalf : torch::kBFloat16);
       }
-      loss = torch::nll_loss(forward_(batch.inputs), batch.targets);
+      out = task.loss_any(batch);
     });
+    if (!out.loss.defined() || out.loss.numel() != 1) {
+      throw std::runtime_error("Trainer: the task's loss() returned " +
+                               std::string(out.loss.defined() ? "a loss of " + std::to_string(out.loss.numel()) + " elements"
+                                                              : "no loss") +
+                               " (step " + std::to_string(global_step_) + "); it must be the batch's mean, a scalar");
+    }
+    const torch::Tensor loss = out.loss.reshape({});
     phase("backward", local.forward_backward, [&] {
       // Not the last micro-batch of a group: accumulate locally, no communication.
       std::optional<DistributedDataParallel::NoSync> no_sync;
@@ -272,8 +410,9 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
       }
     }
 
-    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(end - begin);
-    samples += end - begin;
+    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(out.samples);
+    samples += out.samples;
+    add_sums(metric_sums, out.sums, "loss()", "train_metrics");
 
     if (options_.log_interval > 0 && b % options_.log_interval == 0) {
       torch::Tensor mean_loss = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
@@ -283,7 +422,7 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
         const int64_t seen = b * batch_size * group_.size();
         std::printf("Train Epoch: %lld [%lld/%lld (%.0f%%)]\tLoss: %.6f\tETA %s\n",
                     static_cast<long long>(epoch), static_cast<long long>(seen),
-                    static_cast<long long>(train.size()),
+                    static_cast<long long>(task.train_size()),
                     100.0 * static_cast<double>(b) / static_cast<double>(batches_per_epoch),
                     shown_loss,
                     format_duration(eta_seconds(seconds_since(epoch_start), b + 1 - first_batch,
@@ -311,10 +450,10 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   local.sync = ddp_ ? ddp_->sync_seconds() - sync_at_start : 0.0;
   local.forward_backward -= local.sync;  // the sync ran inside backward
 
-  torch::Tensor sums = torch::tensor({loss_sum.item<double>(), static_cast<double>(samples),
-                                      local.data, local.forward_backward, local.sync,
-                                      local.optimizer},
-                                     torch::kDouble);
+  std::vector<double> values{loss_sum.item<double>(), static_cast<double>(samples), local.data,
+                             local.forward_backward, local.sync, local.optimizer};
+  for (const torch::Tensor& m : metric_sums) values.push_back(m.item<double>());
+  torch::Tensor sums = torch::tensor(values, torch::kDouble);
   comm.all_reduce(sums, ReduceOp::Sum);
   torch::Tensor slowest = torch::tensor({seconds}, torch::kDouble);
   comm.all_reduce(slowest, ReduceOp::Max);
@@ -328,6 +467,10 @@ EpochResult Trainer::train_epoch(const ImageDataset& train, int64_t epoch) {
   result.seconds = slowest.item<double>();
   result.samples_per_sec = result.seconds > 0 ? s[1] / result.seconds : 0.0;
   result.phases = PhaseTimes{s[2] / ranks, s[3] / ranks, s[4] / ranks, s[5] / ranks};
+  const std::vector<std::string> names = task.train_metrics();
+  for (size_t i = 0; i < metric_count; ++i) {
+    result.train_metrics.push_back(Metric{names[i], s[6 + i], result.samples});
+  }
   return result;
 }
 
@@ -344,44 +487,57 @@ void Trainer::optimizer_step() {
   if (options_.lr_schedule) options_.lr_schedule->step();
 }
 
-Evaluation Trainer::evaluate(const ImageDataset& test) {
+Evaluation Trainer::evaluate() {
+  TrainingTask& task = this->task();
   Communicator& comm = group_.cpu();
   const torch::Device device = group_.device();
   model_.eval();
   torch::NoGradGuard no_grad;
+  const std::vector<std::string> names = task.test_metrics();
+  const int64_t size = task.test_size();
 
-  const std::vector<int64_t> shard =
-      evaluation_shard(test.size(), group_.size(), group_.rank());
+  const std::vector<int64_t> shard = evaluation_shard(size, group_.size(), group_.rank());
   const int64_t n = static_cast<int64_t>(shard.size());
-  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  const auto doubles = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  torch::Tensor loss_sum = torch::zeros({}, doubles);
+  std::vector<torch::Tensor> metric_sums(names.size());
+  for (auto& m : metric_sums) m = torch::zeros({}, doubles);
+  int64_t samples = 0;
   for (int64_t begin = 0; begin < n; begin += options_.test_batch_size) {
     const int64_t end = std::min(n, begin + options_.test_batch_size);
-    Batch batch = test.batch(shard, begin, end, device);
-    torch::Tensor log_probs = forward_(batch.inputs);
-    // Per-sample losses summed in double: the total does not depend on how samples are batched.
-    loss_sum += torch::nll_loss(log_probs, batch.targets, {}, torch::Reduction::None)
-                    .to(torch::kDouble)
-                    .sum();
-    correct += log_probs.argmax(1).eq(batch.targets).sum();
+    std::any batch = task.test_batch_any(
+        std::vector<int64_t>(shard.begin() + begin, shard.begin() + end), device);
+    const StepOutput out = task.evaluate_any(batch);
+    if (out.loss_sum.defined()) {
+      loss_sum += out.loss_sum.to(torch::kDouble).sum();
+    } else if (out.loss.defined()) {
+      loss_sum += out.loss.to(torch::kDouble).sum() * static_cast<double>(out.samples);
+    } else {
+      throw std::runtime_error("Trainer: the task's evaluate() returned neither a loss nor a loss sum");
+    }
+    samples += out.samples;
+    add_sums(metric_sums, out.sums, "evaluate()", "test_metrics");
   }
-  torch::Tensor totals =
-      torch::tensor({loss_sum.item<double>(), static_cast<double>(correct.item<int64_t>())},
-                    torch::kDouble);
+  std::vector<double> values{loss_sum.item<double>(), static_cast<double>(samples)};
+  for (const torch::Tensor& m : metric_sums) values.push_back(m.item<double>());
+  torch::Tensor totals = torch::tensor(values, torch::kDouble);
   comm.all_reduce(totals, ReduceOp::Sum);
 
+  const auto t = totals.accessor<double, 1>();
   Evaluation result;
-  result.total = test.size();
-  result.loss = result.total ? totals[0].item<double>() / static_cast<double>(result.total) : 0.0;
-  result.correct = static_cast<int64_t>(totals[1].item<double>());
+  result.total = static_cast<int64_t>(t[1]);
+  result.loss = result.total ? t[0] / static_cast<double>(result.total) : 0.0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    result.metrics.push_back(Metric{names[i], t[2 + i], result.total});
+    if (names[i] == "accuracy") result.correct = static_cast<int64_t>(t[2 + i]);
+  }
   return result;
 }
 
-std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageDataset& test,
-                                      int64_t epochs, torch::optim::LRScheduler* scheduler) {
+std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler* scheduler) {
+  TrainingTask& task = this->task();
   // An empty set would train nothing and report "0/0 (0%)" as if all were well.
-  if (train.size() == 0) throw std::invalid_argument("Trainer::fit: the training set is empty");
-  if (test.size() == 0) throw std::invalid_argument("Trainer::fit: the test set is empty");
+  if (task.train_size() <= 0) throw std::invalid_argument("Trainer::fit: the training set is empty");
   if (scheduler && options_.lr_schedule) {
     throw std::invalid_argument("Trainer::fit: a per-epoch scheduler and TrainerOptions::lr_schedule "
                                 "would both set the learning rate; use one");
@@ -393,16 +549,43 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
   // A resumed run continues the metrics of the run it resumes; a fresh one starts a new file.
   open_metrics(first_epoch > 1 || resume_batches_ > 0 ? first_epoch - 1 : -1);
   for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
-    EpochResult r = train_epoch(train, epoch);
+    EpochResult r = train_epoch(epoch);
     if (stopped_by_) break;
-    const Evaluation eval = evaluate(test);
-    r.test_loss = eval.loss;
-    r.test_accuracy = eval.accuracy();
+    std::optional<Evaluation> eval;
+    if (task.test_size() > 0) {
+      eval = evaluate();
+      r.test_loss = eval->loss;
+      r.test_metrics = eval->metrics;
+      for (const Metric& m : eval->metrics) {
+        if (m.name == "accuracy") r.test_accuracy = eval->accuracy();
+      }
+    }
     if (group_.is_main()) {
       const std::string unit = group_.replicas_per_process() > 1 ? "replica(s)" : "rank(s)";
-      std::printf("\nTest set: Average loss: %.4f, Accuracy: %lld/%lld (%.0f%%)\n\n", eval.loss,
-                  static_cast<long long>(eval.correct), static_cast<long long>(eval.total),
-                  100.0 * eval.accuracy());
+      // The seed's line for a classifier; the task's metrics (means per sample) after it.
+      auto metrics = [](const std::vector<Metric>& list) {
+        std::string text;
+        char value[64];
+        for (const Metric& m : list) {
+          if (m.name == "accuracy") continue;
+          std::snprintf(value, sizeof value, ", %s: %.6g", m.name.c_str(), m.mean());
+          text += value;
+        }
+        return text;
+      };
+      if (eval) {
+        std::printf("\nTest set: Average loss: %.4f", eval->loss);
+        if (r.test_accuracy) {
+          std::printf(", Accuracy: %lld/%lld (%.0f%%)", static_cast<long long>(eval->correct),
+                      static_cast<long long>(eval->total), 100.0 * eval->accuracy());
+        }
+        std::printf("%s\n", metrics(eval->metrics).c_str());
+      }
+      if (!r.train_metrics.empty()) {
+        std::printf("%sTrain set: Average loss: %.4f%s\n", eval ? "" : "\n", r.train_loss,
+                    metrics(r.train_metrics).c_str());
+      }
+      std::printf("\n");
       const PhaseTimes& p = r.phases;
       std::printf("Epoch %lld: %.2f s, %.0f samples/s over %d %s | data %s, forward+backward "
                   "%s, gradient sync %s, optimizer %s\n\n",
@@ -428,14 +611,56 @@ std::vector<EpochResult> Trainer::fit(const ImageDataset& train, const ImageData
 }
 
 std::string summary_table(const std::vector<EpochResult>& epochs) {
-  std::string table = "epoch  train loss  test loss  test acc  time (s)  samples/s    sync\n";
-  char row[160];
+  if (epochs.empty()) return "";
+  // The columns follow the first epoch: every epoch of a run has the same.
+  const EpochResult& first = epochs.front();
+  std::vector<std::string> extra;  // a column per metric other than accuracy
+  for (const Metric& m : first.train_metrics) extra.push_back("train_" + m.name);
+  const size_t train_extra = extra.size();
+  for (const Metric& m : first.test_metrics) {
+    if (m.name != "accuracy") extra.push_back("test_" + m.name);
+  }
+  const auto width = [](const std::string& name) {
+    return static_cast<int>(std::max<size_t>(10, name.size()));
+  };
+  std::string table = "epoch  train loss";
+  char cell[96];
+  for (size_t i = 0; i < train_extra; ++i) {
+    std::snprintf(cell, sizeof cell, "  %*s", width(extra[i]), extra[i].c_str());
+    table += cell;
+  }
+  if (first.test_loss) table += "  test loss";
+  if (first.test_accuracy) table += "  test acc";
+  for (size_t i = train_extra; i < extra.size(); ++i) {
+    std::snprintf(cell, sizeof cell, "  %*s", width(extra[i]), extra[i].c_str());
+    table += cell;
+  }
+  table += "  time (s)  samples/s    sync\n";
   for (const EpochResult& e : epochs) {
-    std::snprintf(row, sizeof row, "%5lld  %10.4f  %9.4f  %7.2f%%  %8.2f  %9.0f  %6s\n",
-                  static_cast<long long>(e.epoch), e.train_loss, e.test_loss,
-                  100.0 * e.test_accuracy, e.seconds, e.samples_per_sec,
+    std::snprintf(cell, sizeof cell, "%5lld  %10.4f", static_cast<long long>(e.epoch), e.train_loss);
+    table += cell;
+    for (size_t i = 0; i < train_extra; ++i) {
+      std::snprintf(cell, sizeof cell, "  %*.6g", width(extra[i]),
+                    i < e.train_metrics.size() ? e.train_metrics[i].mean() : 0.0);
+      table += cell;
+    }
+    if (first.test_loss) {
+      std::snprintf(cell, sizeof cell, "  %9.4f", e.test_loss.value_or(0.0));
+      table += cell;
+    }
+    if (first.test_accuracy) {
+      std::snprintf(cell, sizeof cell, "  %7.2f%%", 100.0 * e.test_accuracy.value_or(0.0));
+      table += cell;
+    }
+    size_t column = train_extra;
+    for (const Metric& m : e.test_metrics) {
+      if (m.name == "accuracy" || column >= extra.size()) continue;
+      std::snprintf(cell, sizeof cell, "  %*.6g", width(extra[column++]), m.mean());
+      table += cell;
+    }
+    std::snprintf(cell, sizeof cell, "  %8.2f  %9.0f  %6s\n", e.seconds, e.samples_per_sec,
                   percent(e.phases.sync, e.seconds).c_str());
-    table += row;
+    table += cell;
   }
   return table;
 }
@@ -477,9 +702,10 @@ void Trainer::save_inside_epoch(const std::string& path, int64_t epoch, int64_t 
   RankState state;
   state.generator = augment_generator.get_state();
   const PhaseTimes& p = sums.phases;
-  state.values = torch::tensor(
-      {sums.loss, sums.samples, sums.seconds, p.data, p.forward_backward, p.sync, p.optimizer},
-      torch::kDouble);
+  std::vector<double> values{sums.loss,          sums.samples, sums.seconds, p.data,
+                             p.forward_backward, p.sync,       p.optimizer};
+  values.insert(values.end(), sums.metrics.begin(), sums.metrics.end());
+  state.values = torch::tensor(values, torch::kDouble);
   if (group_.is_main()) {
     std::error_code error;
     std::filesystem::create_directories(options_.checkpoint.dir, error);
@@ -642,19 +868,22 @@ void Trainer::checkpoint(int64_t epoch) {
 
 void Trainer::write_metrics(const EpochResult& r) {
   if (!metrics_.is_open()) return;
-  const nlohmann::ordered_json line = {
-      {"epoch", r.epoch},
-      {"train_loss", r.train_loss},
-      {"test_loss", r.test_loss},
-      {"test_accuracy", r.test_accuracy},
-      {"samples_per_sec", r.samples_per_sec},
-      {"seconds", r.seconds},
-      {"samples", r.samples},
-      {"ranks", group_.size()},
-      {"data_seconds", r.phases.data},
-      {"forward_backward_seconds", r.phases.forward_backward},
-      {"sync_seconds", r.phases.sync},
-      {"optimizer_seconds", r.phases.optimizer}};
+  // The task's metrics (means per sample) beside the loss of their set.
+  nlohmann::ordered_json line = {{"epoch", r.epoch}, {"train_loss", r.train_loss}};
+  for (const Metric& m : r.train_metrics) line["train_" + m.name] = m.mean();
+  if (r.test_loss) line["test_loss"] = *r.test_loss;
+  if (r.test_accuracy) line["test_accuracy"] = *r.test_accuracy;
+  for (const Metric& m : r.test_metrics) {
+    if (m.name != "accuracy") line["test_" + m.name] = m.mean();
+  }
+  line["samples_per_sec"] = r.samples_per_sec;
+  line["seconds"] = r.seconds;
+  line["samples"] = r.samples;
+  line["ranks"] = group_.size();
+  line["data_seconds"] = r.phases.data;
+  line["forward_backward_seconds"] = r.phases.forward_backward;
+  line["sync_seconds"] = r.phases.sync;
+  line["optimizer_seconds"] = r.phases.optimizer;
   metrics_ << line.dump() << "\n" << std::flush;
   if (!metrics_) throw std::runtime_error(options_.metrics_file + ": write failed");
 }

@@ -37,6 +37,7 @@ struct TrainingFlags {
   std::string progress;
   // The training step.
   int64_t accumulate = 1, warmup_steps = 0;
+  int64_t scale_lr_with_batch = 0;  // --scale-lr-with-batch REFERENCE; 0: off
   double clip_grad_norm = 0;
   std::string amp, schedule;
   std::optional<double> timeout;  // --timeout, when given
@@ -89,7 +90,9 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
 // linear warmup over N steps, then the cosine over the remaining steps of --epochs or the same
 // step decay counted in steps; the steps come from the shard of `train_size` samples over
 // `world_size` replicas, --batch-size, --limit-train-batches, --dry-run and --accumulate, as the
-// Trainer counts them. Exactly one of the two is set.
+// Trainer counts them. Exactly one of the two is set. With --scale-lr-with-batch REFERENCE the
+// optimizer's rates are first scaled by the global batch / REFERENCE (ddp::scale_lr_with_batch),
+// so either schedule takes the scaled rate as its base.
 struct Schedules {
   std::unique_ptr<torch::optim::LRScheduler> per_epoch;  // for Trainer::fit
   std::unique_ptr<ddp::LRSchedule> per_step;             // for TrainerOptions::lr_schedule

@@ -52,6 +52,21 @@ struct LRScheduleOptions {
   int64_t global_batch = 0;
 };
 
+// The linear scaling rule (Goyal et al., "Accurate, Large Minibatch SGD"): a rate tuned for a
+// global batch of `reference_batch` samples becomes lr * global_batch / reference_batch for a
+// global batch of `global_batch`. reference_batch 0: no scaling, `lr` itself.
+// std::invalid_argument naming the argument: reference_batch < 0, global_batch < 1 (with scaling
+// on), lr not finite.
+double scale_lr_with_batch(double lr, int64_t global_batch, int64_t reference_batch);
+// The same for every parameter group of `optimizer`: call it once, before building a schedule on
+// the optimizer (LRSchedule and the per-epoch schedulers take its rates as their base). Use this
+// or LRScheduleOptions::reference_batch, not both.
+void scale_lr_with_batch(torch::optim::Optimizer& optimizer, int64_t global_batch,
+                         int64_t reference_batch);
+// The samples of one optimizer step over all ranks: batch_size (per rank) * ranks * accumulate
+// (micro-batches per step). std::invalid_argument naming the argument when one is < 1.
+int64_t global_batch_size(int64_t batch_size, int64_t ranks, int64_t accumulate);
+
 class LRSchedule {
  public:
   // Reads the base rates from `optimizer`'s parameter groups, scales them, and sets the rates of

@@ -1,8 +1,18 @@
 #pragma once
-// The training loop for classifiers: each rank trains on its DistributedSampler shard, metrics
-// are reduced over ranks, rank 0 logs in the seed scripts' format, and every epoch reports where
-// the time went (data, forward+backward, gradient sync, optimizer) without an external profiler.
-// The same Trainer runs a single process (world size 1, no DistributedDataParallel).
+// The training loop for any model, batch type and loss: a TrainingTask (task.h) says how to
+// gather a batch by index and what its loss and metric sums are; the Trainer does the rest. Each
+// rank trains on its DistributedSampler shard, metrics are reduced over ranks, rank 0 logs in the
+// seed scripts' format, and every epoch reports where the time went (data, forward+backward,
+// gradient sync, optimizer) without an external profiler. The same Trainer runs a single process
+// (world size 1, no DistributedDataParallel).
+//
+// Two ways to build one:
+// - Trainer(group, model, task, optimizer, options, ddp): any task; fit(epochs), train_epoch(e),
+//   evaluate(). docs/training_loop.md has an example.
+// - Trainer(group, model, forward, optimizer, options, ddp): the classification preset
+//   (classification.h), which the examples use; fit(train, test, epochs), train_epoch(train, e),
+//   evaluate(test) build a ClassificationTask over the ImageDatasets (and TrainerOptions::augment)
+//   and run the same loop.
 //
 // Optionally it augments each batch, checks that the replicas are still identical every N
 // steps, writes a checkpoint at every epoch end (and every N steps) and resumes from one
@@ -23,7 +33,9 @@
 #include <ddp/parallel/process_group.h>
 #include <ddp/runtime/runtime.h>
 #include <ddp/parallel/timeline.h>
+#include <ddp/train/classification.h>
 #include <ddp/train/snapshot.h>
+#include <ddp/train/task.h>
 #include <ddp/util/stop_signal.h>
 
 #include <ATen/core/Generator.h>
@@ -58,10 +70,6 @@ struct CheckpointOptions {
   int64_t every_steps = 0;
 };
 
-// Maps a batch of uint8 pixels [B,C,H,W] to augmented pixels of the same shape, drawing from
-// `generator` (seeded per rank and epoch: augment.h).
-using Augment = std::function<torch::Tensor(const torch::Tensor&, at::Generator&)>;
-
 struct TrainerOptions {
   int64_t batch_size = 64;            // per rank
   int64_t test_batch_size = 1000;     // per rank
@@ -73,7 +81,9 @@ struct TrainerOptions {
   int64_t seed = 0;                   // seeds the sampler's permutation
   std::string metrics_file;           // one JSON object per epoch (rank 0); empty: none
   Timeline* timeline = nullptr;       // records data/forward/backward/optimizer spans when set
-  Augment augment;                    // applied to training batches before normalisation; empty: none
+  // The classification preset only: applied to training batches before normalisation; empty:
+  // none. (A task of one's own augments in Task::prepare.)
+  Augment augment;
   // Every N optimizer steps, verify bit for bit that all replicas hold the same parameters and
   // buffers (replica_check.h); a difference stops the job naming the tensor and ranks. 0: never.
   int64_t check_sync_every = 0;
@@ -117,35 +127,48 @@ struct EpochResult {
   double seconds = 0;           // wall time of the training phase (slowest rank)
   double samples_per_sec = 0;   // samples / seconds
   PhaseTimes phases;
-  double test_loss = 0;
-  double test_accuracy = 0;     // fraction 0..1
+  std::vector<Metric> train_metrics;  // the task's train_metrics(), over all ranks
+  // Set when fit() evaluated (the task has a test set):
+  std::optional<double> test_loss;
+  std::optional<double> test_accuracy;  // fraction 0..1, when the task has an "accuracy" metric
+  std::vector<Metric> test_metrics;     // the task's test_metrics(), "accuracy" included
 };
 
 struct Evaluation {
-  double loss = 0;              // mean negative log-likelihood per sample
-  int64_t correct = 0;
-  int64_t total = 0;
+  double loss = 0;              // mean loss per sample (classification: negative log-likelihood)
+  int64_t correct = 0;          // the "accuracy" metric's sum (correct predictions), else 0
+  int64_t total = 0;            // test samples, all ranks
+  std::vector<Metric> metrics;  // the task's test_metrics()
   double accuracy() const { return total ? double(correct) / double(total) : 0.0; }
 };
 
 class Trainer {
  public:
-  // `forward` maps a batch of inputs to log-probabilities [B, classes]. `ddp` is the wrapper
-  // around `model` when training data-parallel, or null for a single process.
-  using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
-  Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
+  // Any task: `task` (which must outlive the Trainer) gathers the batches and computes the loss,
+  // running `model` (the module whose parameters `optimizer` steps, and that snapshots save).
+  // `ddp` is the wrapper around `model` when training data-parallel, or null for a single
+  // process.
+  Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& task,
           torch::optim::Optimizer& optimizer, TrainerOptions options,
           DistributedDataParallel* ddp = nullptr);
 
-  // One pass over this rank's shard of `train` (collective).
+  // One pass over this rank's shard of the task's training set (collective).
+  EpochResult train_epoch(int64_t epoch);
+  // Exact evaluation over all of the task's test set: each sample is counted once over all ranks.
+  Evaluation evaluate();
+  // Epochs 1..epochs (or from the resumed snapshot's next epoch): train, evaluate (when the task
+  // has a test set), log, write metrics, scheduler->step() if given, then checkpoint. Rank 0 ends
+  // with summary_table() of the epochs it ran. Returns those epochs.
+  std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
+
+  // The classification preset. `forward` maps a batch of normalised inputs to log-probabilities
+  // [B, classes]; the methods below train and evaluate a ClassificationTask over the data sets.
+  using Forward = ClassificationTask::Forward;
+  Trainer(ProcessGroup& group, torch::nn::Module& model, Forward forward,
+          torch::optim::Optimizer& optimizer, TrainerOptions options,
+          DistributedDataParallel* ddp = nullptr);
   EpochResult train_epoch(const ImageDataset& train, int64_t epoch);
-
-  // Exact evaluation over all of `test`: each sample is counted once over all ranks.
   Evaluation evaluate(const ImageDataset& test);
-
-  // Epochs 1..epochs (or from the resumed snapshot's next epoch): train, evaluate, log, write
-  // metrics, scheduler->step() if given, then checkpoint. Rank 0 ends with summary_table() of
-  // the epochs it ran. Returns those epochs.
   std::vector<EpochResult> fit(const ImageDataset& train, const ImageDataset& test,
                                int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
@@ -164,7 +187,14 @@ class Trainer {
   struct EpochSums {
     double loss = 0, samples = 0, seconds = 0;
     PhaseTimes phases;  // sync: so far
+    std::vector<double> metrics;  // the task's train_metrics()
   };
+  // Checks the options (both constructors).
+  void check_options();
+  // The task the generic methods run: the constructor's, or the preset's of the call.
+  TrainingTask& task();
+  // Throws naming the task's metric when it is not a valid unique name.
+  void check_task_metrics();
   void open_metrics(int64_t finished_epochs);
   void write_metrics(const EpochResult& result);
   // Loads the snapshot options_.checkpoint.resume names; returns the first epoch to run.
@@ -187,7 +217,8 @@ class Trainer {
   ProcessGroup& group_;
   Runtime& runtime_;
   torch::nn::Module& model_;
-  Forward forward_;
+  Forward forward_;         // the preset's
+  TrainingTask* task_;      // null with the preset, outside its calls
   torch::optim::Optimizer& optimizer_;
   TrainerOptions options_;
   DistributedDataParallel* ddp_;
@@ -217,6 +248,8 @@ class Trainer {
 // samples/s over all ranks and the share of the epoch spent in gradient sync, e.g.
 //   epoch  train loss  test loss  test acc  time (s)  samples/s    sync
 //       1      0.5267     0.3343    87.43%     50.21       1195    4.8%
+// The test columns appear when the first epoch has a test loss (accuracy); then a column per
+// metric other than accuracy (its mean per sample), headed train_<name> or test_<name>.
 std::string summary_table(const std::vector<EpochResult>& epochs);
 
 }  // namespace ddp
