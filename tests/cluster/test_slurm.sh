@@ -185,40 +185,34 @@ case "$scenario" in
     ;;
 
   dead_rank)
-    # (1) A crash before MPI_Init (where an Open MPI or PMIx fault would strike), under the
-    # 2-node script: its srun --wait=30 ends the others, which wait in PMIx's start-up exchange.
+    # job_must_fail LOG WHAT PROGRAM [ARGS...]: the 2-node script runs PROGRAM; the job must end
+    # with a non-zero status within 90 s, srun naming WHAT ("task 2: Segmentation fault").
+    job_must_fail() {
+      local out=$1 what=$2 start=$SECONDS status=0
+      shift 2
+      sbatch --wait --cpus-per-task=1 --output="$out" "$root/slurm/ddp_2N4G.sbatch" "$@" \
+        > submit.log 2>&1 || status=$?
+      local elapsed=$((SECONDS - start))
+      cat submit.log "$out"
+      [ $status -ne 0 ] || fail "sbatch --wait: the job succeeded, but it must fail ($what)"
+      expect "$out" "$what" "srun names the task"
+      expect "$out" "^== job [0-9]+ \(ddp-2N4G\): .* exit status [1-9][0-9]*$" "the summary's non-zero status"
+      [ $elapsed -lt 90 ] || fail "the job took $elapsed s to end ($what; want < 90 s)"
+      echo "$what: the job ended $elapsed s after it was submitted"
+    }
+    # (1) A crash before MPI_Init (where an Open MPI or PMIx fault would strike): the script's
+    # srun --wait=30 ends the others, which wait in PMIx's start-up exchange.
     cat > crash_task2.sh <<SCRIPT
 #!/bin/bash
 [ "\$SLURM_PROCID" != 2 ] || kill -SEGV \$\$
 exec "$replica_check"
 SCRIPT
     chmod +x crash_task2.sh
-    start=$SECONDS
-    status=0
-    sbatch --wait --cpus-per-task=1 --output=early.out "$root/slurm/ddp_2N4G.sbatch" ./crash_task2.sh \
-      > submit.log 2>&1 || status=$?
-    elapsed=$((SECONDS - start))
-    cat submit.log early.out
-    [ $status -ne 0 ] || fail "sbatch --wait: the job succeeded although task 2 crashed"
-    expect early.out "task 2: Segmentation fault" "srun names the crashed task"
-    expect early.out "^== job [0-9]+ \(ddp-2N4G\): .* exit status [1-9][0-9]*$" "the summary's non-zero status"
-    [ $elapsed -lt 90 ] || fail "the job took $elapsed s to end after task 2 crashed (want < 90 s)"
-    echo "crash before MPI_Init: the job ended $elapsed s after it was submitted"
-    # (2) A rank killed while training, under the same script: PMIx sees it and Slurm cancels
-    # the step.
-    start=$SECONDS
-    status=0
-    DDP_TEST_SIGNAL_AT_STEP=3:1:KILL sbatch --wait --cpus-per-task=1 --output=killed.out \
-      "$root/slurm/ddp_2N4G.sbatch" "$ddp_mnist" --no-cuda --epochs 1 --limit-train-batches 50 --log-interval 0 \
-      > submit.log 2>&1 || status=$?
-    elapsed=$((SECONDS - start))
-    cat submit.log killed.out
-    [ $status -ne 0 ] || fail "sbatch --wait: the job succeeded although rank 1 was killed"
+    job_must_fail early.out "task 2: Segmentation fault" ./crash_task2.sh
+    # (2) A rank killed while training: PMIx sees it and Slurm cancels the step.
+    DDP_TEST_SIGNAL_AT_STEP=3:1:KILL job_must_fail killed.out "task 1: Killed" "$ddp_mnist" \
+      --no-cuda --epochs 1 --limit-train-batches 50 --log-interval 0
     expect killed.out "^DDP_TEST_SIGNAL_AT_STEP: rank 1 raises signal 9 after step 3$" "the kill"
-    expect killed.out "task 1: Killed" "srun names the killed task"
-    expect killed.out "^== job [0-9]+ \(ddp-2N4G\): .* exit status [1-9][0-9]*$" "the summary's non-zero status"
-    [ $elapsed -lt 90 ] || fail "the job took $elapsed s to end after rank 1 was killed (want < 90 s)"
-    echo "killed rank: the job ended $elapsed s after it was submitted"
     ;;
   preempt)
     log=ddp-2N4G-preempt.out
