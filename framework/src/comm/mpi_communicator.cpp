@@ -468,14 +468,12 @@ void MpiCommunicator::watchdog_loop() {
     if (state.in_collective) {
       const auto now = Clock::now();
       if (now - state.entered > options_.timeout) timed_out(state, /*after_stop=*/false);
-      // A stop signal that arrived while this collective was running (see the header).
+      // A stop signal that arrived while this collective was running (so less time ago than
+      // the worker entered it), stop_grace ago or longer (see the header).
       const double since_stop = seconds_since_stop_signal();
-      if (since_stop >= 0 && options_.stop_grace.count() > 0 &&
-          since_stop > static_cast<double>(options_.stop_grace.count()) &&
-          state.entered < now - std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(since_stop))) {
-        timed_out(state, /*after_stop=*/true);
-      }
+      const double in_it = std::chrono::duration<double>(now - state.entered).count();
+      const auto grace = static_cast<double>(options_.stop_grace.count());
+      if (grace > 0 && since_stop > grace && since_stop < in_it) timed_out(state, /*after_stop=*/true);
     }
     lock.lock();
   }
