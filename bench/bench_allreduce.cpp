@@ -4,7 +4,9 @@
 // time is the mean over iterations of the slowest rank, and every result is checked.
 //   algbw = bytes / time;  busbw = algbw * 2 (n - 1) / n  (the per-rank traffic of a ring)
 //   mpirun -np 2 bench_allreduce --min-bytes 4096 --max-bytes 268435456 [--max-message 4MiB]
+//                                [--sockets auto|never|always]
 // --max-message: MpiOptions::max_message_bytes for the ddp column (0: one MPI call per tensor).
+// --sockets: MpiOptions::sockets for the ddp column (auto: the TCP ring between hosts only).
 #include <ddp/comm/mpi_communicator.h>
 #include <ddp/runtime/runtime.h>
 
@@ -67,17 +69,29 @@ int main(int argc, char** argv) {
       if (flag == "--min-bytes") min_bytes = parse_bytes(argv[i + 1]);
       else if (flag == "--max-bytes") max_bytes = parse_bytes(argv[i + 1]);
       else if (flag == "--max-message") options.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
-      else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes, --max-message)");
+      else if (flag == "--sockets") {
+        const std::string v = argv[i + 1];
+        if (v == "auto") options.sockets = ddp::MpiOptions::Sockets::Auto;
+        else if (v == "never") options.sockets = ddp::MpiOptions::Sockets::Never;
+        else if (v == "always") options.sockets = ddp::MpiOptions::Sockets::Always;
+        else throw std::invalid_argument("--sockets " + v + ": expected auto, never or always");
+      }
+      else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes, --max-message, --sockets)");
     }
     ddp::MpiCommunicator comm(runtime.comm(), options);
     const int w = comm.size();
     const double bus_factor = w > 1 ? 2.0 * (w - 1) / w : 0.0;
     if (runtime.is_main()) {
-      std::printf("# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: %s\n",
+      const char* sockets = options.sockets == ddp::MpiOptions::Sockets::Auto    ? "auto"
+                            : options.sockets == ddp::MpiOptions::Sockets::Never ? "never"
+                                                                                 : "always";
+      std::printf("# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: %s, "
+                  "socket ring %s (from %zu KiB)\n",
                   w, runtime.num_nodes(), std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",
                   options.max_message_bytes == 0
                       ? "one MPI call per tensor"
-                      : ("pieces of at most " + std::to_string(options.max_message_bytes >> 10) + " KiB").c_str());
+                      : ("pieces of at most " + std::to_string(options.max_message_bytes >> 10) + " KiB").c_str(),
+                  sockets, options.socket_bytes >> 10);
       std::printf("#                                   ddp MpiCommunicator                    raw MPI_Allreduce\n");
       std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "size(B)", "count", "type", "iters",
                   "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw", "#wrong", "ratio");

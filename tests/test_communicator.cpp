@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+
 namespace {
 
 ddp::Communicator& comm() { return ddp_test::group().cpu(); }
@@ -126,6 +129,120 @@ TEST(MpiCommunicator, DebugModeNamesBothSidesOfAMismatchOnEveryRank) {
   torch::Tensor shape = torch::ones({1, 2, 3, 4, 5, 6, 7}, torch::kDouble);
   c.all_reduce(shape);
   EXPECT_EQ(shape.sum().item<double>(), 5040.0 * w);
+}
+
+ddp::MpiOptions ring_options() {
+  ddp::MpiOptions options;
+  options.sockets = ddp::MpiOptions::Sockets::Always;
+  options.socket_bytes = 0;  // every all-reduce on the ring
+  return options;
+}
+
+TEST(MpiCommunicator, SocketRingOnlyWhereAsked) {
+  // One host: Auto keeps MPI (shared memory is faster than loopback TCP); Always takes the ring
+  // wherever there is more than one rank; Never never does.
+  const bool several = comm().size() > 1;
+  EXPECT_FALSE(ddp::MpiCommunicator(MPI_COMM_WORLD).uses_socket_ring());
+  EXPECT_EQ(ddp::MpiCommunicator(MPI_COMM_WORLD, ring_options()).uses_socket_ring(), several);
+  ddp::MpiOptions never;
+  never.sockets = ddp::MpiOptions::Sockets::Never;
+  EXPECT_FALSE(ddp::MpiCommunicator(MPI_COMM_WORLD, never).uses_socket_ring());
+}
+
+TEST(MpiCommunicator, SocketRingGivesWhatMpiGives) {
+  // Every dtype and op, and sizes that leave ring segments empty (1 and 3 elements on 4 ranks),
+  // uneven (1001) and large: exact values, so the ring must match MPI element for element.
+  const int r = comm().rank(), w = comm().size();
+  ddp::MpiCommunicator ring(MPI_COMM_WORLD, ring_options());
+  for (int64_t n : {int64_t(1), int64_t(3), int64_t(1001), int64_t(300'000)}) {
+    for (auto dtype : {torch::kFloat, torch::kDouble, torch::kInt, torch::kLong, torch::kByte,
+                       torch::kHalf, torch::kBFloat16}) {
+      const bool is_float = torch::isFloatingType(dtype);
+      for (auto op : {ddp::ReduceOp::Sum, ddp::ReduceOp::Avg, ddp::ReduceOp::Min, ddp::ReduceOp::Max}) {
+        if (op == ddp::ReduceOp::Avg && !is_float) continue;
+        const bool is_16bit = dtype == torch::kHalf || dtype == torch::kBFloat16;
+        if (is_16bit && (op == ddp::ReduceOp::Min || op == ddp::ReduceOp::Max)) continue;
+        // Small integers (and halves in the 16-bit floats) are exact in every dtype here.
+        torch::Tensor base = (torch::arange(n, torch::kLong).remainder(7) * (r + 1) + r).to(dtype);
+        torch::Tensor by_ring = base.clone(), by_mpi = base.clone();
+        ring.all_reduce(by_ring, op);
+        comm().all_reduce(by_mpi, op);
+        EXPECT_TRUE(torch::equal(by_ring, by_mpi))
+            << n << " elements, " << dtype << ", op " << static_cast<int>(op);
+      }
+    }
+  }
+  // Sums that round: every rank must still hold bitwise the same result.
+  torch::Tensor noise = torch::rand({100'003}, torch::TensorOptions().dtype(torch::kFloat)) * (r + 1);
+  ring.all_reduce(noise);
+  const torch::Tensor all = comm().all_gather(noise);
+  for (int k = 1; k < w; ++k) EXPECT_TRUE(torch::equal(all[k], all[0])) << "rank " << k;
+}
+
+TEST(MpiCommunicator, SocketRingOnANamedInterface) {
+  ddp::MpiOptions options = ring_options();
+  options.socket_interfaces = "ddp-no-such-interface,lo";  // the first present one wins
+  ddp::MpiCommunicator ring(MPI_COMM_WORLD, options);
+  torch::Tensor t = torch::full({5000}, 1.0);
+  ring.all_reduce(t);
+  EXPECT_TRUE(torch::equal(t, torch::full({5000}, double(comm().size()))));
+}
+
+TEST(MpiCommunicator, SocketRingNamesAMissingInterface) {
+  if (comm().size() < 2) return;  // one rank never makes a ring
+  ddp::MpiOptions options = ring_options();
+  options.socket_interfaces = "ddp-no-such-interface";
+  ddp::MpiCommunicator ring(MPI_COMM_WORLD, options);
+  std::string message;
+  try {
+    ring.all_reduce(torch::ones({10}));
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("rank " + std::to_string(comm().rank()) +
+                         ": DDP_SOCKET_IFNAME='ddp-no-such-interface' (MpiOptions::socket_interfaces): "
+                         "no such interface up with an IPv4 address on this host (it has: lo 127.0.0.1"),
+            std::string::npos)
+      << message;
+}
+
+TEST(MpiCommunicator, SocketRingNamesAPeerThatLeft) {
+  // Ranks 0 and 1 make a ring; rank 1 then closes it (as its process would by ending) and rank
+  // 0's next all-reduce must fail at once, naming rank 1, instead of waiting.
+  if (comm().size() < 2) return;
+  const int r = comm().rank();
+  MPI_Comm pair = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, r < 2 ? 0 : MPI_UNDEFINED, r, &pair);
+  if (pair != MPI_COMM_NULL) {
+    auto ring = std::make_unique<ddp::MpiCommunicator>(pair, ring_options());
+    torch::Tensor t = torch::ones({1000});
+    ring->all_reduce(t);  // makes the ring
+    EXPECT_TRUE(torch::equal(t, torch::full({1000}, 2.0)));
+    if (r == 1) {
+      ring.reset();
+    } else {
+      // Rank 1's sockets may close before or while rank 0 sends: either way rank 1 is named.
+      std::string message;
+      try {
+        ring->all_reduce(torch::ones({1'000'000}));
+      } catch (const std::runtime_error& e) {
+        message = e.what();
+      }
+      EXPECT_NE(message.find("rank 0: socket ring all_reduce: "), std::string::npos) << message;
+      EXPECT_NE(message.find(" rank 1 (127.0.0.1:"), std::string::npos) << message;
+      EXPECT_NE(message.find("that rank has ended or lost the network"), std::string::npos) << message;
+      // Bytes of the failed call may still be in flight: the ring refuses to go on.
+      message.clear();
+      try {
+        ring->all_reduce(torch::ones({10}));
+      } catch (const std::runtime_error& e) {
+        message = e.what();
+      }
+      EXPECT_NE(message.find("an earlier all_reduce failed half way"), std::string::npos) << message;
+    }
+    MPI_Comm_free(&pair);
+  }
+  comm().barrier();
 }
 
 TEST(MpiCommunicator, BroadcastFromLastRank) {

@@ -68,6 +68,9 @@ case "$scenario" in
     expect mnist.log "^rank 2/4 local 0/2 node 1/2 host h2 " "rank 2 on h2"
     expect mnist.log "^rank 3/4 local 1/2 node 1/2 host h2 " "rank 3 on h2"
     expect mnist.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation"
+    # Between hosts without InfiniBand the gradients take ddp's TCP ring, on the interface
+    # ddprun --iface names.
+    expect mnist.log "^ddp: socket ring: all-reduces of 256 KiB or more go over TCP between the 4 ranks \(rank 0 at 192\.0\.2\.1:[0-9]+;" "socket ring on eth0"
     # Each of the 3 steps averages the CNN's 1,199,882 float gradients: every byte of one host's
     # sum has to reach the other, so at least 3 x 4,799,528 bytes cross the link (each way).
     echo "bytes through h1's link during ddp_mnist: $crossed"

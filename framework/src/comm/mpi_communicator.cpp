@@ -1,5 +1,6 @@
 #include <ddp/comm/mpi_communicator.h>
 
+#include "comm/socket_ring.h"
 #include "util/mpi_check.h"
 
 #include <ddp/util/stop_signal.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -250,6 +252,17 @@ class MpiWork final : public Work {
   torch::Tensor target_, host_;
 };
 
+// A network device that MPI can use faster than TCP: InfiniBand/RoCE (verbs, UCX) or HPE
+// Slingshot (libfabric cxi).
+bool fast_network_device() {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (const char* dir : {"/sys/class/infiniband", "/sys/class/cxi"}) {
+    if (fs::is_directory(dir, error) && !fs::is_empty(dir, error)) return true;
+  }
+  return false;
+}
+
 bool mpi_finalized() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -285,6 +298,20 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options) : options_(s
   DDP_MPI_CHECK(MPI_Comm_dup(comm_, &watch_comm_));
   DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  if (size_ > 1 && options_.sockets != MpiOptions::Sockets::Never) {
+    MPI_Comm node = MPI_COMM_NULL;
+    DDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    int local = 0;
+    DDP_MPI_CHECK(MPI_Comm_size(node, &local));
+    DDP_MPI_CHECK(MPI_Comm_free(&node));
+    single_host_ = local == size_;  // the same answer on every rank
+    use_sockets_ = options_.sockets == MpiOptions::Sockets::Always;
+    if (options_.sockets == MpiOptions::Sockets::Auto && !single_host_) {
+      int fast = fast_network_device() ? 1 : 0;  // one rank with such a device keeps MPI for all
+      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &fast, 1, MPI_INT, MPI_MAX, comm_));
+      use_sockets_ = fast == 0;
+    }
+  }
   // The watchdog's receive for questions is posted before anyone can ask.
   DDP_MPI_CHECK(MPI_Irecv(&question_buffer_, 1, MPI_INT64_T, MPI_ANY_SOURCE, kQuestionTag,
                           watch_comm_, &question_));
@@ -579,11 +606,27 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(const torch::Tensor& ten
   const int size = size_;
   const std::size_t max_bytes = options_.max_message_bytes;
   const bool blocking = host.nbytes() >= options_.blocking_bytes;
-  // The debug mode's all-gather already waits for every rank.
-  const bool arrival_barrier = blocking && !options_.check_collectives;
+  const bool ring = use_sockets_ && host.nbytes() >= options_.socket_bytes;
+  // The debug mode's all-gather already waits for every rank; the ring sleeps in poll().
+  const bool arrival_barrier = blocking && !ring && !options_.check_collectives;
   auto task = std::make_shared<detail::MpiTask>(detail::kAllReduce, tensor, static_cast<int64_t>(op));
-  task->run = [this, host, type, mpi_reduce_op, op, comm, size, max_bytes, blocking,
+  task->run = [this, host, type, mpi_reduce_op, op, comm, size, max_bytes, blocking, ring,
                arrival_barrier] {
+    if (ring) {
+      if (!ring_) {
+        ring_ = std::make_unique<detail::SocketRing>(comm, options_.socket_interfaces, single_host_);
+        if (rank_ == 0) {  // once per communicator: where the gradients now travel
+          std::fprintf(stderr,
+                       "ddp: socket ring: all-reduces of %zu KiB or more go over TCP between the "
+                       "%d ranks (rank 0 at %s; DDP_MPI_SOCKETS=never keeps them on MPI)\n",
+                       options_.socket_bytes >> 10, size, ring_->address().c_str());
+          std::fflush(stderr);
+        }
+      }
+      ring_->all_reduce(host, op);
+      if (op == ReduceOp::Avg) host.div_(size);
+      return;
+    }
     if (arrival_barrier) {
       MPI_Request request;
       DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));

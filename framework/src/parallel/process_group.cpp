@@ -40,6 +40,10 @@ void read_env(const char* name, long max, long& out) {
 //   DDP_MPI_MAX_SLEEP_US  MpiOptions::max_sleep in microseconds (0: never sleep)
 //   DDP_MPI_BLOCKING_KIB  MpiOptions::blocking_bytes in KiB
 //   DDP_MPI_MESSAGE_KIB   MpiOptions::max_message_bytes in KiB (0: one call per tensor)
+// and where the large all-reduces go over ddp's TCP ring (MpiOptions::sockets):
+//   DDP_MPI_SOCKETS       auto | never | always
+//   DDP_MPI_SOCKET_KIB    MpiOptions::socket_bytes in KiB
+//   DDP_SOCKET_IFNAME     MpiOptions::socket_interfaces (comma-separated interface names)
 MpiOptions mpi_options(const Runtime& runtime, std::chrono::seconds timeout) {
   MpiOptions options;
   const Environment env = current_environment();
@@ -60,6 +64,22 @@ MpiOptions mpi_options(const Runtime& runtime, std::chrono::seconds timeout) {
   long message_kib = static_cast<long>(options.max_message_bytes >> 10);
   read_env("DDP_MPI_MESSAGE_KIB", 1L << 30, message_kib);
   options.max_message_bytes = static_cast<std::size_t>(message_kib) << 10;
+  if (const char* sockets = std::getenv("DDP_MPI_SOCKETS"); sockets != nullptr && *sockets != '\0') {
+    const std::string value = sockets;
+    if (value == "auto") {
+      options.sockets = MpiOptions::Sockets::Auto;
+    } else if (value == "never") {
+      options.sockets = MpiOptions::Sockets::Never;
+    } else if (value == "always") {
+      options.sockets = MpiOptions::Sockets::Always;
+    } else {
+      throw std::invalid_argument("DDP_MPI_SOCKETS='" + value + "': expected auto, never or always");
+    }
+  }
+  long socket_kib = static_cast<long>(options.socket_bytes >> 10);
+  read_env("DDP_MPI_SOCKET_KIB", 1L << 30, socket_kib);
+  options.socket_bytes = static_cast<std::size_t>(socket_kib) << 10;
+  if (const char* names = std::getenv("DDP_SOCKET_IFNAME")) options.socket_interfaces = names;
   return options;
 }
 

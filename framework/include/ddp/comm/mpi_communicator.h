@@ -50,6 +50,15 @@
 // collectives of the stop itself (entered after the signal: the agreement, the snapshot) keep
 // the full timeout.
 //
+// Sockets: Open MPI's TCP transport moves bytes only while a thread polls it inside an MPI call,
+// so between hosts linked by TCP its all-reduce runs at the speed the polling thread gets a core
+// beside training (55-70% of a 100 Mbit/s link in docs/performance.md). So where
+// MpiOptions::sockets says, all-reduces of at least MpiOptions::socket_bytes go over a TCP ring
+// between the ranks instead (comm/socket_ring.h, made on the worker at the first such call, a
+// collective): the worker sleeps in poll() while the kernel moves the bytes. Its result is
+// bitwise the same on every rank, but may differ in the last bits from MPI's (another order of
+// additions). The other collectives, and the small all-reduces, stay on MPI.
+//
 // Debug mode (MpiOptions::check_collectives; ProcessGroup sets it from DDP_DEBUG=DETAIL): before
 // each collective the ranks all-gather a fingerprint of it (kind, sequence number, dtype, shape,
 // reduce op or root). When any rank differs, every rank's Work::wait() throws the same error
@@ -95,6 +104,22 @@ struct MpiOptions {
   // benchmark shows pieces help end to end. DDP_MPI_MESSAGE_KIB sets it for ProcessGroup.
   std::size_t max_message_bytes = 0;
 
+  // Where large all-reduces leave MPI for ddp's own TCP ring (the rank's thread sleeps while
+  // the kernel moves the bytes; see "Sockets" above): Auto when the ranks span more than one
+  // host and no rank has an InfiniBand/RoCE or Slingshot device (where MPI has a faster
+  // transport than TCP); Never; Always (on one host too, over loopback). ProcessGroup reads
+  // DDP_MPI_SOCKETS=auto|never|always.
+  enum class Sockets { Auto, Never, Always };
+  Sockets sockets = Sockets::Auto;
+  // All-reduces of at least this many bytes take the ring; smaller ones stay on MPI, whose
+  // latency is lower. ProcessGroup reads DDP_MPI_SOCKET_KIB.
+  std::size_t socket_bytes = 256 << 10;
+  // The interface the ring listens on: comma-separated names, the first one this host has
+  // wins. Empty: loopback when every rank is on this host, else the first interface that is up
+  // with an IPv4 address and is not loopback or a container bridge. ProcessGroup reads
+  // DDP_SOCKET_IFNAME (`ddprun --iface` sets it).
+  std::string socket_interfaces;
+
   // A collective unfinished this long after this rank entered it ends the job (the watchdog,
   // above). PyTorch's default, 10 minutes. ProcessGroup: ProcessGroupOptions::timeout, else
   // DDP_TIMEOUT_SECONDS.
@@ -112,7 +137,8 @@ struct MpiOptions {
 };
 
 namespace detail {
-struct MpiTask;  // one queued collective: its MPI calls, and its state once run
+struct MpiTask;     // one queued collective: its MPI calls, and its state once run
+class SocketRing;   // the TCP ring for large all-reduces (src/comm/socket_ring.h)
 }
 
 class MpiCommunicator final : public Communicator {
@@ -138,6 +164,9 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
 
   MPI_Comm comm() const { return comm_; }
+  // Whether all-reduces of MpiOptions::socket_bytes or more go over the TCP ring (decided, and
+  // agreed by every rank, in the constructor).
+  bool uses_socket_ring() const { return use_sockets_; }
 
  private:
   // What a rank's worker is doing, for the watchdog and for the other ranks' questions.
@@ -162,6 +191,9 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void timed_out(const WorkerState& state, bool after_stop);
 
   MpiOptions options_;
+  bool single_host_ = true;  // every rank of comm_ on this host
+  bool use_sockets_ = false;  // the large all-reduces take ring_ (MpiOptions::sockets, agreed)
+  std::unique_ptr<detail::SocketRing> ring_;  // worker thread only; made at its first use
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm watch_comm_ = MPI_COMM_NULL;  // the watchdogs' questions and answers
   int rank_ = 0;
