@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # How fast each transport moves data both ways at once across two emulated hosts (network
 # namespaces, tbf-shaped link, as bench/emulated_hosts.sh): a plain MPI exchange (one way vs
-# both ways), ddp's all-reduce and raw MPI_Allreduce (bench_allreduce), and PyTorch's gloo
+# both ways), ddp's all-reduce (its socket ring: two hosts) and raw MPI_Allreduce
+# (bench_allreduce), and PyTorch's gloo
 # all-reduce. Needs root. Prints plain text; the numbers are quoted in docs/performance.md.
 #   bench/emulated_duplex.sh [RATE (100mbit)]
 set -euo pipefail
