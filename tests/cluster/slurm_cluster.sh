@@ -16,9 +16,14 @@ nodes=()  # n1 .. nN, set by start
 die() { echo "slurm_cluster: $*" >&2; exit 1; }
 
 # A TCP port on 127.0.0.1 that nothing listens on.
+# Below the kernel's ephemeral range: a port the kernel hands to a socket bound to port 0 or to
+# an outgoing connection (Open MPI, ddp's socket ring, another test running beside this one)
+# never comes from there, so the port stays free between this check and slurmd's bind.
 free_port() {
-  local port
-  for port in $(shuf -i 20000-60000 -n 50); do
+  local port low
+  low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null || echo 32768)
+  [ "$low" -gt 20100 ] || low=60000  # an unusual range: take the old chance
+  for port in $(shuf -i 20000-$((low - 1)) -n 50); do
     if [ -z "$(ss -Htln "sport = :$port")" ]; then echo "$port"; return; fi
   done
   die "no free TCP port found on 127.0.0.1"
@@ -111,6 +116,10 @@ start() {
     sleep 0.2
   done
   sinfo -N >&2 || true
+  for node in "${nodes[@]}"; do  # the logs go with the test's scratch directory: show them
+    echo "--- $node/slurmd.log (last lines)" >&2
+    tail -n 5 "$dir/$node/slurmd.log" >&2 2> /dev/null || true
+  done
   die "nodes did not become idle within 20 s; logs: $dir/slurmctld.log, $dir/n*/slurmd.log"
 }
 
