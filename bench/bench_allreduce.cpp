@@ -69,22 +69,14 @@ int main(int argc, char** argv) {
       if (flag == "--min-bytes") min_bytes = parse_bytes(argv[i + 1]);
       else if (flag == "--max-bytes") max_bytes = parse_bytes(argv[i + 1]);
       else if (flag == "--max-message") options.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
-      else if (flag == "--sockets") {
-        const std::string v = argv[i + 1];
-        if (v == "auto") options.sockets = ddp::MpiOptions::Sockets::Auto;
-        else if (v == "never") options.sockets = ddp::MpiOptions::Sockets::Never;
-        else if (v == "always") options.sockets = ddp::MpiOptions::Sockets::Always;
-        else throw std::invalid_argument("--sockets " + v + ": expected auto, never or always");
-      }
+      else if (flag == "--sockets") options.sockets = ddp::parse_sockets(argv[i + 1], "--sockets");
       else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes, --max-message, --sockets)");
     }
     ddp::MpiCommunicator comm(runtime.comm(), options);
     const int w = comm.size();
     const double bus_factor = w > 1 ? 2.0 * (w - 1) / w : 0.0;
     if (runtime.is_main()) {
-      const char* sockets = options.sockets == ddp::MpiOptions::Sockets::Auto    ? "auto"
-                            : options.sockets == ddp::MpiOptions::Sockets::Never ? "never"
-                                                                                 : "always";
+      const char* sockets = ddp::to_string(options.sockets);
       std::printf("# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: %s, "
                   "socket ring %s (from %zu KiB)\n",
                   w, runtime.num_nodes(), std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",

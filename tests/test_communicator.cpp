@@ -149,6 +149,19 @@ TEST(MpiCommunicator, SocketRingOnlyWhereAsked) {
   EXPECT_FALSE(ddp::MpiCommunicator(MPI_COMM_WORLD, never).uses_socket_ring());
 }
 
+TEST(MpiCommunicator, SocketModesByName) {
+  for (auto mode : {ddp::MpiOptions::Sockets::Auto, ddp::MpiOptions::Sockets::Never,
+                    ddp::MpiOptions::Sockets::Always}) {
+    EXPECT_EQ(ddp::parse_sockets(ddp::to_string(mode), "DDP_MPI_SOCKETS"), mode);
+  }
+  try {
+    ddp::parse_sockets("yes", "DDP_MPI_SOCKETS");
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "DDP_MPI_SOCKETS='yes': expected auto, never or always");
+  }
+}
+
 TEST(MpiCommunicator, SocketRingGivesWhatMpiGives) {
   // Every dtype and op, and sizes that leave ring segments empty (1 and 3 elements on 4 ranks),
   // uneven (1001) and large: exact values, so the ring must match MPI element for element.

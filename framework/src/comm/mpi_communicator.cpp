@@ -586,6 +586,22 @@ void MpiCommunicator::timed_out(const WorkerState& state, bool after_stop) {
   std::abort();
 }
 
+MpiOptions::Sockets parse_sockets(const std::string& name, const std::string& what) {
+  for (auto sockets : {MpiOptions::Sockets::Auto, MpiOptions::Sockets::Never, MpiOptions::Sockets::Always}) {
+    if (name == to_string(sockets)) return sockets;
+  }
+  throw std::invalid_argument(what + "='" + name + "': expected auto, never or always");
+}
+
+const char* to_string(MpiOptions::Sockets sockets) {
+  switch (sockets) {
+    case MpiOptions::Sockets::Auto: return "auto";
+    case MpiOptions::Sockets::Never: return "never";
+    case MpiOptions::Sockets::Always: return "always";
+  }
+  return "?";
+}
+
 std::unique_ptr<Work> MpiCommunicator::all_reduce_async(const torch::Tensor& tensor, ReduceOp op) {
   check_contiguous(tensor, "MpiCommunicator::all_reduce");
   if (op == ReduceOp::Avg && !tensor.is_floating_point()) {

@@ -62,34 +62,36 @@ in_addr pick_address(const std::string& interfaces, bool single_host, int rank) 
     throw std::runtime_error("rank " + std::to_string(rank) +
                              ": socket ring: getifaddrs: " + errno_text(errno));
   }
-  std::vector<std::pair<std::string, in_addr>> found;  // up, IPv4, in the system's order
+  struct Interface {
+    std::string name;
+    in_addr address;
+    bool loopback;
+  };
+  std::vector<Interface> found;  // up, IPv4, in the system's order
   for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
     if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
     if (!(it->ifa_flags & IFF_UP)) continue;
-    found.emplace_back(it->ifa_name, reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr);
-    if (it->ifa_flags & IFF_LOOPBACK) found.back().first.insert(0, "\n");  // marks loopback
+    found.push_back({it->ifa_name, reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr,
+                     (it->ifa_flags & IFF_LOOPBACK) != 0});
   }
   freeifaddrs(list);
 
   std::string seen;
-  for (const auto& [name, address] : found) {
-    const bool loopback = name[0] == '\n';
-    seen += (seen.empty() ? "" : ", ") + (loopback ? name.substr(1) : name) + " " + ip_text(address);
-  }
+  for (const Interface& i : found) seen += (seen.empty() ? "" : ", ") + i.name + " " + ip_text(i.address);
   if (!interfaces.empty()) {
     std::stringstream names(interfaces);
     std::string wanted;
     while (std::getline(names, wanted, ',')) {
-      for (const auto& [name, address] : found) {
-        if ((name[0] == '\n' ? name.substr(1) : name) == wanted) return address;
+      for (const Interface& i : found) {
+        if (i.name == wanted) return i.address;
       }
     }
     throw std::runtime_error("rank " + std::to_string(rank) + ": DDP_SOCKET_IFNAME='" + interfaces +
                              "' (MpiOptions::socket_interfaces): no such interface up with an "
                              "IPv4 address on this host (it has: " + seen + ")");
   }
-  for (const auto& [name, address] : found) {
-    if (name[0] != '\n' && !container_bridge(name)) return address;
+  for (const Interface& i : found) {
+    if (!i.loopback && !container_bridge(i.name)) return i.address;
   }
   throw std::runtime_error("rank " + std::to_string(rank) +
                            ": socket ring: no network interface up with an IPv4 address other "

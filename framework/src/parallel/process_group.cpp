@@ -65,16 +65,7 @@ MpiOptions mpi_options(const Runtime& runtime, std::chrono::seconds timeout) {
   read_env("DDP_MPI_MESSAGE_KIB", 1L << 30, message_kib);
   options.max_message_bytes = static_cast<std::size_t>(message_kib) << 10;
   if (const char* sockets = std::getenv("DDP_MPI_SOCKETS"); sockets != nullptr && *sockets != '\0') {
-    const std::string value = sockets;
-    if (value == "auto") {
-      options.sockets = MpiOptions::Sockets::Auto;
-    } else if (value == "never") {
-      options.sockets = MpiOptions::Sockets::Never;
-    } else if (value == "always") {
-      options.sockets = MpiOptions::Sockets::Always;
-    } else {
-      throw std::invalid_argument("DDP_MPI_SOCKETS='" + value + "': expected auto, never or always");
-    }
+    options.sockets = parse_sockets(sockets, "DDP_MPI_SOCKETS");
   }
   long socket_kib = static_cast<long>(options.socket_bytes >> 10);
   read_env("DDP_MPI_SOCKET_KIB", 1L << 30, socket_kib);

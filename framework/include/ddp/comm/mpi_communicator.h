@@ -136,6 +136,11 @@ struct MpiOptions {
   bool check_collectives = false;
 };
 
+// MpiOptions::sockets by name: "auto", "never", "always" (DDP_MPI_SOCKETS, benchmark flags);
+// any other name throws std::invalid_argument naming `what` and the names.
+MpiOptions::Sockets parse_sockets(const std::string& name, const std::string& what);
+const char* to_string(MpiOptions::Sockets sockets);
+
 namespace detail {
 struct MpiTask;     // one queued collective: its MPI calls, and its state once run
 class SocketRing;   // the TCP ring for large all-reduces (src/comm/socket_ring.h)
