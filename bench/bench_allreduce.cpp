@@ -7,8 +7,9 @@
 //                                [--sockets auto|never|always]
 // --max-message: MpiOptions::max_message_bytes for the ddp column (0: one MPI call per tensor).
 // --sockets: MpiOptions::sockets for the ddp column (auto: the TCP ring between hosts only).
-#include <ddp/comm/mpi_communicator.h>
-#include <ddp/runtime/runtime.h>
+#include "comm/mpi_communicator.h"
+#include "runtime/runtime_internals.h"
+#include <ddp/runtime.h>
 
 #include <mpi.h>
 #include <torch/torch.h>
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
       else if (flag == "--sockets") options.sockets = ddp::parse_sockets(argv[i + 1], "--sockets");
       else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes, --max-message, --sockets)");
     }
-    ddp::MpiCommunicator comm(runtime.comm(), options);
+    ddp::MpiCommunicator comm(ddp::detail::RuntimeInternals::comm(runtime), options);
     const int w = comm.size();
     const double bus_factor = w > 1 ? 2.0 * (w - 1) / w : 0.0;
     if (runtime.is_main()) {

@@ -3,7 +3,7 @@
 // the 90th percentile over the slowest rank, in microseconds, so that a rank descheduled now
 // and then on a busy machine does not hide the typical cost.
 //   mpirun -np 2 bench_stop_check [ITERATIONS]
-#include <ddp/ddp.h>
+#include <ddp/train/train.h>
 
 #include <algorithm>
 #include <chrono>

@@ -5,7 +5,7 @@
 #include "mnist_cnn.h"
 #include "resnet.h"
 
-#include <ddp/ddp.h>
+#include <ddp/train/train.h>
 
 #include <boost/program_options.hpp>
 #include <torch/cuda.h>

@@ -4,8 +4,8 @@
 // then fc 2048 -> 256 -> 10 with dropout; 0.8 M parameters. Outputs log-probabilities.
 // ddp::BatchNorm2d (not torch::nn's) so that --sync-batchnorm can convert it in place.
 
-#include <ddp/nn/batch_norm.h>
-#include <ddp/nn/dropout.h>
+#include <ddp/sync_batch_norm.h>
+#include <ddp/train/dropout.h>
 
 #include <torch/torch.h>
 

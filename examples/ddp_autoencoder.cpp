@@ -16,7 +16,7 @@
 // and a checkpoint is written at every epoch end, so `--resume` continues exactly where an
 // interrupted run stopped: the same losses, on the CPU bit for bit.
 
-#include <ddp/ddp.h>
+#include <ddp/train/train.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>

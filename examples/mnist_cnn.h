@@ -2,7 +2,7 @@
 // The seed scripts' MNIST CNN: conv 1->32->64, max-pool, dropout .25/.5, fc 9216->128->10,
 // log-softmax.
 
-#include <ddp/nn/dropout.h>
+#include <ddp/train/dropout.h>
 
 #include <torch/torch.h>
 

@@ -7,7 +7,7 @@
 #include <ddp/cli/finish.h>
 #include <ddp/cli/flag_checks.h>
 #include <ddp/cli/training_flags.h>
-#include <ddp/ddp.h>
+#include <ddp/train/train.h>
 
 #include <boost/program_options.hpp>
 

@@ -3,7 +3,7 @@
 // CIFAR reference implementations: 62 parameter tensors, 11.2 M parameters. Outputs
 // log-probabilities.
 
-#include <ddp/nn/batch_norm.h>
+#include <ddp/sync_batch_norm.h>
 
 #include <torch/torch.h>
 

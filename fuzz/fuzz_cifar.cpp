@@ -1,6 +1,6 @@
 // libFuzzer target: the CIFAR-10 binary checks read_cifar10_file runs (data/cifar_format.h): the
 // record count from the size, before anything is allocated, then the labels.
-#include "data/cifar_format.h"
+#include "train/cifar_format.h"
 
 #include <cstdint>
 #include <cstdlib>

@@ -1,6 +1,6 @@
 // libFuzzer target: the IDX header checks read_idx runs before it allocates (data/idx_format.h).
 // The input is a whole IDX file, as plain bytes and as if it were a gzip file of that size.
-#include "data/idx_format.h"
+#include "train/idx_format.h"
 
 #include <cstdint>
 #include <cstdlib>

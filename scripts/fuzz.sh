@@ -36,8 +36,8 @@ mkdir -p "$out/crashes"
 
 sources_of() {
   case "$1" in
-    idx) echo "$root/framework/src/data/idx_format.cpp" ;;
-    cifar) echo "$root/framework/src/data/cifar_format.cpp" ;;
+    idx) echo "$root/framework/src/train/idx_format.cpp" ;;
+    cifar) echo "$root/framework/src/train/cifar_format.cpp" ;;
     snapshot) echo "$root/framework/src/train/snapshot_format.cpp -lxxhash" ;;
   esac
 }

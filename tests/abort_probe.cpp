@@ -4,9 +4,9 @@
 //   abort_probe exit  : the rank dies without a word (exit without MPI_Finalize)
 //   abort_probe replica : 2 replicas per process; replica 1 of the last rank throws while its
 //                       sibling and the other processes' replicas wait in a collective
-#include <ddp/parallel/process_group.h>
-#include <ddp/parallel/replicas.h>
-#include <ddp/runtime/runtime.h>
+#include <ddp/process_group.h>
+#include <ddp/replicas.h>
+#include <ddp/runtime.h>
 
 #include <torch/torch.h>
 

@@ -11,10 +11,11 @@
 //   collective_faults signal    as idle, but rank 0 (stop handlers installed, MpiOptions::
 //                               stop_grace 2 s, timeout 600 s) gets SIGTERM while it waits in #3:
 //                               its watchdog ends the job 2 s later, saying so
-#include <ddp/comm/mpi_communicator.h>
-#include <ddp/parallel/process_group.h>
-#include <ddp/runtime/runtime.h>
-#include <ddp/util/stop_signal.h>
+#include "comm/mpi_communicator.h"
+#include "runtime/runtime_internals.h"
+#include <ddp/process_group.h>
+#include <ddp/runtime.h>
+#include <ddp/stop_signal.h>
 
 #include <torch/torch.h>
 
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
       options.timeout = std::chrono::seconds(600);
       options.stop_grace = std::chrono::seconds(2);
       options.on_fatal_error = [&](const std::string& message) { runtime.abort(message); };
-      own = std::make_unique<ddp::MpiCommunicator>(runtime.comm(), options);
+      own = std::make_unique<ddp::MpiCommunicator>(ddp::detail::RuntimeInternals::comm(runtime), options);
     }
     ddp::StopSignalHandlers stop_handlers;
     ddp::Communicator& comm = own ? static_cast<ddp::Communicator&>(*own) : group.cpu();

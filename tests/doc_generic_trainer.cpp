@@ -2,7 +2,7 @@
 // the block into doc_generic_trainer.inc (tests/CMakeLists.txt), so a change to the doc that no
 // longer compiles fails the build. Run at 2 ranks: the loss falls over 3 epochs, the metric is
 // reported over all samples, and both ranks end with the same weights.
-#include <ddp/ddp.h>
+#include <ddp/train/train.h>
 
 #include <torch/torch.h>
 

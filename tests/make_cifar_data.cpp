@@ -4,7 +4,7 @@
 // DIR gets data_batch_1..5.bin (N records between them) and test_batch.bin (M records). Each
 // class has its own colour and stripe pattern under strong per-pixel noise, which a small CNN
 // learns well within one short epoch.
-#include <ddp/data/cifar.h>
+#include <ddp/train/cifar.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>

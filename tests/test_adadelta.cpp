@@ -1,5 +1,5 @@
-#include <ddp/optim/adadelta.h>
-#include <ddp/optim/lr_scheduler.h>
+#include <ddp/train/adadelta.h>
+#include <ddp/train/lr_scheduler.h>
 
 #include "test_support.h"
 

@@ -1,8 +1,9 @@
 // The backend choice on a real Runtime (multi-rank): CPU models reduce over MPI, and asking for
 // NCCL where it cannot work fails on every rank, naming the option, before any collective that
 // could leave a rank waiting.
-#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/distributed_data_parallel.h>
 #include "parallel/reducer.h"
+#include "parallel/resolve_backend.h"
 
 #include "test_support.h"
 

@@ -1,5 +1,6 @@
-#include <ddp/nn/batch_norm.h>
-#include <ddp/comm/mpi_communicator.h>
+#include <ddp/sync_batch_norm.h>
+#include "comm/mpi_communicator.h"
+#include "runtime/runtime_internals.h"
 
 #include "test_support.h"
 
@@ -19,7 +20,7 @@ ddp::ProcessGroup& pg() { return ddp_test::group(); }
 // Forwards to an MpiCommunicator of its own and counts the all-reduces.
 class CountingCommunicator final : public ddp::Communicator {
  public:
-  CountingCommunicator() : mpi_(rt().comm()) {}
+  CountingCommunicator() : mpi_(ddp::detail::RuntimeInternals::comm(rt())) {}
   std::string backend() const override { return mpi_.backend(); }
   int rank() const override { return mpi_.rank(); }
   int size() const override { return mpi_.size(); }
@@ -243,7 +244,7 @@ TEST(BatchNorm2d, SynchronisedBackwardSkipsTheAllReduceWithoutAnInputGradient) {
 // waiting in a collective), including those with an empty batch.
 TEST(BatchNorm2d, SynchronisedRejectsOneValuePerChannelOnEveryRank) {
   ddp::BatchNorm2d bn(2);
-  bn->set_sync_communicator(std::make_shared<ddp::MpiCommunicator>(rt().comm()));
+  bn->set_sync_communicator(std::make_shared<ddp::MpiCommunicator>(ddp::detail::RuntimeInternals::comm(rt())));
   const torch::Tensor x = torch::randn({rt().rank() == 0 ? 1 : 0, 2, 1, 1});
   try {
     bn(x);
@@ -268,7 +269,7 @@ struct Block : torch::nn::Module {
 };
 
 TEST(BatchNorm2d, ConvertSyncBatchnormReachesNestedLayers) {
-  auto comm = std::make_shared<ddp::MpiCommunicator>(rt().comm());
+  auto comm = std::make_shared<ddp::MpiCommunicator>(ddp::detail::RuntimeInternals::comm(rt()));
   Block block;  // on the stack: the root is not reached through shared_from_this()
   EXPECT_FALSE(block.norm->synchronised());
   EXPECT_EQ(ddp::convert_sync_batchnorm(block, comm), 3);
@@ -286,7 +287,7 @@ TEST(BatchNorm2d, ConvertSyncBatchnormNamesTorchBatchNormLayers) {
   torch::nn::ModuleList net(ddp::BatchNorm2d(3), torch::nn::BatchNorm2d(3),
                             torch::nn::Sequential(torch::nn::Flatten(), torch::nn::BatchNorm1d(48)));
   try {
-    ddp::convert_sync_batchnorm(*net, std::make_shared<ddp::MpiCommunicator>(rt().comm()));
+    ddp::convert_sync_batchnorm(*net, std::make_shared<ddp::MpiCommunicator>(ddp::detail::RuntimeInternals::comm(rt())));
     FAIL() << "torch::nn::BatchNorm2d accepted";
   } catch (const std::invalid_argument& e) {
     const std::string msg = e.what();

@@ -1,5 +1,5 @@
-#include <ddp/data/augment.h>
-#include <ddp/data/cifar.h>
+#include <ddp/train/augment.h>
+#include <ddp/train/cifar.h>
 
 #include "test_support.h"
 

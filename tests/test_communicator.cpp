@@ -1,5 +1,5 @@
-#include <ddp/comm/communicator.h>
-#include <ddp/comm/mpi_communicator.h>
+#include <ddp/communicator.h>
+#include "comm/mpi_communicator.h"
 
 #include "test_support.h"
 

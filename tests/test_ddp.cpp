@@ -1,5 +1,5 @@
-#include <ddp/parallel/distributed_data_parallel.h>
-#include <ddp/parallel/timeline.h>
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/timeline.h>
 
 #include "test_support.h"
 

@@ -1,5 +1,6 @@
-#include <ddp/util/checkpoint.h>
-#include <ddp/runtime/runtime.h>
+#include <ddp/checkpoint_file.h>
+#include <ddp/runtime.h>
+#include "runtime/launcher.h"
 
 #include "test_support.h"
 

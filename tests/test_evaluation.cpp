@@ -1,8 +1,8 @@
-#include <ddp/optim/adadelta.h>
-#include <ddp/data/augment.h>
-#include <ddp/data/dataset.h>
-#include <ddp/data/distributed_sampler.h>
-#include <ddp/data/mnist.h>
+#include <ddp/train/adadelta.h>
+#include <ddp/train/augment.h>
+#include <ddp/train/image_dataset.h>
+#include <ddp/distributed_sampler.h>
+#include <ddp/train/mnist.h>
 #include <ddp/train/trainer.h>
 
 #include "test_support.h"

@@ -3,10 +3,10 @@
 // the task's metric sums are reduced over ranks (sums known in advance); a run stopped inside an
 // epoch and resumed gives the uninterrupted run's model and metrics bit for bit; a task that
 // breaks the metric contract is refused naming what is wrong.
-#include <ddp/data/distributed_sampler.h>
+#include <ddp/distributed_sampler.h>
 #include <ddp/train/task.h>
 #include <ddp/train/trainer.h>
-#include <ddp/util/stop_signal.h>
+#include <ddp/stop_signal.h>
 
 #include "test_support.h"
 

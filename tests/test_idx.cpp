@@ -1,4 +1,4 @@
-#include <ddp/data/mnist.h>
+#include <ddp/train/mnist.h>
 
 #include "test_support.h"
 

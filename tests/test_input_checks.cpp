@@ -1,13 +1,13 @@
 // Bad input is refused before anything is allocated for it, naming the file or the option:
 // the readers' header checks (also fuzzed, fuzz/), unreadable files, the kept fuzz corpus
 // replayed through the real readers, the options' numeric checks and the batch memory check.
-#include <ddp/data/cifar.h>
-#include <ddp/data/mnist.h>
-#include <ddp/optim/adadelta.h>
-#include <ddp/optim/lr_scheduler.h>
-#include <ddp/train/memory_check.h>
+#include <ddp/train/cifar.h>
+#include <ddp/train/mnist.h>
+#include <ddp/train/adadelta.h>
+#include <ddp/train/lr_scheduler.h>
+#include "cli/memory_check.h"
 
-#include "data/idx_format.h"
+#include "train/idx_format.h"
 #include "train/snapshot_format.h"
 #include "test_support.h"
 

@@ -1,7 +1,7 @@
 // Launcher detection and launch checks (launcher.h) on the environments real launchers leave.
 // The Slurm and Open MPI environments are trimmed copies of what srun (Slurm 22.05, two nodes,
 // two tasks each) and mpirun (Open MPI 4.1) set on the project's test machine.
-#include <ddp/runtime/launcher.h>
+#include "runtime/launcher.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include <ddp/optim/lr_scheduler.h>
+#include <ddp/train/lr_scheduler.h>
 
 #include "test_support.h"
 

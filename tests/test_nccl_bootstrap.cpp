@@ -1,4 +1,5 @@
 #include "comm/nccl_bootstrap.h"
+#include "runtime/runtime_internals.h"
 
 #include "test_support.h"
 
@@ -9,7 +10,7 @@
 namespace {
 
 TEST(NcclBootstrap, EveryRankHoldsRankZerosUniqueId) {
-  const ncclUniqueId id = ddp::broadcast_nccl_unique_id(ddp_test::runtime().comm(), ddp_test::runtime().rank());
+  const ncclUniqueId id = ddp::broadcast_nccl_unique_id(ddp::detail::RuntimeInternals::comm(ddp_test::runtime()), ddp_test::runtime().rank());
   torch::Tensor mine = torch::empty({static_cast<int64_t>(sizeof id)}, torch::kByte);
   std::memcpy(mine.data_ptr(), &id, sizeof id);
   const torch::Tensor all = ddp_test::group().cpu().all_gather(mine);

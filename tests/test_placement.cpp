@@ -1,9 +1,10 @@
 // GPU placement (select_device and friends in runtime.h, gpus_to_pair and gpu_rank_mismatch in
 // launcher.h) for every way a node's GPUs reach its ranks, and the backend choice and NCCL
 // timeout that follow from it. Fake environments and device counts: no GPU needed.
-#include <ddp/runtime/launcher.h>
+#include "runtime/launcher.h"
 #include "parallel/reducer.h"
-#include <ddp/runtime/runtime.h>
+#include "parallel/resolve_backend.h"
+#include <ddp/runtime.h>
 
 #include <gtest/gtest.h>
 

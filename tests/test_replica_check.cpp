@@ -1,5 +1,5 @@
-#include <ddp/util/checkpoint.h>
-#include <ddp/parallel/replica_check.h>
+#include <ddp/checkpoint_file.h>
+#include <ddp/train/replica_check.h>
 
 #include "test_support.h"
 

@@ -2,9 +2,9 @@
 // process (the hub reduces in memory only) and a fake second process (a process communicator
 // that acts as if another process held the same tensors). Plus the per-replica generator
 // (util/generator.h) and ddp::dropout (nn/dropout.h) that make N replicas draw what N ranks draw.
-#include <ddp/comm/replica_communicator.h>
-#include <ddp/nn/dropout.h>
-#include <ddp/util/generator.h>
+#include "comm/replica_communicator.h"
+#include <ddp/train/dropout.h>
+#include "parallel/generator.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include <ddp/runtime/runtime.h>
+#include <ddp/runtime.h>
 
 #include "test_support.h"
 

@@ -1,5 +1,5 @@
-#include <ddp/data/data_loader_sampler.h>
-#include <ddp/data/distributed_sampler.h>
+#include <ddp/distributed_sampler.h>
+#include <ddp/distributed_sampler.h>
 
 #include "test_support.h"
 

@@ -1,9 +1,9 @@
 #pragma once
 // Helpers shared by the test files.
 
-#include <ddp/data/dataset.h>
-#include <ddp/parallel/process_group.h>
-#include <ddp/runtime/runtime.h>
+#include <ddp/train/image_dataset.h>
+#include <ddp/process_group.h>
+#include <ddp/runtime.h>
 
 #include <torch/torch.h>
 

@@ -2,10 +2,10 @@
 // torch.nn.utils.clip_grad_norm_, LRSchedule against torch's scheduler classes, GradScaler against
 // torch.amp.GradScaler("cpu"), Autocast against torch.autocast("cpu", dtype=torch.bfloat16). The
 // reference scripts are tests/reference/*.py, run with the .venv's torch (the LibTorch's version).
-#include <ddp/nn/autocast.h>
-#include <ddp/optim/grad_clip.h>
-#include <ddp/optim/grad_scaler.h>
-#include <ddp/optim/lr_schedule.h>
+#include <ddp/train/autocast.h>
+#include <ddp/train/grad_clip.h>
+#include <ddp/train/grad_scaler.h>
+#include <ddp/train/lr_schedule.h>
 
 #include "test_support.h"
 

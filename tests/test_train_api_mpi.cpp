@@ -2,10 +2,10 @@
 // pre-forward work; calling the module directly still averages; gradient accumulation with
 // no_sync() and clipping equal one process on the global batch; GradScaler's overflow decision
 // is the same on every rank.
-#include <ddp/optim/grad_clip.h>
-#include <ddp/optim/grad_scaler.h>
-#include <ddp/parallel/distributed_data_parallel.h>
-#include <ddp/parallel/replica_check.h>
+#include <ddp/train/grad_clip.h>
+#include <ddp/train/grad_scaler.h>
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/train/replica_check.h>
 
 #include "test_support.h"
 

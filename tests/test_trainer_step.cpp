@@ -2,11 +2,11 @@
 // schedule give exactly the hand-written loop of docs/training_loop.md; the schedule's position
 // and the loss scaler's state survive a snapshot, and a snapshot that lacks one the run uses is
 // refused naming it.
-#include <ddp/data/dataset.h>
-#include <ddp/data/distributed_sampler.h>
-#include <ddp/nn/autocast.h>
-#include <ddp/optim/grad_clip.h>
-#include <ddp/optim/lr_schedule.h>
+#include <ddp/train/image_dataset.h>
+#include <ddp/distributed_sampler.h>
+#include <ddp/train/autocast.h>
+#include <ddp/train/grad_clip.h>
+#include <ddp/train/lr_schedule.h>
 #include <ddp/train/snapshot.h>
 #include <ddp/train/trainer.h>
 

@@ -3,7 +3,7 @@
 // that drifted when every rank saved its model. Exit status: 0 all identical, 1 some differ,
 // 2 usage error or a file that cannot be read. --tolerance X accepts values that differ by at most
 // X (the replica-equivalence tests: the same training reduced in another order).
-#include <ddp/parallel/replica_check.h>
+#include <ddp/train/replica_check.h>
 
 #include <algorithm>
 #include <cmath>

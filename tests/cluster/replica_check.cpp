@@ -11,7 +11,8 @@
 // "replicas identical: 4 ranks on 2 nodes"; a failed check ends the job with the reason.
 #include "mnist_cnn.h"
 
-#include <ddp/ddp.h>
+#include <ddp/train/train.h>
+#include "runtime/runtime_internals.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -40,7 +41,7 @@ void require(bool ok, const std::string& what) {
 
 // Every rank checks its own place against the launcher's variables (where it sets them).
 std::string check_topology(const ddp::Runtime& rt) {
-  const ddp::LaunchInfo& launch = rt.launch();
+  const ddp::LaunchInfo& launch = ddp::detail::RuntimeInternals::launch(rt);
   const std::string where = "rank " + std::to_string(rt.rank()) + ": ";
   if (launch.world_size >= 0) {
     require(launch.world_size == rt.world_size(),

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
                                ", expected " + std::to_string(expected));
     }
     if (runtime.is_main()) {
-      std::cout << "consumer: ddp " << DDP_VERSION << ", " << runtime.world_size()
+      std::cout << "consumer: ddp " << ddp::version() << " (headers " << DDP_VERSION << "), "
+                << runtime.world_size()
                 << " ranks, averaged gradient " << expected << " OK" << std::endl;
     }
   });

@@ -2,8 +2,8 @@
 // with one process on the global batch, and backward leaving the host free (the reducer orders
 // the current stream after the bucket all-reduces instead of waiting), and SyncBatchNorm over
 // NCCL. Run under mpirun (one rank per GPU); every test skips on a rank without a CUDA device.
-#include <ddp/nn/batch_norm.h>
-#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/sync_batch_norm.h>
+#include <ddp/distributed_data_parallel.h>
 #include "parallel/reducer.h"
 
 #include "test_support.h"

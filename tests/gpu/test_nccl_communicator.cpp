@@ -1,7 +1,8 @@
 // The NCCL communicator on real GPUs: every collective and dtype, the stream ordering that
 // replaces host synchronisation, and the argument checks. Run under mpirun (one rank per GPU);
 // every test skips on a rank without a CUDA device.
-#include <ddp/comm/nccl_communicator.h>
+#include "comm/nccl_communicator.h"
+#include "runtime/runtime_internals.h"
 
 #include "test_support.h"
 
@@ -185,7 +186,7 @@ namespace {
 TEST_F(Nccl, CreateForDevicesJoinsTheProcessesDevicesInOneGroup) {
   ddp::NcclOptions options;
   auto comms = ddp::NcclCommunicator::create_for_devices(
-      rt().comm(), rt().rank(), rt().rank(), rt().world_size(), {rt().device()}, options);
+      ddp::detail::RuntimeInternals::comm(rt()), rt().rank(), rt().rank(), rt().world_size(), {rt().device()}, options);
   ASSERT_EQ(comms.size(), 1u);
   EXPECT_EQ(comms[0]->rank(), rt().rank());
   EXPECT_EQ(comms[0]->size(), rt().world_size());

@@ -1,8 +1,8 @@
 #include <ddp/cli/app.h>
 
-#include <ddp/comm/communicator.h>
-#include <ddp/parallel/replicas.h>
-#include <ddp/runtime/runtime.h>
+#include <ddp/communicator.h>
+#include <ddp/replicas.h>
+#include <ddp/runtime.h>
 
 #include <boost/program_options.hpp>
 

@@ -1,7 +1,7 @@
 #include <ddp/cli/data_placement.h>
 
-#include <ddp/runtime/runtime.h>
-#include <ddp/train/memory_check.h>
+#include <ddp/runtime.h>
+#include "cli/memory_check.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,7 +1,7 @@
 #include <ddp/cli/finish.h>
 
-#include <ddp/util/checkpoint.h>
-#include <ddp/util/stop_signal.h>
+#include <ddp/checkpoint_file.h>
+#include <ddp/stop_signal.h>
 
 #include <iostream>
 

@@ -1,9 +1,9 @@
 #include <ddp/cli/training_flags.h>
 
 #include <ddp/cli/flag_checks.h>
-#include <ddp/nn/autocast.h>
-#include <ddp/optim/lr_scheduler.h>
-#include <ddp/parallel/ddp_options.h>
+#include <ddp/train/autocast.h>
+#include <ddp/train/lr_scheduler.h>
+#include <ddp/distributed_data_parallel.h>
 #include <ddp/train/progress.h>
 
 #include "cli/number_text.h"

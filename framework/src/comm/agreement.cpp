@@ -1,4 +1,4 @@
-#include <ddp/comm/agreement.h>
+#include "comm/agreement.h"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include <ddp/comm/communicator.h>
+#include <ddp/communicator.h>
 
 #include <torch/torch.h>
 

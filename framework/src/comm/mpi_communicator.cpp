@@ -1,9 +1,9 @@
-#include <ddp/comm/mpi_communicator.h>
+#include "comm/mpi_communicator.h"
 
 #include "comm/socket_ring.h"
 #include "util/mpi_check.h"
 
-#include <ddp/util/stop_signal.h>
+#include <ddp/stop_signal.h>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

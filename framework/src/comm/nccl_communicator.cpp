@@ -1,4 +1,4 @@
-#include <ddp/comm/nccl_communicator.h>
+#include "comm/nccl_communicator.h"
 
 #include "comm/nccl_bootstrap.h"
 

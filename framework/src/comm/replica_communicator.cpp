@@ -1,4 +1,4 @@
-#include <ddp/comm/replica_communicator.h>
+#include "comm/replica_communicator.h"
 
 #include <torch/torch.h>
 

@@ -33,7 +33,7 @@
 // After an all_reduce that threw, the ring refuses further calls (bytes of the failed one may
 // still be on the wire). Thread safety: none; one thread (MpiCommunicator's worker) uses a ring.
 
-#include <ddp/comm/communicator.h>
+#include <ddp/communicator.h>
 
 #include <mpi.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include <ddp/data/data_loader_sampler.h>
+#include <ddp/distributed_sampler.h>
 
 #include <algorithm>
 #include <stdexcept>

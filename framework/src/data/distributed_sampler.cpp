@@ -1,4 +1,4 @@
-#include <ddp/data/distributed_sampler.h>
+#include <ddp/distributed_sampler.h>
 
 #include <cstdint>
 #include <limits>

@@ -4,11 +4,11 @@
 // (ProcessGroupOptions::timeout, else DDP_TIMEOUT_SECONDS, else 600 s), the debug mode and the
 // MPI tuning variables (process_group.cpp), and Runtime::abort for a watchdog that fires.
 
-#include <ddp/comm/mpi_communicator.h>
+#include "comm/mpi_communicator.h"
 #include <ddp/config.h>
-#include <ddp/runtime/runtime.h>
+#include <ddp/runtime.h>
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
-#include <ddp/comm/nccl_communicator.h>
+#include "comm/nccl_communicator.h"
 #endif
 
 #include <chrono>

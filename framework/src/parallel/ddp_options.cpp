@@ -1,4 +1,4 @@
-#include <ddp/parallel/ddp_options.h>
+#include "parallel/resolve_backend.h"
 
 #include <stdexcept>
 

@@ -1,9 +1,9 @@
-#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/distributed_data_parallel.h>
 
-#include <ddp/comm/agreement.h>
-#include <ddp/parallel/replica_check.h>
-
+#include "comm/agreement.h"
 #include "parallel/reducer.h"
+#include "parallel/resolve_backend.h"
+#include "util/tensor_description.h"
 
 #include <c10/core/GradMode.h>
 #include <torch/torch.h>

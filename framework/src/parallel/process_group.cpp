@@ -1,13 +1,14 @@
-#include <ddp/parallel/process_group.h>
+#include <ddp/process_group.h>
 
-#include <ddp/comm/mpi_communicator.h>
 #include <ddp/config.h>
-#include <ddp/parallel/replicas.h>
 
+#include "comm/mpi_communicator.h"
 #include "parallel/backend_options.h"
-#include <ddp/runtime/launcher.h>
+#include "parallel/group_membership.h"
+#include "runtime/launcher.h"
+#include "runtime/runtime_internals.h"
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
-#include <ddp/comm/nccl_communicator.h>
+#include "comm/nccl_communicator.h"
 #endif
 
 #include <chrono>
@@ -92,8 +93,38 @@ NcclOptions nccl_options_from_environment(const Runtime& runtime, std::chrono::s
 }
 #endif
 
-ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options)
-    : runtime_(runtime), options_(options) {
+namespace {
+
+// A process that trains one replica: its communicators are built from the Runtime.
+class ProcessMembership final : public detail::GroupMembership {
+ public:
+  ProcessMembership(Runtime& runtime, ProcessGroupOptions options)
+      : runtime_(runtime), options_(options) {}
+  int replica() const override { return 0; }
+  int replicas_per_process() const override { return 1; }
+  std::unique_ptr<Communicator> new_cpu_communicator() override {
+    return std::make_unique<MpiCommunicator>(detail::RuntimeInternals::comm(runtime_),
+                                             mpi_options(runtime_, options_.timeout));
+  }
+  std::shared_ptr<Communicator> gpu_communicator() override {
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+    return std::make_shared<NcclCommunicator>(
+        detail::RuntimeInternals::comm(runtime_), runtime_.rank(), runtime_.world_size(),
+        runtime_.device(), nccl_options_from_environment(runtime_, options_.timeout));
+#else
+    return nullptr;  // not reached: ProcessGroup::gpu() checks has_gpu() first
+#endif
+  }
+  std::string describe() const override { return ""; }
+
+ private:
+  Runtime& runtime_;
+  ProcessGroupOptions options_;
+};
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options) : runtime_(runtime) {
   if (options.timeout.count() < 0) {
     throw std::invalid_argument("ProcessGroupOptions::timeout must be >= 0 seconds (0: "
                                 "DDP_TIMEOUT_SECONDS, else 600)");
@@ -103,22 +134,23 @@ ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options)
         "ProcessGroup: rank " + std::to_string(runtime.rank()) + " is to train " +
         std::to_string(runtime.replicas_per_process()) +
         " replicas (RuntimeOptions::replicas_per_process), but ProcessGroup(runtime) is one: "
-        "run the training body with ddp::run_replicas (parallel/replicas.h), which gives each "
+        "run the training body with ddp::run_replicas (<ddp/replicas.h>), which gives each "
         "replica thread its group");
   }
-  cpu_ = std::make_unique<MpiCommunicator>(runtime.comm(), mpi_options(runtime, options.timeout));
+  membership_ = std::make_unique<ProcessMembership>(runtime, options);
+  cpu_ = membership_->new_cpu_communicator();
 }
 
-ProcessGroup::ProcessGroup(ReplicaSet& replicas, int replica)
-    : runtime_(replicas.runtime()),
-      options_(replicas.options()),
-      replicas_(&replicas),
-      replica_(replica),
-      cpu_(replicas.hub().communicator(replica)) {}
-
-int ProcessGroup::replicas_per_process() const { return replicas_ ? replicas_->size() : 1; }
+ProcessGroup::ProcessGroup(Runtime& runtime, std::unique_ptr<detail::GroupMembership> membership)
+    : runtime_(runtime), membership_(std::move(membership)) {
+  cpu_ = membership_->new_cpu_communicator();
+}
 
 ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::replica() const { return membership_->replica(); }
+
+int ProcessGroup::replicas_per_process() const { return membership_->replicas_per_process(); }
 
 bool ProcessGroup::has_gpu() const {
   return nccl_communicator_built() && device().is_cuda();
@@ -128,8 +160,7 @@ Communicator& ProcessGroup::gpu() {
   if (gpu_) return *gpu_;
   if (!has_gpu()) {
     throw std::runtime_error(
-        "ProcessGroup::gpu: rank " + std::to_string(runtime_.rank()) +
-        (replicas_ ? " (" + describe_replica(replica_, replicas_->size(), rank(), size()) + ")" : "") +
+        "ProcessGroup::gpu: rank " + std::to_string(runtime_.rank()) + membership_->describe() +
         " has no NCCL communicator: " +
         (device().is_cuda()
              ? "this build of ddp has none (it needs a CUDA LibTorch and NCCL >= 2.10 when it is "
@@ -137,15 +168,7 @@ Communicator& ProcessGroup::gpu() {
              : "it computes on the CPU (RuntimeOptions::use_cuda is false, or no GPU is "
                "visible); CPU tensors go through cpu()"));
   }
-  if (replicas_) {
-    gpu_ = replicas_->nccl(replica_);
-    return *gpu_;
-  }
-#if DDP_WITH_CUDA && DDP_WITH_NCCL
-  gpu_ = std::make_shared<NcclCommunicator>(runtime_.comm(), runtime_.rank(),
-                                            runtime_.world_size(), runtime_.device(),
-                                            nccl_options_from_environment(runtime_, options_.timeout));
-#endif
+  gpu_ = membership_->gpu_communicator();
   return *gpu_;
 }
 
@@ -162,9 +185,7 @@ std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
 }
 
 std::unique_ptr<Communicator> ProcessGroup::new_cpu_communicator() {
-  if (replicas_) return replicas_->hub().communicator(replica_);
-  return std::make_unique<MpiCommunicator>(runtime_.comm(),
-                                           mpi_options(runtime_, options_.timeout));
+  return membership_->new_cpu_communicator();
 }
 
 }  // namespace ddp

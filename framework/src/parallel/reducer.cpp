@@ -1,7 +1,7 @@
 #include "parallel/reducer.h"
 
-#include <ddp/comm/agreement.h>
-#include <ddp/parallel/timeline.h>
+#include "comm/agreement.h"
+#include <ddp/timeline.h>
 
 #include "parallel/bucketing.h"
 #include "util/clock.h"

@@ -45,8 +45,8 @@
 // construction; buckets_ and slots_ change at most once, in step 5, identically on all ranks,
 // with nothing in flight.
 
-#include <ddp/comm/communicator.h>
-#include <ddp/parallel/ddp_options.h>
+#include <ddp/communicator.h>
+#include <ddp/distributed_data_parallel.h>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>

@@ -1,10 +1,12 @@
-#include <ddp/parallel/timeline.h>
+#include <ddp/timeline.h>
 
-#include <ddp/util/checkpoint.h>
+#include <ddp/checkpoint_file.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <mutex>
+#include <vector>
 
 namespace ddp {
 
@@ -15,43 +17,60 @@ double rounded(double us) { return std::round(us * 1000.0) / 1000.0; }
 
 }  // namespace
 
-Timeline::Timeline(Communicator& comm) : comm_(comm) {
-  comm_.barrier();
-  origin_ = Clock::now();
+struct Timeline::Impl {
+  struct Event {
+    std::string name;
+    const char* category;
+    double start_us, duration_us;  // duration < 0: an instant
+    Lane lane;
+  };
+  explicit Impl(Communicator& c) : comm(c) {}
+  double since_origin_us(Clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - origin).count();
+  }
+
+  Communicator& comm;
+  Clock::time_point origin;
+  mutable std::mutex mutex;
+  std::vector<Event> events;
+};
+
+Timeline::Timeline(Communicator& comm) : impl_(std::make_unique<Impl>(comm)) {
+  comm.barrier();
+  impl_->origin = Clock::now();
 }
 
-double Timeline::since_origin_us(Clock::time_point t) const {
-  return std::chrono::duration<double, std::micro>(t - origin_).count();
-}
+Timeline::~Timeline() = default;
 
 void Timeline::span(const std::string& name, const char* category, Clock::time_point start,
                     Clock::time_point end, Lane lane) {
-  const double begin = since_origin_us(start);
+  const double begin = impl_->since_origin_us(start);
   const double duration = std::chrono::duration<double, std::micro>(end - start).count();
-  std::lock_guard<std::mutex> lock(mutex_);
-  events_.push_back(Event{name, category, begin, duration, lane});
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->events.push_back(Impl::Event{name, category, begin, duration, lane});
 }
 
 void Timeline::instant(const std::string& name, const char* category, Clock::time_point at,
                        Lane lane) {
-  const double begin = since_origin_us(at);
-  std::lock_guard<std::mutex> lock(mutex_);
-  events_.push_back(Event{name, category, begin, -1.0, lane});
+  const double begin = impl_->since_origin_us(at);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->events.push_back(Impl::Event{name, category, begin, -1.0, lane});
 }
 
 size_t Timeline::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return events_.size();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->events.size();
 }
 
 void Timeline::write(const std::string& path) {
   // Chrome's trace event format: each rank is a process, each lane a thread. Every rank sends
   // its events as JSON text; rank 0 merges them.
-  const int rank = comm_.rank();
+  Communicator& comm = impl_->comm;
+  const int rank = comm.rank();
   nlohmann::json mine = nlohmann::json::array();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const Event& e : events_) {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    for (const Impl::Event& e : impl_->events) {
       nlohmann::json event = {{"name", e.name}, {"cat", e.category}, {"pid", rank},
                               {"tid", static_cast<int>(e.lane)}, {"ts", rounded(e.start_us)}};
       if (e.duration_us >= 0) {
@@ -64,7 +83,7 @@ void Timeline::write(const std::string& path) {
       mine.push_back(std::move(event));
     }
   }
-  const std::vector<std::string> all = all_gather_strings(comm_, mine.dump());
+  const std::vector<std::string> all = all_gather_strings(comm, mine.dump());
   if (rank != 0) return;
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "timeline"}, {"ph", "M"}, {"pid", 0}, {"tid", 0}, {"args", nlohmann::json::object()}});

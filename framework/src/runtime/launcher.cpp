@@ -1,4 +1,6 @@
-#include <ddp/runtime/launcher.h>
+#include "runtime/launcher.h"
+
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cctype>
@@ -365,6 +367,50 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
         << rank0_threads.reason << ")";
   }
   return out.str();
+}
+
+torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
+                            int local_size, bool own_gpu, int replicas, int replica) {
+  if (!use_cuda || visible_cuda_devices <= 0) return torch::Device(torch::kCPU);
+  replicas = std::max(replicas, 1);
+  const std::string gpus = std::to_string(visible_cuda_devices);
+  if (own_gpu) {
+    if (replicas > 1) {
+      throw std::runtime_error(
+          "each rank of this node sees one GPU of its own, so it cannot train " +
+          std::to_string(replicas) + " replicas (one per GPU): set "
+          "RuntimeOptions::replicas_per_process to 1, or let each rank see its node's GPUs "
+          "(`srun --gpus-per-node` instead of `--gpus-per-task`)");
+    }
+    return torch::Device(torch::kCUDA, 0);
+  }
+  if (replicas > 1 && local_size * replicas > visible_cuda_devices) {
+    throw std::runtime_error(
+        std::to_string(local_size) + " rank(s) x " + std::to_string(replicas) +
+        " replicas on this node need " + std::to_string(local_size * replicas) +
+        " GPUs, one per replica, but only " + gpus + " CUDA device(s) are visible: lower "
+        "RuntimeOptions::replicas_per_process (the examples' --replicas-per-process) to " +
+        std::to_string(std::max(1, visible_cuda_devices / std::max(local_size, 1))) +
+        " or start fewer ranks per node");
+  }
+  if (local_size > visible_cuda_devices) {
+    throw std::runtime_error(
+        std::to_string(local_size) + " ranks on this node but only " + gpus +
+        " visible CUDA device(s), and NCCL cannot run two ranks on one GPU: start at most " +
+        gpus + " rank(s) per node (`srun --ntasks-per-node=" + gpus + "`, `mpirun --npernode " +
+        gpus + "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or "
+        "set RuntimeOptions::use_cuda to false to train on the CPU");
+  }
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(local_rank * replicas + replica));
+}
+
+bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids) {
+  if (gpu_ids.empty()) return false;
+  std::vector<std::string> sorted = gpu_ids;
+  std::sort(sorted.begin(), sorted.end());
+  return !sorted.front().empty() &&
+         std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
 }
 
 }  // namespace ddp

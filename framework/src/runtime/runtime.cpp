@@ -1,7 +1,8 @@
-#include <ddp/runtime/runtime.h>
+#include <ddp/runtime.h>
 
 #include <ddp/config.h>
 
+#include "runtime/runtime_internals.h"
 #include "util/hash.h"
 #include "util/mpi_check.h"
 #if DDP_WITH_CUDA
@@ -60,57 +61,104 @@ bool launch_checks_enabled() {
 // (a library inside the program creating its own) repeats neither.
 std::atomic<bool> g_first_runtime_done{false};
 
-}  // namespace
-
-Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
-    : uncaught_at_construction_(std::uncaught_exceptions()) {
-  check_launch_before_mpi_init();
-  owns_mpi_ = init_mpi(&argc, &argv, &thread_level_, yield_before_init());
-  init_topology(options);
-}
-
-Runtime::Runtime(RuntimeOptions options)
-    : uncaught_at_construction_(std::uncaught_exceptions()) {
-  check_launch_before_mpi_init();
-  owns_mpi_ = init_mpi(nullptr, nullptr, &thread_level_, yield_before_init());
-  init_topology(options);
-}
-
-bool Runtime::yield_before_init() const {
+// Whether Open MPI should yield the core while it waits (launcher.h's yield_when_idle).
+bool yield_before_init(const LaunchInfo& launch) {
   cpu_set_t mask;
   CPU_ZERO(&mask);
   int cpus = 1;
   if (sched_getaffinity(0, sizeof(mask), &mask) == 0) cpus = CPU_COUNT(&mask);
-  return yield_when_idle(current_environment(), launch_.local_size, cpus);
+  return yield_when_idle(current_environment(), launch.local_size, cpus);
 }
 
-void Runtime::check_launch_before_mpi_init() {
+// Reads how the job was launched and ends the process when that launch cannot work, before
+// MPI_Init, whose own failure would say nothing useful.
+LaunchInfo check_launch_before_mpi_init() {
   // Read before MPI_Init: what the launcher set, not what the MPI library adds.
-  launch_ = detect_launch(current_environment());
+  LaunchInfo launch = detect_launch(current_environment());
   int initialized = 0;
   DDP_MPI_CHECK(MPI_Initialized(&initialized));
-  if (initialized || !launch_checks_enabled()) return;
+  if (initialized || !launch_checks_enabled()) return launch;
 #ifdef OPEN_MPI
-  const std::string error = launch_error_before_mpi_init(launch_, /*open_mpi=*/true);
+  const std::string error = launch_error_before_mpi_init(launch, /*open_mpi=*/true);
 #else
-  const std::string error = launch_error_before_mpi_init(launch_, /*open_mpi=*/false);
+  const std::string error = launch_error_before_mpi_init(launch, /*open_mpi=*/false);
 #endif
-  if (error.empty()) return;
+  if (error.empty()) return launch;
   // Without MPI there is no MPI_Abort: every process stops, the first one says why.
-  if (launch_.rank <= 0) {
+  if (launch.rank <= 0) {
     char host[256] = "?";
     gethostname(host, sizeof(host) - 1);
-    std::cerr << "ddp: rank 0 (" << (launch_.slurm_node.empty() ? host : launch_.slurm_node)
+    std::cerr << "ddp: rank 0 (" << (launch.slurm_node.empty() ? host : launch.slurm_node)
               << "): " << error << std::endl;
   }
   std::exit(1);
 }
 
+// The CPUs this rank may run on (its cpuset, as the launcher or the batch system bound it),
+// and how many ranks of the node share exactly that set: all of them when nothing bound the
+// ranks, one when each got its own cores. Collective on the node.
+ThreadChoice choose_rank_threads(MPI_Comm node_comm, int local_size) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cpus = 1;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0) cpus = CPU_COUNT(&mask);
+  const uint64_t mine = hash64(&mask, sizeof mask);
+  std::vector<uint64_t> masks(local_size);
+  DDP_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, masks.data(), 1, MPI_UINT64_T, node_comm));
+  const int sharing = static_cast<int>(std::count(masks.begin(), masks.end(), mine));
+  return choose_threads(current_environment(), cpus, sharing);
+}
+
+// Every local rank's id of the one GPU it sees ("" if none or several); collective on the node.
+std::vector<std::string> gpu_ids_on_node(const Runtime& runtime, MPI_Comm node_comm,
+                                         int visible_gpus) {
+  std::array<char, 40> mine{};  // a UUID is 32 hex digits
+#if DDP_WITH_CUDA
+  if (visible_gpus == 1) {
+    try {
+      const std::string uuid = detail::cuda_device_uuid(0, runtime.rank());
+      std::strncpy(mine.data(), uuid.c_str(), mine.size() - 1);
+    } catch (const std::exception& e) {
+      runtime.abort(e.what());  // the other ranks are about to wait for this one in the gather
+    }
+  }
+#else
+  (void)runtime;
+  (void)visible_gpus;
+#endif
+  const int width = static_cast<int>(mine.size());
+  std::vector<char> all(mine.size() * runtime.local_size());
+  DDP_MPI_CHECK(MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR,
+                              node_comm));
+  std::vector<std::string> ids;
+  for (int r = 0; r < runtime.local_size(); ++r) ids.emplace_back(all.data() + r * mine.size());
+  return ids;
+}
+
+}  // namespace
+
+Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
+    : impl_(std::make_unique<Impl>()), uncaught_at_construction_(std::uncaught_exceptions()) {
+  start(&argc, &argv, options);
+}
+
+Runtime::Runtime(RuntimeOptions options)
+    : impl_(std::make_unique<Impl>()), uncaught_at_construction_(std::uncaught_exceptions()) {
+  start(nullptr, nullptr, options);
+}
+
+void Runtime::start(int* argc, char*** argv, RuntimeOptions options) {
+  impl_->launch = check_launch_before_mpi_init();
+  owns_mpi_ = init_mpi(argc, argv, &thread_level_, yield_before_init(impl_->launch));
+  init_topology(options);
+}
+
 void Runtime::init_topology(RuntimeOptions options) {
-  DDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  MPI_Comm& comm = impl_->comm;
+  DDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   // Errors come back as codes, so DDP_MPI_CHECK can report them with MPI's message.
-  DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  MPI_Comm world = comm_;
+  DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  MPI_Comm world = comm;
   DDP_MPI_CHECK(MPI_Comm_rank(world, &rank_));
   DDP_MPI_CHECK(MPI_Comm_size(world, &world_size_));
 
@@ -140,15 +188,18 @@ void Runtime::init_topology(RuntimeOptions options) {
   DDP_MPI_CHECK(MPI_Bcast(node_info, 2, MPI_INT, 0, node_comm));
   node_rank_ = node_info[0];
   num_nodes_ = node_info[1];
-  set_threads(node_comm);
+  ThreadChoice& threads = impl_->threads;
+  threads = choose_rank_threads(node_comm, local_size_);
+  // With OMP_NUM_THREADS set, LibTorch already follows it.
+  if (!threads.from_user && !g_first_runtime_done) at::set_num_threads(threads.threads);
   visible_gpus_ = options.use_cuda && torch::cuda::is_available()
                       ? static_cast<int>(torch::cuda::device_count())
                       : 0;
-  own_gpu_ = each_rank_sees_its_own_gpu(gpu_ids_on_node(node_comm));
+  own_gpu_ = each_rank_sees_its_own_gpu(gpu_ids_on_node(*this, node_comm, visible_gpus_));
   DDP_MPI_CHECK(MPI_Comm_free(&node_comm));
 
   if (launch_checks_enabled()) {
-    const std::string error = launch_error(launch_, world_size_);
+    const std::string error = launch_error(impl_->launch, world_size_);
     if (!error.empty()) abort(error);
   }
 
@@ -171,7 +222,7 @@ void Runtime::init_topology(RuntimeOptions options) {
   }
   // The replica index of the job is rank * replicas: every rank must have the same count.
   int counts[2] = {replicas_, -replicas_};
-  DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_MAX, comm_));
+  DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_MAX, comm));
   if (counts[0] != -counts[1]) {
     abort("the ranks train different numbers of replicas (" + std::to_string(-counts[1]) + " to " +
           std::to_string(counts[0]) + "; this one " + std::to_string(replicas_) +
@@ -179,53 +230,17 @@ void Runtime::init_topology(RuntimeOptions options) {
           "default follows each node's GPUs per rank: set it, or give every node as many GPUs "
           "per rank)");
   }
-  replica_threads_ = threads_;
-  if (replicas_ > 1 && !threads_.from_user) {
-    replica_threads_.threads = std::max(1, threads_.threads / replicas_);
-    replica_threads_.reason += ", divided among " + std::to_string(replicas_) + " replicas";
+  ThreadChoice& replica_threads = impl_->replica_threads;
+  replica_threads = threads;
+  if (replicas_ > 1 && !threads.from_user) {
+    replica_threads.threads = std::max(1, threads.threads / replicas_);
+    replica_threads.reason += ", divided among " + std::to_string(replicas_) + " replicas";
     // LibTorch's count is process-wide; each replica thread takes it on its first parallel op.
-    if (!g_first_runtime_done) at::set_num_threads(replica_threads_.threads);
+    if (!g_first_runtime_done) at::set_num_threads(replica_threads.threads);
   }
+  intra_op_threads_ = replica_threads.threads;
   report_job(options);
   g_first_runtime_done = true;
-}
-
-std::vector<std::string> Runtime::gpu_ids_on_node(MPI_Comm node_comm) const {
-  std::array<char, 40> mine{};  // a UUID is 32 hex digits
-#if DDP_WITH_CUDA
-  if (visible_gpus_ == 1) {
-    try {
-      const std::string uuid = detail::cuda_device_uuid(0, rank_);
-      std::strncpy(mine.data(), uuid.c_str(), mine.size() - 1);
-    } catch (const std::exception& e) {
-      abort(e.what());  // the other ranks are about to wait for this one in the gather
-    }
-  }
-#endif
-  const int width = static_cast<int>(mine.size());
-  std::vector<char> all(mine.size() * local_size_);
-  DDP_MPI_CHECK(MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR,
-                              node_comm));
-  std::vector<std::string> ids;
-  for (int r = 0; r < local_size_; ++r) ids.emplace_back(all.data() + r * mine.size());
-  return ids;
-}
-
-void Runtime::set_threads(MPI_Comm node_comm) {
-  // The CPUs this rank may run on (its cpuset, as the launcher or the batch system bound it),
-  // and how many ranks of the node share exactly that set: all of them when nothing bound the
-  // ranks, one when each got its own cores.
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  int cpus = 1;
-  if (sched_getaffinity(0, sizeof(mask), &mask) == 0) cpus = CPU_COUNT(&mask);
-  const uint64_t mine = hash64(&mask, sizeof mask);
-  std::vector<uint64_t> masks(local_size_);
-  DDP_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, masks.data(), 1, MPI_UINT64_T, node_comm));
-  const int sharing = static_cast<int>(std::count(masks.begin(), masks.end(), mine));
-  threads_ = choose_threads(current_environment(), cpus, sharing);
-  // With OMP_NUM_THREADS set, LibTorch already follows it.
-  if (!threads_.from_user && !g_first_runtime_done) at::set_num_threads(threads_.threads);
 }
 
 void Runtime::report_job(const RuntimeOptions& options) const {
@@ -234,14 +249,15 @@ void Runtime::report_job(const RuntimeOptions& options) const {
     int node_rank, local_size, on_cuda, threads, gpus, replicas;
     char node[64];
   };
-  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, replica_threads_.threads,
+  const LaunchInfo& launch = impl_->launch;
+  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, impl_->replica_threads.threads,
              gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), replicas_,
              {}};
-  const std::string node = launch_.slurm_node.empty() ? hostname_ : launch_.slurm_node;
+  const std::string node = launch.slurm_node.empty() ? hostname_ : launch.slurm_node;
   std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
   std::vector<Place> all(rank_ == 0 ? world_size_ : 0);
   DDP_MPI_CHECK(MPI_Gather(&mine, sizeof(Place), MPI_BYTE, all.data(), sizeof(Place), MPI_BYTE, 0,
-                           comm()));
+                           impl_->comm));
   if (rank_ != 0 || g_first_runtime_done) return;
 
   std::vector<RankPlace> places;
@@ -253,7 +269,7 @@ void Runtime::report_job(const RuntimeOptions& options) const {
     node_uses_cuda[p.node_rank] = node_uses_cuda[p.node_rank] || p.on_cuda != 0;
   }
   if (options.print_banner) {
-    std::cout << describe_job(launch_, places, replica_threads_) << std::endl;
+    std::cout << describe_job(launch, places, impl_->replica_threads) << std::endl;
   }
   for (const auto& [node_rank, p] : first_of_node) {
     const std::string warning =
@@ -270,7 +286,7 @@ Runtime::~Runtime() {
     abort("an exception is unwinding past ddp::Runtime; ending the job (catch it, or use "
           "ddp::run_or_abort to print it first)");
   }
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
   if (owns_mpi_) MPI_Finalize();
 }
 
@@ -311,50 +327,6 @@ int run_or_abort(const Runtime& runtime, const std::function<void()>& body) {
   } catch (...) {
     runtime.abort("unknown exception");
   }
-}
-
-torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size, bool own_gpu, int replicas, int replica) {
-  if (!use_cuda || visible_cuda_devices <= 0) return torch::Device(torch::kCPU);
-  replicas = std::max(replicas, 1);
-  const std::string gpus = std::to_string(visible_cuda_devices);
-  if (own_gpu) {
-    if (replicas > 1) {
-      throw std::runtime_error(
-          "each rank of this node sees one GPU of its own, so it cannot train " +
-          std::to_string(replicas) + " replicas (one per GPU): set "
-          "RuntimeOptions::replicas_per_process to 1, or let each rank see its node's GPUs "
-          "(`srun --gpus-per-node` instead of `--gpus-per-task`)");
-    }
-    return torch::Device(torch::kCUDA, 0);
-  }
-  if (replicas > 1 && local_size * replicas > visible_cuda_devices) {
-    throw std::runtime_error(
-        std::to_string(local_size) + " rank(s) x " + std::to_string(replicas) +
-        " replicas on this node need " + std::to_string(local_size * replicas) +
-        " GPUs, one per replica, but only " + gpus + " CUDA device(s) are visible: lower "
-        "RuntimeOptions::replicas_per_process (the examples' --replicas-per-process) to " +
-        std::to_string(std::max(1, visible_cuda_devices / std::max(local_size, 1))) +
-        " or start fewer ranks per node");
-  }
-  if (local_size > visible_cuda_devices) {
-    throw std::runtime_error(
-        std::to_string(local_size) + " ranks on this node but only " + gpus +
-        " visible CUDA device(s), and NCCL cannot run two ranks on one GPU: start at most " +
-        gpus + " rank(s) per node (`srun --ntasks-per-node=" + gpus + "`, `mpirun --npernode " +
-        gpus + "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or "
-        "set RuntimeOptions::use_cuda to false to train on the CPU");
-  }
-  return torch::Device(torch::kCUDA,
-                       static_cast<c10::DeviceIndex>(local_rank * replicas + replica));
-}
-
-bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids) {
-  if (gpu_ids.empty()) return false;
-  std::vector<std::string> sorted = gpu_ids;
-  std::sort(sorted.begin(), sorted.end());
-  return !sorted.front().empty() &&
-         std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
 }
 
 }  // namespace ddp

@@ -1,11 +1,11 @@
 #include <ddp/train/snapshot.h>
 
-#include <ddp/util/checkpoint.h>
-#include <ddp/util/generator.h>
-#include <ddp/parallel/replica_check.h>
+#include <ddp/checkpoint_file.h>
+#include <ddp/replicas.h>
 
 #include "train/snapshot_format.h"
 #include "util/hash.h"
+#include "util/tensor_description.h"
 
 #include <c10/util/Type.h>
 #include <torch/torch.h>

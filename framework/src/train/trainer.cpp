@@ -1,10 +1,10 @@
 #include <ddp/train/trainer.h>
 
-#include <ddp/data/augment.h>
-#include <ddp/optim/grad_clip.h>
-#include <ddp/util/checkpoint.h>
-#include <ddp/data/distributed_sampler.h>
-#include <ddp/parallel/replica_check.h>
+#include <ddp/train/augment.h>
+#include <ddp/train/grad_clip.h>
+#include <ddp/checkpoint_file.h>
+#include <ddp/distributed_sampler.h>
+#include <ddp/train/replica_check.h>
 #include <ddp/train/snapshot.h>
 
 #include "util/clock.h"

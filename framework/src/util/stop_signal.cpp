@@ -1,4 +1,4 @@
-#include <ddp/util/stop_signal.h>
+#include <ddp/stop_signal.h>
 
 #include <array>
 #include <cstdio>

@@ -17,7 +17,7 @@
 //                        [&](ddp::ProcessGroup& group) { ...; return 0; });
 
 #include <ddp/cli/training_flags.h>
-#include <ddp/parallel/process_group.h>
+#include <ddp/process_group.h>
 
 #include <boost/program_options/options_description.hpp>
 

@@ -4,8 +4,8 @@
 // fit in the host memory left, so that a batch too large is refused before any training.
 
 #include <ddp/cli/training_flags.h>
-#include <ddp/data/dataset.h>
-#include <ddp/parallel/process_group.h>
+#include <ddp/train/image_dataset.h>
+#include <ddp/process_group.h>
 
 #include <torch/torch.h>
 

@@ -4,8 +4,8 @@
 // stop signal ended, and --save-model.
 
 #include <ddp/cli/training_flags.h>
-#include <ddp/parallel/process_group.h>
-#include <ddp/parallel/timeline.h>
+#include <ddp/process_group.h>
+#include <ddp/timeline.h>
 #include <ddp/train/trainer.h>
 
 #include <torch/torch.h>

@@ -4,10 +4,10 @@
 // library's options: DDPOptions, TrainerOptions, the learning-rate schedules, the Timeline.
 // The errors name the flags (`--epochs must be >= 1 (got 0)`): here the flags are the API.
 
-#include <ddp/optim/lr_schedule.h>
-#include <ddp/parallel/distributed_data_parallel.h>
-#include <ddp/parallel/process_group.h>
-#include <ddp/parallel/timeline.h>
+#include <ddp/train/lr_schedule.h>
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/process_group.h>
+#include <ddp/timeline.h>
 #include <ddp/train/trainer.h>
 
 #include <boost/program_options/options_description.hpp>

@@ -9,7 +9,7 @@
 // losses in float64 and counts correct predictions as the test metric "accuracy", so the test loss
 // and the correct count do not depend on the batching or the ranks.
 
-#include <ddp/data/dataset.h>
+#include <ddp/train/image_dataset.h>
 #include <ddp/train/task.h>
 
 #include <functional>

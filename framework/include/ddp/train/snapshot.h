@@ -22,9 +22,9 @@
 // which LibTorch's zip reader may not. Files are written atomically (write_atomically). Formats
 // 1 and 2 (no position inside an epoch) are refused with a message saying so.
 
-#include <ddp/comm/communicator.h>
-#include <ddp/optim/grad_scaler.h>
-#include <ddp/optim/lr_schedule.h>
+#include <ddp/communicator.h>
+#include <ddp/train/grad_scaler.h>
+#include <ddp/train/lr_schedule.h>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>

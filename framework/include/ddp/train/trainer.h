@@ -24,19 +24,19 @@
 // write a snapshot of where they stand inside the epoch, and fit() returns; stopped_by() says
 // why, and a program exits with kStoppedExitCode.
 
-#include <ddp/data/dataset.h>
-#include <ddp/nn/autocast.h>
-#include <ddp/optim/grad_scaler.h>
-#include <ddp/optim/lr_schedule.h>
-#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/train/image_dataset.h>
+#include <ddp/train/autocast.h>
+#include <ddp/train/grad_scaler.h>
+#include <ddp/train/lr_schedule.h>
+#include <ddp/distributed_data_parallel.h>
 #include <ddp/train/progress.h>
-#include <ddp/parallel/process_group.h>
-#include <ddp/runtime/runtime.h>
-#include <ddp/parallel/timeline.h>
+#include <ddp/process_group.h>
+#include <ddp/runtime.h>
+#include <ddp/timeline.h>
 #include <ddp/train/classification.h>
 #include <ddp/train/snapshot.h>
 #include <ddp/train/task.h>
-#include <ddp/util/stop_signal.h>
+#include <ddp/stop_signal.h>
 
 #include <ATen/core/Generator.h>
 #include <torch/nn/module.h>

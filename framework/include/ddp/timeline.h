@@ -1,0 +1,62 @@
+#pragma once
+// A per-rank record of what happened when during training, written as one Chrome-trace /
+// Perfetto JSON for all ranks (open it in ui.perfetto.dev or chrome://tracing; render a PNG with
+// scripts/timeline_png.py). Thread-safe: any thread may record into it.
+//
+// Times are microseconds since the construction of the Timeline, which is collective and ends
+// with a barrier, so ranks on one host share an origin.
+
+#include <ddp/communicator.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace ddp {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum Lane { kMainThread = 0, kCommThread = 1 };
+
+  explicit Timeline(Communicator& comm);
+  ~Timeline();
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  void span(const std::string& name, const char* category, Clock::time_point start,
+            Clock::time_point end, Lane lane = kMainThread);
+  void instant(const std::string& name, const char* category, Clock::time_point at,
+               Lane lane = kMainThread);
+
+  // Gathers every rank's events and has rank 0 write them to `path` (collective).
+  void write(const std::string& path);
+
+  size_t size() const;
+
+ private:
+  struct Impl;  // the communicator, the origin and the events under a mutex
+  std::unique_ptr<Impl> impl_;
+};
+
+// Records a span from construction to destruction (no-op when the timeline is null).
+class TimelineScope {
+ public:
+  TimelineScope(Timeline* timeline, std::string name, const char* category)
+      : timeline_(timeline), name_(std::move(name)), category_(category),
+        start_(Timeline::Clock::now()) {}
+  ~TimelineScope() {
+    if (timeline_) timeline_->span(name_, category_, start_, Timeline::Clock::now());
+  }
+  TimelineScope(const TimelineScope&) = delete;
+  TimelineScope& operator=(const TimelineScope&) = delete;
+
+ private:
+  Timeline* timeline_;
+  std::string name_;
+  const char* category_;
+  Timeline::Clock::time_point start_;
+};
+
+}  // namespace ddp

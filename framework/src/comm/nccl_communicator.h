@@ -1,0 +1,131 @@
+#pragma once
+// Communicator backend over NCCL, for CUDA tensors on one GPU. Built only with a CUDA LibTorch
+// and NCCL >= 2.10 (DDP_WITH_CUDA and DDP_WITH_NCCL in ddp/config.h); ProcessGroup::gpu()
+// holds the process's one. It is built from a bootstrap MPI communicator (which carries the
+// NCCL unique id), its rank and size, the device and NcclOptions, and knows nothing else of the
+// job.
+//
+// Streams: collectives run on a CUDA stream of the communicator's own, so they overlap the
+// computation on LibTorch's current stream. Each is ordered after the work queued so far on the
+// caller's current stream (an event recorded there, which the NCCL stream waits for); the
+// blocking calls then order the current stream after the collective (the reverse), so the host
+// never waits and a tensor reduced and then used by the next kernel needs no synchronisation.
+// all_reduce_async() leaves that second half to Work::wait(). Every tensor a collective touches
+// is recorded as in use on the NCCL stream (CUDACachingAllocator::recordStream), so freeing it
+// on the caller's side cannot hand its memory to another tensor while NCCL still uses it.
+//
+// Errors: a failing call throws (DDP_NCCL_CHECK / DDP_CUDA_CHECK: rank, host, file:line, the
+// library's message). A watchdog thread polls ncclCommGetAsyncError and the oldest unfinished
+// collective every 100 ms; on an asynchronous error, or a collective still unfinished after the
+// timeout, it aborts the NCCL communicator and calls NcclOptions::on_fatal_error with a message
+// naming the rank, the device and the collective (ProcessGroup passes Runtime::abort, which ends
+// the job), so a dead or diverging peer cannot leave the others hanging. The
+// timeout counts from when the collective was queued, so it includes the computation queued
+// before it.
+//
+// Invariant (communicator.h): every rank issues the same collectives in the same order. One
+// thread at a time issues them (the reducer does from autograd's thread for the device).
+
+#include <ddp/communicator.h>
+
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddp {
+
+struct NcclOptions {
+  // A collective unfinished this long after it was queued is fatal.
+  std::chrono::seconds timeout{600};
+  // Called on the watchdog thread after the NCCL communicator is aborted, with the reason; must
+  // not return (end the process or the job). Unset: the message goes to stderr and the process
+  // calls std::abort().
+  std::function<void(const std::string&)> on_fatal_error;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over every rank of `bootstrap` (`rank` and `size` are this rank's place in it):
+  // rank 0 creates the NCCL unique id, MPI broadcasts it, every rank joins on `device`, which
+  // must be a CUDA device.
+  NcclCommunicator(MPI_Comm bootstrap, int rank, int size, torch::Device device,
+                   NcclOptions options);
+  // One communicator per device of this process, for a process that trains one replica per
+  // GPU (--replicas-per-process): the communicator of devices[i] has rank first_rank + i of
+  // `size`, ranks numbered over every device of the job. Collective over every process of
+  // `bootstrap` (`process_rank` is this process's place in it): the process of rank 0 creates
+  // the NCCL unique id, MPI broadcasts it, and the process joins all its devices in one NCCL
+  // group call (ncclGroupStart, ncclCommInitRank per device, ncclGroupEnd), which NCCL needs
+  // when one thread initialises several ranks. Each communicator has its own stream and
+  // watchdog; each replica thread issues collectives on its own.
+  static std::vector<std::unique_ptr<NcclCommunicator>> create_for_devices(
+      MPI_Comm bootstrap, int process_rank, int first_rank, int size,
+      const std::vector<torch::Device>& devices, const NcclOptions& options);
+
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  std::string backend() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  // Tensors must be contiguous and on device(). Dtypes: float32, float64, float16, bfloat16,
+  // int32, int64, uint8, int8; Avg (ncclAvg) needs a floating-point tensor.
+  std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
+                                         ReduceOp op = ReduceOp::Sum) override;
+  void broadcast(const torch::Tensor& tensor, int root = 0) override;
+  torch::Tensor all_gather(const torch::Tensor& tensor) override;
+  // Returns when every rank has reached it: a one-element all-reduce that the host waits for.
+  void barrier() override;
+
+  torch::Device device() const { return device_; }
+  std::chrono::seconds timeout() const { return options_.timeout; }
+  // The stream the collectives run on.
+  c10::cuda::CUDAStream stream() const;
+
+ private:
+  struct Pending;  // a collective in flight: what it is, when it was queued, its end event
+  struct StreamDeleter {
+    void operator()(cudaStream_t stream) const;
+  };
+  struct NotJoined {};
+  // Checks the arguments and creates the stream; the NCCL communicator is joined by the caller,
+  // which then calls start_watchdog().
+  NcclCommunicator(int rank, int size, torch::Device device, NcclOptions options, NotJoined);
+  void start_watchdog();
+
+  std::shared_ptr<Pending> enqueue(std::string what, const std::vector<torch::Tensor>& tensors,
+                                   const std::function<ncclResult_t(cudaStream_t)>& call);
+  void check_tensor(const torch::Tensor& tensor, const char* op) const;
+  void watch();
+  [[noreturn]] void fail(const std::string& why);
+
+  torch::Device device_;
+  int rank_;
+  int size_;
+  NcclOptions options_;
+  std::unique_ptr<CUstream_st, StreamDeleter> stream_;  // destroyed after comm_
+  ncclComm_t comm_ = nullptr;
+
+  // Watchdog: the collectives not yet seen finished, oldest first.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Pending>> pending_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace ddp

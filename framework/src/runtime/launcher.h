@@ -1,0 +1,161 @@
+#pragma once
+// How this process was started (Open MPI's mpirun, Slurm's srun, MPICH's mpiexec, or alone),
+// read from the variables the launcher put in the environment, and the checks that turn the
+// classic launch mistakes into messages that say how to fix them. Everything here is a pure
+// function of an Environment, so every launcher can be unit-tested on any machine; ddp::Runtime
+// calls these at start-up (before MPI_Init for what would make MPI_Init itself fail, after it
+// for the rest) and prints the result in rank 0's start-up banner.
+
+#include <torch/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+using Environment = std::map<std::string, std::string>;
+
+// A copy of this process's environment.
+Environment current_environment();
+
+enum class Launcher {
+  Singleton,  // no launcher: one process, world size 1
+  OpenMpi,    // Open MPI's mpirun / mpiexec (also inside a Slurm job)
+  Slurm,      // srun started the processes directly (a job step)
+  Hydra,      // MPICH's mpiexec (Hydra)
+  Pmix,       // another PMIx launcher (prterun, ...)
+};
+
+struct LaunchInfo {
+  Launcher launcher = Launcher::Singleton;
+  // For the banner: "Open MPI mpirun", "Slurm srun (PMIx), job 12", "singleton (no launcher)".
+  std::string description;
+  // What the launcher says about this process; -1 where it says nothing.
+  int world_size = -1;
+  int rank = -1;
+  int local_rank = -1;
+  int local_size = -1;
+  int node_index = -1;  // SLURM_NODEID
+  // Slurm: job id ("" outside a job), whether this is inside an srun step, the step's MPI
+  // plugin as seen from the environment ("pmix", "pmi2", "none"), the node's name, CPUs per task.
+  std::string slurm_job;
+  bool slurm_step = false;
+  std::string slurm_mpi;
+  std::string slurm_node;
+  int slurm_ntasks = -1;  // tasks of the step (srun) or of the job (batch script)
+  // torchrun's variables (RANK, WORLD_SIZE), -1 when absent.
+  int torch_rank = -1;
+  int torch_world_size = -1;
+};
+
+LaunchInfo detect_launch(const Environment& env);
+
+// The mistake that would make MPI_Init itself fail with a misleading message, or "" when none:
+// srun starting several tasks without PMIx ("--mpi=none") of an Open MPI program, which then
+// dies in MPI_Init with "OMPI was not built with SLURM's PMI support". Only Open MPI needs PMIx
+// here (an MPICH built on Slurm's PMI-1 library works with --mpi=none), hence `open_mpi`.
+std::string launch_error_before_mpi_init(const LaunchInfo& launch, bool open_mpi);
+
+// The mistakes MPI's world size reveals, as an error with the fix, or "" when none: the launcher
+// started N > 1 processes but each sees an MPI world of 1 (srun without PMIx; a launcher from
+// another MPI implementation); torchrun's RANK/WORLD_SIZE without an MPI launcher; a Slurm
+// batch script running the program itself, without srun, in a job of several tasks. Each
+// process would train alone on the whole data set.
+std::string launch_error(const LaunchInfo& launch, int mpi_world_size);
+
+// GPUs the launcher gave this node, from SLURM_GPUS_ON_NODE, else the entries of SLURM_STEP_GPUS
+// or CUDA_VISIBLE_DEVICES; -1 when none of them is set.
+int gpus_on_node(const Environment& env);
+
+// The GPUs of a node to pair with its ranks in gpu_rank_mismatch(): one per rank when each rank
+// has a GPU of its own (`own_gpu`, see select_device in runtime.h); else the CUDA devices this
+// rank sees (`visible`: all of the node's unless the launcher hid some); else, when CUDA sees
+// none (a CPU build, --no-cuda), what the launcher says the node has (gpus_on_node, -1 if
+// nothing).
+int gpus_to_pair(const Environment& env, int visible, int local_size, bool own_gpu);
+
+// Warning with the fix when a node's GPUs and replicas (ranks x `replicas_per_rank`) do not pair
+// up one to one, or "" when they do or the node has no GPUs: only what really leaves a GPU idle
+// or makes replicas share one is reported. `node` names it in the message, `cuda_usable` says
+// whether this build and machine can use them (without CUDA the warning explains the ranks run
+// on the CPU).
+std::string gpu_rank_mismatch(int gpus, int ranks_on_node, const std::string& node,
+                              bool cuda_usable, int replicas_per_rank = 1);
+
+// The replicas a process trains when RuntimeOptions::replicas_per_process is 0 (the examples'
+// --replicas-per-process default): on a GPU, the GPUs the process sees divided among the ranks of
+// its node (`srun -N 2 --gpus-per-node 2` starts one task per node: 2 replicas each), so that
+// no GPU sits idle; 1 on the CPU, and 1 when each rank has a GPU of its own (`own_gpu`) or
+// there are no more GPUs than ranks.
+int default_replicas_per_process(bool on_cuda, int visible_gpus, int local_size, bool own_gpu);
+
+// LibTorch's intra-op threads per rank and why: OMP_NUM_THREADS when the user set it (then
+// LibTorch already uses it), else SLURM_CPUS_PER_TASK inside a Slurm job, else the CPUs in this
+// rank's affinity mask (its cpuset) divided by the ranks on the node that share that mask: all
+// of them when the launcher did not bind, just this one when it bound each rank to its cores.
+struct ThreadChoice {
+  int threads = 1;
+  bool from_user = false;  // OMP_NUM_THREADS: leave LibTorch's setting alone
+  std::string reason;      // "OMP_NUM_THREADS=1", "2 CPUs shared by 2 ranks", ...
+};
+ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_sharing_mask);
+
+// Whether Open MPI should yield the core while a collective waits (mpi_yield_when_idle), decided
+// before MPI_Init: yes when the node's busy threads, local_size ranks x (intra-op threads + the
+// MPI communicators' worker threads), exceed the CPUs, so spinning would take a core from training
+// (measured: half the speed with 2 ranks on 2 cores); no when there is a core to spare, because
+// a yielding worker thread is scheduled late and the collective slows (measured across
+// two emulated hosts at 100 Mbit/s: 849 vs 665 ms per CNN step). `local_size` < 1 counts as 1.
+bool yield_when_idle(const Environment& env, int local_size, int cpus);
+
+// Seconds a collective of either backend may take before the communicator's watchdog ends the
+// job: DDP_TIMEOUT_SECONDS, or 600 (PyTorch's default) when it is unset or empty. Throws
+// std::invalid_argument naming the variable when it is not a positive whole number.
+int collective_timeout_seconds(const Environment& env);
+
+// The same for NCCL alone: DDP_NCCL_TIMEOUT_SECONDS when it is set (the older, NCCL-only name),
+// else collective_timeout_seconds(env).
+int nccl_timeout_seconds(const Environment& env);
+
+// The debug mode (DDP_DEBUG, as PyTorch's TORCH_DISTRIBUTED_DEBUG): true for DETAIL (every
+// collective of the MPI backend is first checked to be the same on every rank), false when
+// unset, empty or OFF. Throws std::invalid_argument naming the variable for anything else.
+bool debug_detail(const Environment& env);
+
+// One rank's place, gathered on rank 0 for the banner.
+struct RankPlace {
+  int node_rank = 0;
+  int local_size = 1;
+  bool on_cuda = false;
+  int threads = 1;    // intra-op threads of each of its replicas
+  int replicas = 1;   // replicas the rank trains (RuntimeOptions::replicas_per_process)
+};
+
+// Rank 0's start-up banner, e.g. "ddp: Slurm srun (PMIx), job 12: 4 ranks on 2 nodes
+// (2 per node), device cpu, 1 thread per rank (SLURM_CPUS_PER_TASK=1)". With several replicas
+// per rank the counts are spelled out: "ddp: Open MPI mpirun: 2 processes x 2 replicas = 4
+// replicas on 1 node, device cpu, 1 thread per replica (OMP_NUM_THREADS=1)".
+std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>& ranks,
+                         const ThreadChoice& rank0_threads);
+
+// The device a rank computes on. Pure, so every environment can be unit-tested:
+// - the CPU when `use_cuda` is false (--no-cuda) or no CUDA device is visible;
+// - cuda:0 when `own_gpu`: every rank of the node sees exactly one GPU and no two see the same
+//   (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank; CUDA numbers it 0);
+// - cuda:<local_rank> when the ranks see all the node's GPUs (srun --gpus-per-node, mpirun);
+// - std::runtime_error naming the counts and the fixes when the node has more ranks than
+//   visible GPUs (NCCL cannot run two ranks on one GPU).
+// Fewer ranks than GPUs is not an error: rank 0 warns (gpu_rank_mismatch in launcher.h).
+// With `replicas` per rank (RuntimeOptions::replicas_per_process), replica `replica` of the
+// rank computes on cuda:<local_rank * replicas + replica>; the node must have local_size *
+// replicas GPUs, and a rank that sees one GPU of its own (`own_gpu`) cannot have several.
+torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
+                            int local_size, bool own_gpu = false, int replicas = 1,
+                            int replica = 0);
+
+// Whether every rank of a node has a GPU of its own, from each rank's id (UUID) of the one GPU
+// it sees, "" when it sees none or several: all ids present and no two equal.
+bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids);
+
+}  // namespace ddp
