@@ -8,7 +8,7 @@
 #
 # Sets (cache):  DDP_PYTHON   the Python with torch for the reference tests and benchmarks
 # Sets (normal): DDP_TORCH_SOURCE   DDP_PYTHON, "Torch_DIR", "CMAKE_PREFIX_PATH (...)" or "none"
-# May append to CMAKE_PREFIX_PATH, and set CUDAToolkit_ROOT when it is unset.
+# May append to CMAKE_PREFIX_PATH, and point the CUDA toolkit search at .venv/cuda (below).
 # Defines ddp_use_torch_wheel_libraries() (below), for after find_package(Torch).
 
 set(DDP_VENV "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
@@ -62,19 +62,17 @@ elseif(_ddp_torch_root)
   set(DDP_TORCH_SOURCE "${DDP_PYTHON}")
 endif()
 
-# A CUDA LibTorch's package needs a CUDA toolkit to configure. Where the machine has none (no
-# nvcc in CUDA_HOME, CUDA_PATH, /usr/local/cuda or on PATH), scripts/setup.sh puts NVIDIA's
-# toolkit wheels in the environment as .venv/cuda (scripts/pip_cuda_toolkit.sh).
-if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED CMAKE_CUDA_COMPILER
-   AND EXISTS "${DDP_VENV}/cuda/bin/nvcc")
-  find_program(_ddp_nvcc nvcc HINTS "$ENV{CUDA_HOME}/bin" "$ENV{CUDA_PATH}/bin" /usr/local/cuda/bin
-               NO_CACHE)
-  if(NOT _ddp_nvcc)
-    set(CUDAToolkit_ROOT "${DDP_VENV}/cuda")
-    set(ENV{CUDA_HOME} "${DDP_VENV}/cuda")  # not an existing toolkit: it has no nvcc
-    set(CUDA_TOOLKIT_ROOT_DIR "${DDP_VENV}/cuda" CACHE PATH "CUDA toolkit (NVIDIA's wheels)")
-    set(CMAKE_CUDA_COMPILER "${DDP_VENV}/cuda/bin/nvcc" CACHE FILEPATH "nvcc (NVIDIA's wheel)")
-    message(STATUS "ddp: no CUDA toolkit on this machine: using NVIDIA's wheels in ${DDP_VENV}/cuda")
+# A CUDA LibTorch's package needs a CUDA toolkit to configure (cmake/ddpCudaToolkit.cmake).
+# Where the machine has none of LibTorch's CUDA version, scripts/setup.sh lays out NVIDIA's
+# toolkit wheels of that version as .venv/cuda (scripts/pip_cuda_toolkit.sh): then ddp builds
+# with that one unless the configure names another, and its package config records it for the
+# programs built against ddp (DDP_CUDA_TOOLKIT_ROOT in framework/CMakeLists.txt).
+include(ddpCudaToolkit)
+if(EXISTS "${DDP_VENV}/cuda/bin/nvcc")
+  ddp_cuda_toolkit_named(_ddp_toolkit_named "${DDP_VENV}/cuda")
+  if(NOT _ddp_toolkit_named)
+    ddp_use_cuda_toolkit("${DDP_VENV}/cuda")
+    message(STATUS "ddp: CUDA toolkit: NVIDIA's wheels of LibTorch's CUDA version in ${DDP_VENV}/cuda")
   endif()
 endif()
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A CUDA toolkit from NVIDIA's PyPI wheels, for machines that have none (a fresh Debian 12).
+# A CUDA toolkit from NVIDIA's PyPI wheels, for machines that have none of LibTorch's CUDA version
+# (a fresh Debian 12 has none at all).
 #
 # A CUDA LibTorch's CMake package runs enable_language(CUDA) and find_package(CUDAToolkit) even
 # when nothing CUDA will run, so configuring ddp against the torch wheel needs nvcc, the CUDA
@@ -19,8 +20,7 @@ if [ -z "$version" ]; then
   echo "pip_cuda_toolkit: $venv has no cuda-toolkit package: is its torch a CUDA build?" >&2
   exit 1
 fi
-echo "pip_cuda_toolkit: no CUDA toolkit on this machine; installing NVIDIA's wheels of CUDA" \
-     "$version into $venv"
+echo "pip_cuda_toolkit: installing NVIDIA's wheels of CUDA $version into $venv"
 "$python" -m pip install -q --disable-pip-version-check \
   "cuda-toolkit[nvcc,crt,nvvm,cudart,cublas,curand,cufft,cusolver,cusparse,nvrtc,nvtx,nvjitlink]==$version"
 

@@ -7,9 +7,9 @@
 #      from PyPI (scripts/requirements.txt): its LibTorch, built with CUDA, is the one ddp compiles
 #      against, its NCCL the one ddp's NCCL communicator uses, and its Python the reference the
 #      tests and benchmarks compare with, version for version;
-#   3. where the machine has no CUDA toolkit (nvcc), NVIDIA's toolkit wheels of the same CUDA
-#      version into that environment (.venv/cuda), since a CUDA LibTorch's CMake package needs
-#      one to configure even when no GPU will run.
+#   3. where the machine has no CUDA toolkit (nvcc) of LibTorch's CUDA version, NVIDIA's toolkit
+#      wheels of that version into that environment (.venv/cuda), since a CUDA LibTorch's CMake
+#      package needs one to configure even when no GPU will run.
 # Idempotent: when everything is present it only checks (about a second).
 # Usage: scripts/setup.sh            (as root, or with sudo available)
 set -euo pipefail
@@ -63,12 +63,31 @@ else
   echo "setup: torch installed in $(( $(date +%s) - start )) s"
 fi
 
-# A CUDA toolkit for the CUDA LibTorch's CMake package: the machine's if it has one (CUDA_HOME,
-# /usr/local/cuda, nvcc on PATH), else NVIDIA's wheels of the torch wheel's CUDA version.
-have_toolkit() {
-  [ -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ] || [ -x /usr/local/cuda/bin/nvcc ] ||
-    command -v nvcc > /dev/null
+# A CUDA toolkit for the CUDA LibTorch's CMake package, of LibTorch's CUDA version: the
+# machine's if it has that one (CUDA_HOME, CUDA_PATH, /usr/local/cuda, nvcc on PATH), else
+# NVIDIA's wheels of that version in .venv/cuda, which the build then uses and hands on to the
+# programs built against ddp (cmake/ddpCudaToolkit.cmake).
+# "13.0": the release of the first of these nvcc programs that exists.
+toolkit_version() {
+  local nvcc
+  for nvcc in "$@"; do
+    if [ -x "$nvcc" ]; then
+      "$nvcc" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p'
+      return
+    fi
+  done
 }
-if [ "${DDP_PIP_CUDA_TOOLKIT:-0}" = 1 ] || ! have_toolkit; then
-  "$root/scripts/pip_cuda_toolkit.sh" "$venv"
+torch_cuda=$("$venv/bin/python" -c 'import torch; print(torch.version.cuda or "")')
+if [ -n "$torch_cuda" ]; then
+  machine_cuda=$(toolkit_version "${CUDA_HOME:-/nonexistent}/bin/nvcc" \
+    "${CUDA_PATH:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc || true)")
+  if [ "${DDP_PIP_CUDA_TOOLKIT:-0}" = 1 ] || [ "$machine_cuda" != "$torch_cuda" ]; then
+    if [ "$(toolkit_version "$venv/cuda/bin/nvcc")" = "$torch_cuda" ]; then
+      echo "setup: CUDA toolkit $torch_cuda (NVIDIA's wheels) present in $venv/cuda"
+    else
+      echo "setup: LibTorch uses CUDA $torch_cuda; this machine's toolkit:" \
+           "${machine_cuda:-none}"
+      "$root/scripts/pip_cuda_toolkit.sh" "$venv"
+    fi
+  fi
 fi
