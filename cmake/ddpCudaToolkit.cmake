@@ -11,18 +11,28 @@
 # ddp_cuda_toolkit_named(<out> <ours>): <out> is TRUE when the project names a toolkit itself:
 #   one of the CMake variables CUDA_TOOLKIT_ROOT_DIR (FindCUDA's), CUDAToolkit_ROOT or
 #   CMAKE_CUDA_COMPILER, or the environment variables CUDAToolkit_ROOT, CUDA_TOOLKIT_ROOT or
-#   CUDACXX. A CUDA_TOOLKIT_ROOT_DIR that an earlier configure cached as <ours> is not a choice of
-#   the project's. CUDA_HOME and CUDA_PATH are not a choice either: they say where a machine's
-#   toolkit lives, whatever its version.
+#   CUDACXX. A CUDA_TOOLKIT_ROOT_DIR that an earlier configure cached, as <ours> or as FindCUDA's
+#   own search found it, is not a choice of the project's. CUDA_HOME and CUDA_PATH are not a
+#   choice either: they say where a machine's toolkit lives, whatever its version.
 # ddp_use_cuda_toolkit(<root>): points FindCUDA, enable_language(CUDA) and CUDAToolkit at the
 #   toolkit in <root> (which has bin/nvcc).
 
 function(ddp_cuda_toolkit_named out ours)
   set(named FALSE)
-  if((DEFINED CUDA_TOOLKIT_ROOT_DIR AND NOT CUDA_TOOLKIT_ROOT_DIR STREQUAL "${ours}")
-     OR (DEFINED CMAKE_CUDA_COMPILER AND NOT CMAKE_CUDA_COMPILER STREQUAL "${ours}/bin/nvcc")
-     OR DEFINED CUDAToolkit_ROOT OR DEFINED ENV{CUDAToolkit_ROOT}
-     OR DEFINED ENV{CUDA_TOOLKIT_ROOT} OR DEFINED ENV{CUDACXX})
+  # FindCUDA caches what its own search found with this help string: not a choice either.
+  get_property(help CACHE CUDA_TOOLKIT_ROOT_DIR PROPERTY HELPSTRING)
+  if(DEFINED CUDA_TOOLKIT_ROOT_DIR AND NOT CUDA_TOOLKIT_ROOT_DIR STREQUAL "${ours}"
+     AND NOT help STREQUAL "Toolkit location.")
+    set(named TRUE)
+  endif()
+  # A compiler named without a toolkit root (on a first configure: afterwards FindCUDA has
+  # cached the root it derived from it).
+  if(DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED CUDA_TOOLKIT_ROOT_DIR
+     AND NOT CMAKE_CUDA_COMPILER STREQUAL "${ours}/bin/nvcc")
+    set(named TRUE)
+  endif()
+  if(DEFINED CUDAToolkit_ROOT OR DEFINED ENV{CUDAToolkit_ROOT} OR DEFINED ENV{CUDA_TOOLKIT_ROOT}
+     OR DEFINED ENV{CUDACXX})
     set(named TRUE)
   endif()
   set(${out} ${named} PARENT_SCOPE)
@@ -30,8 +40,9 @@ endfunction()
 
 macro(ddp_use_cuda_toolkit root)
   set(CUDAToolkit_ROOT "${root}")
-  set(CUDA_TOOLKIT_ROOT_DIR "${root}" CACHE PATH "CUDA toolkit (the one ddp was built with)")
-  set(CMAKE_CUDA_COMPILER "${root}/bin/nvcc" CACHE FILEPATH "nvcc (the one ddp was built with)")
+  set(CUDA_TOOLKIT_ROOT_DIR "${root}" CACHE PATH "CUDA toolkit (the one ddp was built with)" FORCE)
+  set(CMAKE_CUDA_COMPILER "${root}/bin/nvcc" CACHE FILEPATH "nvcc (the one ddp was built with)"
+      FORCE)
   # FindCUDA reads CUDA_PATH before its own defaults; this configure uses `root` throughout.
   set(ENV{CUDA_PATH} "${root}")
   set(ENV{CUDA_HOME} "${root}")
