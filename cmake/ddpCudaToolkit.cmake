@@ -8,21 +8,28 @@
 # scripts/setup.sh lays out NVIDIA's toolkit wheels as one in .venv/cuda; ddp builds with it and
 # its package config hands the same toolkit on to the programs built against it.
 #
-# ddp_cuda_toolkit_named(<out> <ours>): <out> is TRUE when the project names a toolkit itself:
-#   one of the CMake variables CUDA_TOOLKIT_ROOT_DIR (FindCUDA's), CUDAToolkit_ROOT or
-#   CMAKE_CUDA_COMPILER, or the environment variables CUDAToolkit_ROOT, CUDA_TOOLKIT_ROOT or
-#   CUDACXX. A CUDA_TOOLKIT_ROOT_DIR that an earlier configure cached, as <ours> or as FindCUDA's
-#   own search found it, is not a choice of the project's. CUDA_HOME and CUDA_PATH are not a
-#   choice either: they say where a machine's toolkit lives, whatever its version.
+# ddp_cuda_toolkit_named(<out> <ours> [SEARCHED_IS_NOT_NAMED]): <out> is TRUE when the project
+#   names a toolkit itself: one of the CMake variables CUDA_TOOLKIT_ROOT_DIR (FindCUDA's),
+#   CUDAToolkit_ROOT or CMAKE_CUDA_COMPILER, or the environment variables CUDAToolkit_ROOT,
+#   CUDA_TOOLKIT_ROOT or CUDACXX. Values cached as <ours> by an earlier configure are not a choice.
+#   Values that FindCUDA and enable_language(CUDA) cached on an earlier configure count as the
+#   project's (its build directory works with them) unless SEARCHED_IS_NOT_NAMED: ddp's own build
+#   moves such a directory to <ours> (CMake then re-runs the configure once, for the compiler).
+#   CUDA_HOME and CUDA_PATH are not a choice: they say where a machine's toolkit lives, whatever
+#   its version.
 # ddp_use_cuda_toolkit(<root>): points FindCUDA, enable_language(CUDA) and CUDAToolkit at the
 #   toolkit in <root> (which has bin/nvcc).
 
 function(ddp_cuda_toolkit_named out ours)
   set(named FALSE)
-  # FindCUDA caches what its own search found with this help string: not a choice either.
+  # FindCUDA caches what its own search found with this help string.
   get_property(help CACHE CUDA_TOOLKIT_ROOT_DIR PROPERTY HELPSTRING)
+  set(searched FALSE)
+  if(help STREQUAL "Toolkit location.")
+    set(searched TRUE)
+  endif()
   if(DEFINED CUDA_TOOLKIT_ROOT_DIR AND NOT CUDA_TOOLKIT_ROOT_DIR STREQUAL "${ours}"
-     AND NOT help STREQUAL "Toolkit location.")
+     AND NOT ("${ARGN}" STREQUAL "SEARCHED_IS_NOT_NAMED" AND searched))
     set(named TRUE)
   endif()
   # A compiler named without a toolkit root (on a first configure: afterwards FindCUDA has

@@ -69,7 +69,7 @@ endif()
 # programs built against ddp (DDP_CUDA_TOOLKIT_ROOT in framework/CMakeLists.txt).
 include(ddpCudaToolkit)
 if(EXISTS "${DDP_VENV}/cuda/bin/nvcc")
-  ddp_cuda_toolkit_named(_ddp_toolkit_named "${DDP_VENV}/cuda")
+  ddp_cuda_toolkit_named(_ddp_toolkit_named "${DDP_VENV}/cuda" SEARCHED_IS_NOT_NAMED)
   if(NOT _ddp_toolkit_named)
     ddp_use_cuda_toolkit("${DDP_VENV}/cuda")
     message(STATUS "ddp: CUDA toolkit: NVIDIA's wheels of LibTorch's CUDA version in ${DDP_VENV}/cuda")

@@ -2,7 +2,7 @@
 # Installs what ddp needs to build, test and run its demo on Debian 12:
 #   1. Debian's packages: compiler, CMake, Open MPI, Boost.Program_options, GoogleTest, zlib,
 #      Fashion-MNIST, Slurm (the launch tests' local cluster), python3-venv, matplotlib, clang
-#      with libFuzzer (the fuzz targets);
+#      with libFuzzer (the fuzz targets), Doxygen (the API reference);
 #   2. the project's own virtual environment (.venv, or $DDP_VENV) with the pinned PyTorch wheel
 #      from PyPI (scripts/requirements.txt): its LibTorch, built with CUDA, is the one ddp compiles
 #      against, its NCCL the one ddp's NCCL communicator uses, and its Python the reference the
@@ -31,6 +31,7 @@ packages=(
   slurm-wlm munge          # the local Slurm cluster the launch tests start (tests/cluster/)
   iproute2                 # network namespaces as hosts for the mpirun tests (tests/cluster/)
   clang libclang-rt-14-dev # libFuzzer and the sanitizers for the readers' fuzz targets (fuzz/)
+  doxygen                  # the API reference of the core (target doc; checked by ctest)
 )
 
 missing=()

@@ -1,15 +1,16 @@
 #pragma once
-// Collective operations on tensors: one interface, two backends (MpiCommunicator for CPU tensors,
-// NcclCommunicator for CUDA tensors), in the shape of c10d's ProcessGroup and Work.
-//
-// Contract (as in MPI): every rank of a communicator calls the same collectives in the same
-// order, with tensors of the same shape and dtype. One thread at a time issues them.
-//
-// all_reduce_async() starts an all-reduce and returns a Work handle at once; the backend
-// finishes it in the background (MPI: on the communicator's own worker thread; NCCL: on its own
-// CUDA stream). Until Work::wait() returns, the caller must neither read nor write the tensor.
-// The blocking calls are the same queue followed by a wait, so a blocking call issued after
-// asynchronous ones runs after them: the order of collectives is the order of the calls.
+/// \file
+/// Collective operations on tensors: one interface, two backends (MpiCommunicator for CPU tensors,
+/// NcclCommunicator for CUDA tensors), in the shape of c10d's ProcessGroup and Work.
+///
+/// Contract (as in MPI): every rank of a communicator calls the same collectives in the same
+/// order, with tensors of the same shape and dtype. One thread at a time issues them.
+///
+/// all_reduce_async() starts an all-reduce and returns a Work handle at once; the backend
+/// finishes it in the background (MPI: on the communicator's own worker thread; NCCL: on its own
+/// CUDA stream). Until Work::wait() returns, the caller must neither read nor write the tensor.
+/// The blocking calls are the same queue followed by a wait, so a blocking call issued after
+/// asynchronous ones runs after them: the order of collectives is the order of the calls.
 
 #include <torch/types.h>
 
@@ -22,55 +23,70 @@
 
 namespace ddp {
 
-enum class ReduceOp { Sum, Avg, Min, Max };
+/// How all_reduce combines the ranks' values, element by element.
+enum class ReduceOp {
+  Sum,  ///< the sum
+  Avg,  ///< the sum divided by the number of ranks (floating-point tensors only)
+  Min,  ///< the smallest value
+  Max,  ///< the largest value
+};
 
-// A collective in flight.
+/// A collective in flight.
 class Work {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  ///< the clock of host_span()
+  /// When the host ran a collective.
   struct Span {
-    Clock::time_point start, end;
+    Clock::time_point start;  ///< the worker began it
+    Clock::time_point end;    ///< the worker finished it
   };
 
   virtual ~Work() = default;
-  // Makes the result usable by what the calling thread does next, or rethrows the collective's
-  // error. MPI: the host waits until the worker thread has finished it. NCCL: the calling
-  // thread's current CUDA stream waits for the collective; the host does not.
+  /// Makes the result usable by what the calling thread does next, or rethrows the collective's
+  /// error. MPI: the host waits until the worker thread has finished it. NCCL: the calling
+  /// thread's current CUDA stream waits for the collective; the host does not.
   virtual void wait() = 0;
-  // The collective's error once it has failed; null while it runs and after success.
+  /// The collective's error once it has failed; null while it runs and after success.
   virtual std::exception_ptr error() const = 0;
-  // When the host ran it (MPI's worker thread), once finished; NCCL runs it on the GPU and
-  // has no host span. For timelines.
+  /// When the host ran it (MPI's worker thread), once finished; NCCL runs it on the GPU and
+  /// has no host span. For timelines.
   virtual std::optional<Span> host_span() const { return std::nullopt; }
 };
 
+/// Collectives over the ranks of a group (the contract is at the top of this file).
+/// ProcessGroup makes them: cpu() over MPI for CPU tensors, gpu() over NCCL for CUDA tensors.
 class Communicator {
  public:
   virtual ~Communicator() = default;
 
+  /// "mpi", "nccl", ...
   virtual std::string backend() const = 0;
+  /// This rank's index among the communicator's ranks, 0 .. size() - 1.
   virtual int rank() const = 0;
+  /// The number of ranks.
   virtual int size() const = 0;
 
-  // Starts reducing `tensor` over all ranks, in place: after wait() every rank holds the result.
-  // The tensor must be contiguous and live where the backend can reach it.
+  /// Starts reducing `tensor` over all ranks, in place: after wait() every rank holds the result.
+  /// The tensor must be contiguous and live where the backend can reach it.
   virtual std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
                                                  ReduceOp op = ReduceOp::Sum) = 0;
+  /// all_reduce_async(), then Work::wait().
   void all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) {
     all_reduce_async(tensor, op)->wait();
   }
 
-  // Overwrites `tensor` on every rank with root's values, in place.
+  /// Overwrites `tensor` on every rank with root's values, in place.
   virtual void broadcast(const torch::Tensor& tensor, int root = 0) = 0;
 
-  // Returns a new tensor of shape [size(), tensor.sizes()...] holding every rank's tensor in
-  // rank order.
+  /// Returns a new tensor of shape [size(), tensor.sizes()...] holding every rank's tensor in
+  /// rank order.
   virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
 
+  /// Returns once every rank has called it.
   virtual void barrier() = 0;
 };
 
-// Every rank's string, in rank order (collective; uses only all_reduce and all_gather).
+/// Every rank's string, in rank order (collective; uses only all_reduce and all_gather).
 std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine);
 
 }  // namespace ddp

@@ -1,17 +1,18 @@
 #pragma once
-// ddp, the core: everything a C++ training program needs to train data-parallel over MPI ranks.
-//
-//   ddp::Runtime runtime(argc, argv);                    // MPI up; rank, node, device
-//   return ddp::run_or_abort(runtime, [&] {              // an error on any rank ends the job
-//     ddp::ProcessGroup group(runtime);                  // the job's communicators
-//     ddp::DistributedDataParallel model(group, net);    // rank 0's weights everywhere
-//     ddp::DistributedSampler sampler(size, group.size(), group.rank());
-//     ...                                                // forward, loss.backward(): averaged
-//   });
-//
-// The training kit (<ddp/train/train.h>, target ddp::train) builds on it: the Trainer, stop
-// agreement, checkpointer, reporter, optimizer extras and data sets. No header here includes
-// MPI, NCCL or the CUDA runtime; the backends live inside libddp.
+/// \file
+/// ddp, the core: everything a C++ training program needs to train data-parallel over MPI ranks.
+///
+///   ddp::Runtime runtime(argc, argv);                    // MPI up; rank, node, device
+///   return ddp::run_or_abort(runtime, [&] {              // an error on any rank ends the job
+///     ddp::ProcessGroup group(runtime);                  // the job's communicators
+///     ddp::DistributedDataParallel model(group, net);    // rank 0's weights everywhere
+///     ddp::DistributedSampler sampler(size, group.size(), group.rank());
+///     ...                                                // forward, loss.backward(): averaged
+///   });
+///
+/// The training kit (<ddp/train/train.h>, target ddp::train) builds on it: the Trainer, stop
+/// agreement, checkpointer, reporter, optimizer extras and data sets. No header here includes
+/// MPI, NCCL or the CUDA runtime; the backends live inside libddp.
 
 #include <ddp/config.h>
 

@@ -1,31 +1,32 @@
 #pragma once
-// Data-parallel training of any torch::nn::Module: every rank holds a full replica, computes
-// gradients on its own shard of the batch, and after loss.backward() returns every parameter's
-// grad() holds the average over all ranks. No extra call is needed in the training loop:
-//
-//   ddp::DistributedDataParallel model(group, net);   // net: std::shared_ptr<MyNet>
-//   torch::Tensor loss = loss_fn(model(inputs), targets);   // forward through the wrapper
-//   loss.backward();                                        // gradients averaged
-//   optimizer.step();
-//
-// The forward through the wrapper (forward(), operator()) does the pre-forward work PyTorch's DDP
-// does in its forward: re-attaching the gradient hooks after torch::load, and broadcasting rank
-// 0's buffers. Calling the module directly (net->forward(x)) still averages the gradients: the
-// hooks sit on the parameters, not on the wrapper. What is then lost: the buffer broadcast
-// (BatchNorm running statistics drift apart between replicas) and the re-attaching of hooks after
-// torch::load (ddp::load_module copies in place and keeps them). Both make the replicas differ,
-// which replica_check.h (the Trainer's TrainerOptions::check_sync_every, the examples'
-// --check-sync-every) detects, naming the first differing tensor.
-//
-// Construction (collective): verifies that every rank has the same parameters and buffers
-// (names, shapes, dtypes; the first mismatch is reported on every rank), picks the backend
-// (DDPOptions::backend; Auto: NCCL for a model on the rank's GPU, MPI otherwise; the same on
-// every rank), broadcasts parameters and buffers from rank 0 with it so all replicas start
-// identical, and, with more than one rank, sets up the Reducer (reducer.h) that all-reduces
-// gradients in buckets while backward runs.
-//
-// Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
-// used identically on every rank.
+/// \file
+/// Data-parallel training of any torch::nn::Module: every rank holds a full replica, computes
+/// gradients on its own shard of the batch, and after loss.backward() returns every parameter's
+/// grad() holds the average over all ranks. No extra call is needed in the training loop:
+///
+///   ddp::DistributedDataParallel model(group, net);   // net: std::shared_ptr<MyNet>
+///   torch::Tensor loss = loss_fn(model(inputs), targets);   // forward through the wrapper
+///   loss.backward();                                        // gradients averaged
+///   optimizer.step();
+///
+/// The forward through the wrapper (forward(), operator()) does the pre-forward work PyTorch's DDP
+/// does in its forward: re-attaching the gradient hooks after torch::load, and broadcasting rank
+/// 0's buffers. Calling the module directly (net->forward(x)) still averages the gradients: the
+/// hooks sit on the parameters, not on the wrapper. What is then lost: the buffer broadcast
+/// (BatchNorm running statistics drift apart between replicas) and the re-attaching of hooks after
+/// torch::load (ddp::load_module copies in place and keeps them). Both make the replicas differ,
+/// which replica_check.h (the Trainer's TrainerOptions::check_sync_every, the examples'
+/// --check-sync-every) detects, naming the first differing tensor.
+///
+/// Construction (collective): verifies that every rank has the same parameters and buffers
+/// (names, shapes, dtypes; the first mismatch is reported on every rank), picks the backend
+/// (DDPOptions::backend; Auto: NCCL for a model on the rank's GPU, MPI otherwise; the same on
+/// every rank), broadcasts parameters and buffers from rank 0 with it so all replicas start
+/// identical, and, with more than one rank, sets up the Reducer (reducer.h) that all-reduces
+/// gradients in buckets while backward runs.
+///
+/// Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
+/// used identically on every rank.
 
 #include <ddp/communicator.h>
 #include <ddp/process_group.h>
@@ -43,85 +44,103 @@
 
 namespace ddp {
 
-class Reducer;   // parallel/reducer.h (internal)
-class Timeline;  // timeline.h
+class Reducer;   ///< parallel/reducer.h (internal)
+class Timeline;  ///< timeline.h
 
-// How DistributedDataParallel synchronises gradients.
+/// How DistributedDataParallel synchronises gradients.
 enum class GradSync {
-  Bucketed,      // flat buckets all-reduced while backward runs
-  PerParameter,  // one bucket per parameter (the baseline; same code path, other bucket caps)
+  Bucketed,      ///< flat buckets all-reduced while backward runs
+  PerParameter,  ///< one bucket per parameter (the baseline; same code path, other bucket caps)
 };
 
-// What travels on the wire; buckets are cast for the all-reduce and cast back.
-enum class Compression { None, Fp16, Bf16 };
+/// What travels on the wire; buckets are cast for the all-reduce and cast back.
+enum class Compression {
+  None,  ///< the gradients' own dtype
+  Fp16,  ///< IEEE half precision
+  Bf16,  ///< bfloat16
+};
 
-// Who all-reduces the gradients and broadcasts parameters and buffers. Auto: NCCL when the
-// parameters are on this rank's GPU and the build has the NCCL communicator, MPI otherwise.
-enum class Backend { Auto, Mpi, Nccl };
+/// Who all-reduces the gradients and broadcasts parameters and buffers. Auto: NCCL when the
+/// parameters are on this rank's GPU and the build has the NCCL communicator, MPI otherwise.
+enum class Backend {
+  Auto,  ///< NCCL for a model on this rank's GPU (when built), MPI otherwise
+  Mpi,   ///< MPI, for CPU tensors (GPU tensors through host memory)
+  Nccl,  ///< NCCL, for a model on this rank's GPU
+};
 
+/// How DistributedDataParallel synchronises gradients. Must be equal on every rank (the
+/// reducer checks the bucket layout that results).
 struct DDPOptions {
-  GradSync sync = GradSync::Bucketed;
-  double bucket_cap_mb = 25.0;   // PyTorch's defaults
-  double first_bucket_mb = 1.0;  // small, so communication starts early in backward
-  // false: a parameter without a gradient on some rank is an error naming it and the rank.
-  // true: such gradients count as zero on that rank (every step pays a check either way).
+  GradSync sync = GradSync::Bucketed;  ///< buckets, or one per parameter
+  double bucket_cap_mb = 25.0;   ///< PyTorch's defaults
+  double first_bucket_mb = 1.0;  ///< small, so communication starts early in backward
+  /// false: a parameter without a gradient on some rank is an error naming it and the rank.
+  /// true: such gradients count as zero on that rank (every step pays a check either way).
   bool find_unused_parameters = false;
-  Compression compression = Compression::None;
-  Backend backend = Backend::Auto;
-  // true: prepare_forward() broadcasts rank 0's buffers (BatchNorm running statistics), as PyTorch
-  // DDP does before every forward, so every replica evaluates and checkpoints the same model.
+  Compression compression = Compression::None;  ///< what the buckets travel as
+  Backend backend = Backend::Auto;  ///< who all-reduces
+  /// true: prepare_forward() broadcasts rank 0's buffers (BatchNorm running statistics), as PyTorch
+  /// DDP does before every forward, so every replica evaluates and checkpoints the same model.
   bool broadcast_buffers = true;
-  // true: after the first synchronised backward, buckets are regrouped (same caps) in the order
-  // rank 0 saw gradients arrive, as PyTorch's Reducer does. Reverse registration order only
-  // guesses that order; where it guesses wrong, a bucket waits for its latest gradient and its
-  // all-reduce overlaps less of backward. Bucketed sync only (per-parameter buckets gain nothing).
+  /// true: after the first synchronised backward, buckets are regrouped (same caps) in the order
+  /// rank 0 saw gradients arrive, as PyTorch's Reducer does. Reverse registration order only
+  /// guesses that order; where it guesses wrong, a bucket waits for its latest gradient and its
+  /// all-reduce overlaps less of backward. Bucketed sync only (per-parameter buckets gain nothing).
   bool rebuild_buckets = true;
-  Timeline* timeline = nullptr;  // records each bucket's all-reduce when set
+  Timeline* timeline = nullptr;  ///< records each bucket's all-reduce when set
 };
 
-// Parses "bucketed" / "per-parameter", "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl";
-// throws std::invalid_argument naming the value otherwise.
+/// Parses "bucketed" / "per-parameter", "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl";
+/// throws std::invalid_argument naming the value otherwise.
+///@{
 GradSync parse_grad_sync(const std::string& name);
 Compression parse_compression(const std::string& name);
 Backend parse_backend(const std::string& name);
-// The names the parsers accept, for messages and logs.
+///@}
+/// The names the parsers accept, for messages and logs.
+///@{
 const char* grad_sync_name(GradSync sync);
 const char* compression_name(Compression compression);
 const char* backend_name(Backend backend);
+///@}
 
-
+/// Wraps any torch::nn::Module for data-parallel training: after loss.backward() every
+/// parameter's grad() holds the average over all ranks (this file's comment says how).
 class DistributedDataParallel {
  public:
-  // A module whose forward() the wrapper can call (forward(), operator() below): one forward
-  // method, not overloaded or templated (LibTorch's AnyModule's rule).
+  /// A module whose forward() the wrapper can call (forward(), operator() below): one forward
+  /// method, not overloaded or templated (LibTorch's AnyModule's rule).
   template <typename ModuleType,
             typename = std::enable_if_t<torch::detail::has_forward<ModuleType>::value>>
   DistributedDataParallel(ProcessGroup& group, std::shared_ptr<ModuleType> module,
                           DDPOptions options = {})
       : DistributedDataParallel(group, std::shared_ptr<torch::nn::Module>(module), options,
                                 torch::nn::AnyModule(module)) {}
-  // A TORCH_MODULE holder (torch::nn::Linear, MyNet).
+  /// A TORCH_MODULE holder (torch::nn::Linear, MyNet).
   template <typename ModuleType>
   DistributedDataParallel(ProcessGroup& group, const torch::nn::ModuleHolder<ModuleType>& module,
                           DDPOptions options = {})
       : DistributedDataParallel(group, module.ptr(), options) {}
-  // Any module; forward() is then unavailable (the type of its forward is unknown): run the
-  // module yourself and call prepare_forward() before each training forward.
+  /// Any module; forward() is then unavailable (the type of its forward is unknown): run the
+  /// module yourself and call prepare_forward() before each training forward.
   DistributedDataParallel(ProcessGroup& group, std::shared_ptr<torch::nn::Module> module,
                           DDPOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
+  /// The module it wraps.
   torch::nn::Module& module() const { return *module_; }
+  /// The module it wraps, shared.
   const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
-  // As given, with the backend resolved (Mpi or Nccl, never Auto).
+  /// As given, with the backend resolved (Mpi or Nccl, never Auto).
   const DDPOptions& options() const { return options_; }
 
-  // While the guard lives, backward accumulates gradients locally without communication; the
-  // first backward after it averages everything accumulated (PyTorch's no_sync()).
+  /// While the guard lives, backward accumulates gradients locally without communication; the
+  /// first backward after it averages everything accumulated (PyTorch's no_sync()).
   class NoSync {
    public:
+    /// Turns the synchronisation off until the guard goes.
     explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp), was_enabled_(ddp.sync_enabled()) {
       ddp_.set_sync_enabled(false);
     }
@@ -133,74 +152,79 @@ class DistributedDataParallel {
     DistributedDataParallel& ddp_;
     bool was_enabled_;
   };
+  /// The NoSync guard: `{ auto guard = model.no_sync(); loss.backward(); }`.
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
-  // false: backward accumulates locally, without communication (what NoSync does).
+  /// false: backward accumulates locally, without communication (what NoSync does).
   void set_sync_enabled(bool enabled);
+  /// false inside no_sync().
   bool sync_enabled() const;
 
-  // Runs the module's forward on `args` after the pre-forward work, as PyTorch's DDP forward
-  // does; returns what the module's forward returns (ReturnType: torch::Tensor unless named,
-  // e.g. model.forward<std::tuple<torch::Tensor, torch::Tensor>>(x)). The arguments are passed
-  // as LibTorch's AnyModule passes them: their types must be those of the forward's parameters
-  // (an int literal for an int64_t parameter is an error naming both types).
-  //
-  // Pre-forward work: always re-attaches replaced gradient hooks (local, a pointer comparison
-  // per parameter). Only when grad mode is on (a training forward), with more than one rank and
-  // options().broadcast_buffers: broadcasts rank 0's buffers, a collective. Under
-  // torch::NoGradGuard (evaluation) nothing is collective, so ranks may run different numbers of
-  // evaluation forwards (uneven test shards).
-  //
-  // Only for a wrapper built from a module type with a forward() (the templated constructors);
-  // otherwise std::logic_error.
+  /// Runs the module's forward on `args` after the pre-forward work, as PyTorch's DDP forward
+  /// does; returns what the module's forward returns (ReturnType: torch::Tensor unless named,
+  /// e.g. model.forward<std::tuple<torch::Tensor, torch::Tensor>>(x)). The arguments are passed
+  /// as LibTorch's AnyModule passes them: their types must be those of the forward's parameters
+  /// (an int literal for an int64_t parameter is an error naming both types).
+  ///
+  /// Pre-forward work: always re-attaches replaced gradient hooks (local, a pointer comparison
+  /// per parameter). Only when grad mode is on (a training forward), with more than one rank and
+  /// options().broadcast_buffers: broadcasts rank 0's buffers, a collective. Under
+  /// torch::NoGradGuard (evaluation) nothing is collective, so ranks may run different numbers of
+  /// evaluation forwards (uneven test shards).
+  ///
+  /// Only for a wrapper built from a module type with a forward() (the templated constructors);
+  /// otherwise std::logic_error.
   template <typename ReturnType = torch::Tensor, typename... Args>
   ReturnType forward(Args&&... args) {
     before_forward();
     return forward_.forward<ReturnType>(std::forward<Args>(args)...);
   }
+  /// forward().
   template <typename ReturnType = torch::Tensor, typename... Args>
   ReturnType operator()(Args&&... args) {
     return forward<ReturnType>(std::forward<Args>(args)...);
   }
-  // Whether forward() can run the module (built from a module type with a forward()).
+  /// Whether forward() can run the module (built from a module type with a forward()).
   bool has_forward() const { return !forward_.is_empty(); }
 
-  // The pre-forward work of forward(), for code that runs the module itself (the Trainer, whose
-  // Forward function calls the model; a wrapper built from a plain torch::nn::Module pointer).
-  // Superseded by forward(): a program that calls the model through the wrapper needs nothing
-  // else. Collective, unconditionally (also under NoGradGuard). With more than one rank:
-  //  - with options().broadcast_buffers, overwrites every buffer with rank 0's (one broadcast
-  //    per buffer dtype), so BatchNorm statistics stay identical;
-  //  - re-attaches the gradient hooks of parameters whose storage was swapped since the last
-  //    step (torch::load(model, ...) does that; ddp::load_module copies instead), which would
-  //    otherwise silently stop the averaging.
+  /// The pre-forward work of forward(), for code that runs the module itself (the Trainer, whose
+  /// Forward function calls the model; a wrapper built from a plain torch::nn::Module pointer).
+  /// Superseded by forward(): a program that calls the model through the wrapper needs nothing
+  /// else. Collective, unconditionally (also under NoGradGuard). With more than one rank:
+  ///  - with options().broadcast_buffers, overwrites every buffer with rank 0's (one broadcast
+  ///    per buffer dtype), so BatchNorm statistics stay identical;
+  ///  - re-attaches the gradient hooks of parameters whose storage was swapped since the last
+  ///    step (torch::load(model, ...) does that; ddp::load_module copies instead), which would
+  ///    otherwise silently stop the averaging.
   void prepare_forward();
 
-  // Wall time the training thread spent on gradient sync that backward did not hide, and the
-  // bytes all-reduced, since construction (0 with one rank: nothing to synchronise).
+  /// Wall time the training thread spent on gradient sync that backward did not hide, and the
+  /// bytes all-reduced, since construction (0 with one rank: nothing to synchronise).
+  ///@{
   double sync_seconds() const;
   int64_t sync_bytes() const;
+  ///@}
 
-  // The reducer's buckets (parameter indices in registration order); empty with one rank.
+  /// The reducer's buckets (parameter indices in registration order); empty with one rank.
   std::vector<std::vector<size_t>> bucket_layout() const;
 
  private:
   DistributedDataParallel(ProcessGroup& group, std::shared_ptr<torch::nn::Module> module,
                           DDPOptions options, torch::nn::AnyModule forward);
-  // forward()'s pre-forward work (see there); throws when there is no forward to run.
+  /// forward()'s pre-forward work (see there); throws when there is no forward to run.
   void before_forward();
   void broadcast_buffers();
 
   std::shared_ptr<torch::nn::Module> module_;
-  torch::nn::AnyModule forward_;  // empty: built from a plain torch::nn::Module
+  torch::nn::AnyModule forward_;  ///< empty: built from a plain torch::nn::Module
   DDPOptions options_;
   int world_size_;
-  // Checks and the reducer's small exchanges, on an MPI communicator of their own.
+  /// Checks and the reducer's small exchanges, on an MPI communicator of their own.
   std::unique_ptr<Communicator> control_comm_;
-  // The chosen backend's: the group's NCCL communicator, or owned_comm_ (MPI). It broadcasts
-  // parameters and buffers and all-reduces the gradient buckets, in one queue.
+  /// The chosen backend's: the group's NCCL communicator, or owned_comm_ (MPI). It broadcasts
+  /// parameters and buffers and all-reduces the gradient buckets, in one queue.
   Communicator* comm_ = nullptr;
   std::unique_ptr<Communicator> owned_comm_;
-  std::unique_ptr<Reducer> reducer_;  // destroyed first: it uses the communicators
+  std::unique_ptr<Reducer> reducer_;  ///< destroyed first: it uses the communicators
 };
 
 }  // namespace ddp

@@ -1,6 +1,7 @@
 #pragma once
-// Which dataset indices each rank visits in an epoch: index for index the same as
-// torch.utils.data.DistributedSampler, so a C++ run and a PyTorch run see identical shards.
+/// \file
+/// Which dataset indices each rank visits in an epoch: index for index the same as
+/// torch.utils.data.DistributedSampler, so a C++ run and a PyTorch run see identical shards.
 
 #include <torch/data/samplers/base.h>
 #include <torch/serialize/archive.h>
@@ -12,22 +13,25 @@
 
 namespace ddp {
 
+/// This rank's share of a data set's indices, epoch by epoch (this file's comment says how).
 class DistributedSampler {
  public:
-  // Throws std::invalid_argument naming the bad argument (rank outside [0, num_replicas), ...).
+  /// Throws std::invalid_argument naming the bad argument (rank outside [0, num_replicas), ...).
   DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank,
                      bool shuffle = true, int64_t seed = 0, bool drop_last = false);
 
-  // The permutation is seeded with seed + epoch, so all ranks agree on it.
+  /// The permutation is seeded with seed + epoch, so all ranks agree on it.
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  /// The epoch set_epoch() set (0 before).
   int64_t epoch() const { return epoch_; }
 
-  // This rank's indices for the current epoch; num_samples() of them. Without drop_last the
-  // list is padded by repeating the start of the permutation, as PyTorch does.
+  /// This rank's indices for the current epoch; num_samples() of them. Without drop_last the
+  /// list is padded by repeating the start of the permutation, as PyTorch does.
   std::vector<int64_t> indices() const;
 
-  int64_t num_samples() const { return num_samples_; }   // per rank
-  int64_t dataset_size() const { return dataset_size_; }
+  int64_t num_samples() const { return num_samples_; }   ///< per rank
+  int64_t dataset_size() const { return dataset_size_; }  ///< as given
+  /// num_samples() over all ranks (the data set padded, or cut with drop_last).
   int64_t total_size() const { return num_samples_ * num_replicas_; }
 
  private:
@@ -39,53 +43,58 @@ class DistributedSampler {
   int64_t num_samples_ = 0;
 };
 
-// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on the CPU.
+/// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on the CPU.
 std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed);
 
-// The shard of an evaluation set for `rank`: every index exactly once over all ranks, no
-// padding (indices rank, rank + num_replicas, ...), so metrics summed over ranks are exact.
+/// The shard of an evaluation set for `rank`: every index exactly once over all ranks, no
+/// padding (indices rank, rank + num_replicas, ...), so metrics summed over ranks are exact.
 std::vector<int64_t> evaluation_shard(int64_t dataset_size, int64_t num_replicas, int64_t rank);
 
-// A DistributedSampler for torch::data's DataLoader: what a program with its own torch::data
-// dataset and worker threads hands to torch::data::make_data_loader, as a Python program hands
-// a DistributedSampler to torch.utils.data.DataLoader.
-//
-//   ddp::DistributedSampler sampler(dataset.size().value(), world_size, rank, /*shuffle=*/true);
-//   auto loader = torch::data::make_data_loader(
-//       std::move(dataset), ddp::DataLoaderSampler(sampler),
-//       torch::data::DataLoaderOptions().batch_size(64).workers(2));
-//   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-//     sampler.set_epoch(epoch);               // as in Python: a new shuffle every epoch
-//     for (auto& batch : *loader) { ... }
-//   }
-//
-// Contract:
-// - It refers to `sampler`, which must outlive it (the loader holds a copy of this object, so
-//   the set_epoch above is seen by the loader: each reset() at the start of a pass over the
-//   loader takes the indices of the sampler's epoch at that moment).
-// - A pass yields this rank's indices of DistributedSampler::indices(), in that order, cut into
-//   batches of the loader's batch size (the last one shorter). With workers the loader keeps
-//   this order (DataLoaderOptions::enforce_ordering, its default).
-// - reset(size) with a size other than the sampler's dataset size throws std::invalid_argument
-//   naming both: the data set and the sampler disagree.
-// - save/load keep the epoch and the position within it; load() throws when the sampler's
-//   epoch is not the saved one (call set_epoch first).
+/// A DistributedSampler for torch::data's DataLoader: what a program with its own torch::data
+/// dataset and worker threads hands to torch::data::make_data_loader, as a Python program hands
+/// a DistributedSampler to torch.utils.data.DataLoader.
+///
+///   ddp::DistributedSampler sampler(dataset.size().value(), world_size, rank, /*shuffle=*/true);
+///   auto loader = torch::data::make_data_loader(
+///       std::move(dataset), ddp::DataLoaderSampler(sampler),
+///       torch::data::DataLoaderOptions().batch_size(64).workers(2));
+///   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+///     sampler.set_epoch(epoch);               // as in Python: a new shuffle every epoch
+///     for (auto& batch : *loader) { ... }
+///   }
+///
+/// Contract:
+/// - It refers to `sampler`, which must outlive it (the loader holds a copy of this object, so
+///   the set_epoch above is seen by the loader: each reset() at the start of a pass over the
+///   loader takes the indices of the sampler's epoch at that moment).
+/// - A pass yields this rank's indices of DistributedSampler::indices(), in that order, cut into
+///   batches of the loader's batch size (the last one shorter). With workers the loader keeps
+///   this order (DataLoaderOptions::enforce_ordering, its default).
+/// - reset(size) with a size other than the sampler's dataset size throws std::invalid_argument
+///   naming both: the data set and the sampler disagree.
+/// - save/load keep the epoch and the position within it; load() throws when the sampler's
+///   epoch is not the saved one (call set_epoch first).
 class DataLoaderSampler final : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
+  /// Hands out `sampler`'s indices (see the contract above).
   explicit DataLoaderSampler(const DistributedSampler& sampler);
 
+  /// Starts a pass over the indices of the sampler's current epoch.
   void reset(std::optional<size_t> new_size = std::nullopt) override;
+  /// The next `batch_size` indices of the pass; none at its end.
   std::optional<std::vector<size_t>> next(size_t batch_size) override;
+  /// Writes the epoch and the position within it.
   void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads what save() wrote.
   void load(torch::serialize::InputArchive& archive) override;
 
-  // How many of this epoch's indices have been handed out.
+  /// How many of this epoch's indices have been handed out.
   size_t position() const { return position_; }
 
  private:
   const DistributedSampler* sampler_;
-  std::vector<int64_t> indices_;  // this rank's indices for epoch_, from the last reset()
-  int64_t epoch_ = -1;            // the sampler's epoch at the last reset(); -1 before it
+  std::vector<int64_t> indices_;  ///< this rank's indices for epoch_, from the last reset()
+  int64_t epoch_ = -1;            ///< the sampler's epoch at the last reset(); -1 before it
   size_t position_ = 0;
 };
 

@@ -1,18 +1,19 @@
 #pragma once
-// The job's communicators, built from the Runtime (what PyTorch calls the default process
-// group): cpu() is an MPI communicator over every rank, for CPU tensors; gpu() is the NCCL
-// communicator on the rank's GPU, created on first use so that CPU and MPI-only programs never
-// pay NCCL's start-up. Create one after the Runtime, before anything that communicates:
-//   ddp::Runtime runtime(argc, argv);
-//   ddp::ProcessGroup group(runtime);
-//   ddp::DistributedDataParallel model(group, net);
-//
-// The backends know nothing of the Runtime: this is where they get what they need from it (the
-// bootstrap communicator, rank, size, device, the collective timeout, the debug mode
-// (DDP_DEBUG=DETAIL), and Runtime::abort as what to do when a watchdog fires). With several
-// replicas per process (replicas.h) each replica thread has a group of its own.
-//
-// Invariant: destroyed before the Runtime (declare it after), since its communicators need MPI.
+/// \file
+/// The job's communicators, built from the Runtime (what PyTorch calls the default process
+/// group): cpu() is an MPI communicator over every rank, for CPU tensors; gpu() is the NCCL
+/// communicator on the rank's GPU, created on first use so that CPU and MPI-only programs never
+/// pay NCCL's start-up. Create one after the Runtime, before anything that communicates:
+///   ddp::Runtime runtime(argc, argv);
+///   ddp::ProcessGroup group(runtime);
+///   ddp::DistributedDataParallel model(group, net);
+///
+/// The backends know nothing of the Runtime: this is where they get what they need from it (the
+/// bootstrap communicator, rank, size, device, the collective timeout, the debug mode
+/// (DDP_DEBUG=DETAIL), and Runtime::abort as what to do when a watchdog fires). With several
+/// replicas per process (replicas.h) each replica thread has a group of its own.
+///
+/// Invariant: destroyed before the Runtime (declare it after), since its communicators need MPI.
 
 #include <ddp/communicator.h>
 #include <ddp/runtime.h>
@@ -24,71 +25,79 @@
 
 namespace ddp {
 
+/// What a ProcessGroup's communicators are made with.
 struct ProcessGroupOptions {
-  // How long a collective of any of the group's communicators (MPI and NCCL) may take before
-  // its watchdog ends the job. 0: DDP_TIMEOUT_SECONDS, else 600 s (PyTorch's default); NCCL's
-  // still honours the older DDP_NCCL_TIMEOUT_SECONDS. The examples' --timeout sets it.
+  /// How long a collective of any of the group's communicators (MPI and NCCL) may take before
+  /// its watchdog ends the job. 0: DDP_TIMEOUT_SECONDS, else 600 s (PyTorch's default); NCCL's
+  /// still honours the older DDP_NCCL_TIMEOUT_SECONDS. The examples' --timeout sets it.
   std::chrono::seconds timeout{0};
 };
 
 namespace detail {
-class GroupMembership;  // where the communicators come from (internal: a process, a replica)
+class GroupMembership;  ///< where the communicators come from (internal: a process, a replica)
 }
 
+/// The job's communicators (this file's comment says what they are and when they are made).
 class ProcessGroup {
  public:
-  // Collective over every rank of `runtime`. The process trains one replica: with
-  // Runtime::replicas_per_process() > 1 this throws std::logic_error (use run_replicas, which
-  // gives each replica thread its group). Reads the environment: DDP_TIMEOUT_SECONDS (unless
-  // options.timeout is set), DDP_DEBUG, and the MPI backend's tuning variables
-  // (process_group.cpp); a bad value is an error naming the variable.
+  /// Collective over every rank of `runtime`. The process trains one replica: with
+  /// Runtime::replicas_per_process() > 1 this throws std::logic_error (use run_replicas, which
+  /// gives each replica thread its group). Reads the environment: DDP_TIMEOUT_SECONDS (unless
+  /// options.timeout is set), DDP_DEBUG, and the MPI backend's tuning variables
+  /// (process_group.cpp); a bad value is an error naming the variable.
   explicit ProcessGroup(Runtime& runtime, ProcessGroupOptions options = {});
-  // A group over `membership` (internal; run_replicas makes each replica thread's).
+  /// A group over `membership` (internal; run_replicas makes each replica thread's).
   ProcessGroup(Runtime& runtime, std::unique_ptr<detail::GroupMembership> membership);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
+  /// The Runtime it was made from.
   Runtime& runtime() const { return runtime_; }
 
-  // This replica's place in the job: what a rank is when each process trains one replica.
-  // rank() = Runtime::rank() * replicas_per_process() + replica(); size() counts every replica.
+  /// This replica's place in the job: what a rank is when each process trains one replica.
+  /// rank() = Runtime::rank() * replicas_per_process() + replica(); size() counts every replica.
+  ///@{
   int rank() const { return runtime_.rank() * replicas_per_process() + replica(); }
   int size() const { return runtime_.world_size() * replicas_per_process(); }
+  ///@}
+  /// rank() == 0: the one that prints and writes files.
   bool is_main() const { return rank() == 0; }
+  /// This replica's index in its process (0 .. replicas_per_process() - 1).
   int replica() const;
+  /// Replicas each process trains (Runtime::replicas_per_process()).
   int replicas_per_process() const;
-  // The device this replica computes on (Runtime::replica_device).
+  /// The device this replica computes on (Runtime::replica_device).
   torch::Device device() const { return runtime_.replica_device(replica()); }
 
-  // Collectives over all ranks for CPU tensors (MPI).
+  /// Collectives over all ranks for CPU tensors (MPI).
   Communicator& cpu() { return *cpu_; }
 
-  // Whether gpu() can exist: this replica computes on CUDA and nccl_communicator_built().
+  /// Whether gpu() can exist: this replica computes on CUDA and nccl_communicator_built().
   bool has_gpu() const;
-  // Collectives over all ranks for CUDA tensors on runtime().device() (NCCL). The first call
-  // creates it and is therefore collective: every rank must make it (DistributedDataParallel
-  // does, when it picks NCCL). Throws std::runtime_error saying why when has_gpu() is false.
+  /// Collectives over all ranks for CUDA tensors on runtime().device() (NCCL). The first call
+  /// creates it and is therefore collective: every rank must make it (DistributedDataParallel
+  /// does, when it picks NCCL). Throws std::runtime_error saying why when has_gpu() is false.
   Communicator& gpu();
 
-  // A communicator for collectives on tensors of `device`, shared with its caller (model layers
-  // that communicate, SyncBatchNorm): gpu() for a CUDA device, a new MPI communicator for the
-  // CPU, so that its traffic cannot be confused with anybody else's. Collective.
+  /// A communicator for collectives on tensors of `device`, shared with its caller (model layers
+  /// that communicate, SyncBatchNorm): gpu() for a CUDA device, a new MPI communicator for the
+  /// CPU, so that its traffic cannot be confused with anybody else's. Collective.
   std::shared_ptr<Communicator> for_device(torch::Device device);
 
-  // A new MPI communicator over all ranks, with a worker thread of its own. Collective. With
-  // several replicas per process: a new channel of the replicas' in-memory hub.
+  /// A new MPI communicator over all ranks, with a worker thread of its own. Collective. With
+  /// several replicas per process: a new channel of the replicas' in-memory hub.
   std::unique_ptr<Communicator> new_cpu_communicator();
 
  private:
   Runtime& runtime_;
   std::unique_ptr<detail::GroupMembership> membership_;
   std::unique_ptr<Communicator> cpu_;
-  std::shared_ptr<Communicator> gpu_;  // shared with for_device()'s users
+  std::shared_ptr<Communicator> gpu_;  ///< shared with for_device()'s users
 };
 
-// Whether this build has the NCCL communicator (a CUDA LibTorch and NCCL >= 2.10 when it was
-// configured: DDP_WITH_CUDA and DDP_WITH_NCCL in ddp/config.h).
+/// Whether this build has the NCCL communicator (a CUDA LibTorch and NCCL >= 2.10 when it was
+/// configured: DDP_WITH_CUDA and DDP_WITH_NCCL in ddp/config.h).
 bool nccl_communicator_built();
 
 }  // namespace ddp

@@ -1,26 +1,27 @@
 #pragma once
-// The process's place in the job: MPI start-up and shutdown, rank, node and local rank, and the
-// device this rank computes on. Create exactly one, first thing in main().
-//
-// Invariants: the topology never changes after construction; ranks with the same node_rank()
-// share memory (MPI_COMM_TYPE_SHARED), local ranks are numbered 0..local_size()-1 in world-rank
-// order, and nodes are numbered in the order of their lowest world rank.
-//
-// Start-up also checks how the job was launched: a launch that cannot work (srun without PMIx,
-// torchrun's variables without MPI, ...) ends with a message saying how to fix it,
-// rank 0 prints a banner (launcher, nodes, ranks per node, devices, threads) and warns when a
-// node's GPUs and ranks do not pair up, and LibTorch's intra-op threads are set to the CPUs
-// this rank has unless OMP_NUM_THREADS says otherwise. Set DDP_SKIP_LAUNCH_CHECKS=1 to skip
-// the checks.
-//
-// GPUs (docs/gpu.md): each rank computes on GPU local_rank() among those it sees, or on device 0
-// when the launcher gave every rank a GPU of its own; start-up makes that device current, before
-// anything is allocated on it. A node with more ranks than visible GPUs ends the job saying how
-// to launch it instead; fewer ranks than GPUs is a warning.
-//
-// The Runtime says where the job runs; it does not communicate tensors. The communicators are
-// built from it by ProcessGroup (process_group.h). MPI itself stays inside the library: this
-// header includes no MPI header.
+/// \file
+/// The process's place in the job: MPI start-up and shutdown, rank, node and local rank, and the
+/// device this rank computes on. Create exactly one, first thing in main().
+///
+/// Invariants: the topology never changes after construction; ranks with the same node_rank()
+/// share memory (MPI_COMM_TYPE_SHARED), local ranks are numbered 0..local_size()-1 in world-rank
+/// order, and nodes are numbered in the order of their lowest world rank.
+///
+/// Start-up also checks how the job was launched: a launch that cannot work (srun without PMIx,
+/// torchrun's variables without MPI, ...) ends with a message saying how to fix it,
+/// rank 0 prints a banner (launcher, nodes, ranks per node, devices, threads) and warns when a
+/// node's GPUs and ranks do not pair up, and LibTorch's intra-op threads are set to the CPUs
+/// this rank has unless OMP_NUM_THREADS says otherwise. Set DDP_SKIP_LAUNCH_CHECKS=1 to skip
+/// the checks.
+///
+/// GPUs (docs/gpu.md): each rank computes on GPU local_rank() among those it sees, or on device 0
+/// when the launcher gave every rank a GPU of its own; start-up makes that device current, before
+/// anything is allocated on it. A node with more ranks than visible GPUs ends the job saying how
+/// to launch it instead; fewer ranks than GPUs is a warning.
+///
+/// The Runtime says where the job runs; it does not communicate tensors. The communicators are
+/// built from it by ProcessGroup (process_group.h). MPI itself stays inside the library: this
+/// header includes no MPI header.
 
 #include <torch/types.h>
 
@@ -30,65 +31,68 @@
 
 namespace ddp {
 
+/// How the Runtime places this rank.
 struct RuntimeOptions {
-  // false keeps the rank on the CPU even where CUDA is available (the examples' --no-cuda).
+  /// false keeps the rank on the CPU even where CUDA is available (the examples' --no-cuda).
   bool use_cuda = true;
-  // false: rank 0 prints no start-up banner (warnings and errors still appear).
+  /// false: rank 0 prints no start-up banner (warnings and errors still appear).
   bool print_banner = true;
-  // Replicas this process trains, one thread each (replicas.h): 0 picks the default, the GPUs
-  // this process sees per local rank on a GPU, 1 on the CPU. Must come out the same on every
-  // rank.
+  /// Replicas this process trains, one thread each (replicas.h): 0 picks the default, the GPUs
+  /// this process sees per local rank on a GPU, 1 on the CPU. Must come out the same on every
+  /// rank.
   int replicas_per_process = 0;
 };
 
 namespace detail {
-struct RuntimeInternals;  // runtime/runtime_internals.h: the bootstrap MPI communicator, ...
+struct RuntimeInternals;  ///< runtime/runtime_internals.h: the bootstrap MPI communicator, ...
 }
 
+/// The process's place in the job (this file's comment says what start-up does).
 class Runtime {
  public:
-  // Initialises MPI with MPI_THREAD_MULTIPLE unless the program already did; then it leaves
-  // MPI_Finalize to the program too. Collective. If no device fits this rank (more ranks on a
-  // node than visible GPUs) the job is aborted with the reason. A CUDA device is made current.
+  /// Initialises MPI with MPI_THREAD_MULTIPLE unless the program already did; then it leaves
+  /// MPI_Finalize to the program too. Collective. If no device fits this rank (more ranks on a
+  /// node than visible GPUs) the job is aborted with the reason. A CUDA device is made current.
   Runtime(int& argc, char**& argv, RuntimeOptions options = {});
+  /// The same, without the program's arguments (MPI_Init gets none).
   explicit Runtime(RuntimeOptions options = {});
-  // Finalises MPI if it initialised it. If an exception is unwinding through here the job is
-  // aborted instead: finalising while other ranks wait in a collective would hang them.
+  /// Finalises MPI if it initialised it. If an exception is unwinding through here the job is
+  /// aborted instead: finalising while other ranks wait in a collective would hang them.
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  int rank() const { return rank_; }
-  int world_size() const { return world_size_; }
-  int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }
-  int node_rank() const { return node_rank_; }
-  int num_nodes() const { return num_nodes_; }
-  bool is_main() const { return rank_ == 0; }
-  const std::string& hostname() const { return hostname_; }
-  // The device of the process's first replica (its only one, unless replicas_per_process() > 1).
+  int rank() const { return rank_; }                ///< this process's rank in MPI_COMM_WORLD
+  int world_size() const { return world_size_; }    ///< the number of processes
+  int local_rank() const { return local_rank_; }    ///< its rank among the processes of its node
+  int local_size() const { return local_size_; }    ///< the processes of its node
+  int node_rank() const { return node_rank_; }      ///< its node's number
+  int num_nodes() const { return num_nodes_; }      ///< the job's nodes
+  bool is_main() const { return rank_ == 0; }       ///< rank 0
+  const std::string& hostname() const { return hostname_; }  ///< MPI's processor name
+  /// The device of the process's first replica (its only one, unless replicas_per_process() > 1).
   torch::Device device() const { return device_; }
-  // Replicas this process trains (RuntimeOptions::replicas_per_process, resolved); the same on
-  // every rank, so the job has world_size() * replicas_per_process() replicas.
+  /// Replicas this process trains (RuntimeOptions::replicas_per_process, resolved); the same on
+  /// every rank, so the job has world_size() * replicas_per_process() replicas.
   int replicas_per_process() const { return replicas_; }
-  // The device of replica `replica` (0..replicas_per_process()-1): the CPU, or GPU
-  // local_rank() * replicas_per_process() + replica.
+  /// The device of replica `replica` (0..replicas_per_process()-1): the CPU, or GPU
+  /// local_rank() * replicas_per_process() + replica.
   torch::Device replica_device(int replica) const;
-  // MPI's thread support level (MPI_THREAD_MULTIPLE, which the communicators need).
+  /// MPI's thread support level (MPI_THREAD_MULTIPLE, which the communicators need).
   int mpi_thread_level() const { return thread_level_; }
-  // LibTorch's intra-op threads of each replica, as start-up chose them (the rank's CPUs,
-  // divided among its replicas), or as OMP_NUM_THREADS set them.
+  /// LibTorch's intra-op threads of each replica, as start-up chose them (the rank's CPUs,
+  /// divided among its replicas), or as OMP_NUM_THREADS set them.
   int intra_op_threads() const { return intra_op_threads_; }
 
-  // "rank 1/4 local 1/2 node 0/2 host n1 device cpu"
+  /// "rank 1/4 local 1/2 node 0/2 host n1 device cpu"
   std::string summary() const;
 
-  // Prints "ddp: rank R (host): message" to stderr and ends every rank of the job.
+  /// Prints "ddp: rank R (host): message" to stderr and ends every rank of the job.
   [[noreturn]] void abort(const std::string& message, int exit_code = 1) const;
 
  private:
   friend struct detail::RuntimeInternals;
-  struct Impl;  // runtime/runtime_internals.h: MPI communicator, launch and thread choices
+  struct Impl;  ///< runtime/runtime_internals.h: MPI communicator, launch and thread choices
   void start(int* argc, char*** argv, RuntimeOptions options);
   void init_topology(RuntimeOptions options);
   void report_job(const RuntimeOptions& options) const;
@@ -104,15 +108,15 @@ class Runtime {
   torch::Device device_{torch::kCPU};
   int replicas_ = 1;
   int intra_op_threads_ = 1;
-  int visible_gpus_ = 0;  // CUDA devices this rank sees (0 without CUDA or with use_cuda off)
-  bool own_gpu_ = false;  // every rank of the node sees one GPU, its own
+  int visible_gpus_ = 0;  ///< CUDA devices this rank sees (0 without CUDA or with use_cuda off)
+  bool own_gpu_ = false;  ///< every rank of the node sees one GPU, its own
 };
 
-// Runs `body`; an exception escaping it is printed with the rank and host and the whole job is
-// aborted, so one failing rank ends the job quickly instead of leaving the others in a
-// collective. Returns 0 when `body` returns. Typical main():
-//   ddp::Runtime runtime(argc, argv);
-//   return ddp::run_or_abort(runtime, [&] { ... });
+/// Runs `body`; an exception escaping it is printed with the rank and host and the whole job is
+/// aborted, so one failing rank ends the job quickly instead of leaving the others in a
+/// collective. Returns 0 when `body` returns. Typical main():
+///   ddp::Runtime runtime(argc, argv);
+///   return ddp::run_or_abort(runtime, [&] { ... });
 int run_or_abort(const Runtime& runtime, const std::function<void()>& body);
 
 }  // namespace ddp

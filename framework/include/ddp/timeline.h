@@ -1,10 +1,11 @@
 #pragma once
-// A per-rank record of what happened when during training, written as one Chrome-trace /
-// Perfetto JSON for all ranks (open it in ui.perfetto.dev or chrome://tracing; render a PNG with
-// scripts/timeline_png.py). Thread-safe: any thread may record into it.
-//
-// Times are microseconds since the construction of the Timeline, which is collective and ends
-// with a barrier, so ranks on one host share an origin.
+/// \file
+/// A per-rank record of what happened when during training, written as one Chrome-trace /
+/// Perfetto JSON for all ranks (open it in ui.perfetto.dev or chrome://tracing; render a PNG with
+/// scripts/timeline_png.py). Thread-safe: any thread may record into it.
+///
+/// Times are microseconds since the construction of the Timeline, which is collective and ends
+/// with a barrier, so ranks on one host share an origin.
 
 #include <ddp/communicator.h>
 
@@ -15,34 +16,44 @@
 
 namespace ddp {
 
+/// What happened when on each rank (this file's comment says how it is written).
 class Timeline {
  public:
-  using Clock = std::chrono::steady_clock;
-  enum Lane { kMainThread = 0, kCommThread = 1 };
+  using Clock = std::chrono::steady_clock;  ///< the clock of the time points recorded
+  /// The row an event is drawn in.
+  enum Lane {
+    kMainThread = 0,  ///< the training thread's work
+    kCommThread = 1,  ///< the communicators' work
+  };
 
+  /// Collective over `comm` (ends with a barrier: the origin of every rank's times).
   explicit Timeline(Communicator& comm);
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
+  /// Records something that lasted from `start` to `end`; any thread may call it.
   void span(const std::string& name, const char* category, Clock::time_point start,
             Clock::time_point end, Lane lane = kMainThread);
+  /// Records a moment; any thread may call it.
   void instant(const std::string& name, const char* category, Clock::time_point at,
                Lane lane = kMainThread);
 
-  // Gathers every rank's events and has rank 0 write them to `path` (collective).
+  /// Gathers every rank's events and has rank 0 write them to `path` (collective).
   void write(const std::string& path);
 
+  /// The events recorded on this rank so far.
   size_t size() const;
 
  private:
-  struct Impl;  // the communicator, the origin and the events under a mutex
+  struct Impl;  ///< the communicator, the origin and the events under a mutex
   std::unique_ptr<Impl> impl_;
 };
 
-// Records a span from construction to destruction (no-op when the timeline is null).
+/// Records a span from construction to destruction (no-op when the timeline is null).
 class TimelineScope {
  public:
+  /// Starts the span `name` now.
   TimelineScope(Timeline* timeline, std::string name, const char* category)
       : timeline_(timeline), name_(std::move(name)), category_(category),
         start_(Timeline::Clock::now()) {}
