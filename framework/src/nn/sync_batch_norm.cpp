@@ -15,18 +15,19 @@ namespace ddp {
 
 namespace {
 
-// Every dimension but the channels: [batch, channels, height, width].
-const std::vector<int64_t> kReduceDims = {0, 2, 3};
-
-std::string shape_string(const torch::Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + "]";
+// The statistics run over every dimension but the channels (dimension 1), whatever the rank.
+std::vector<int64_t> reduce_dims(const torch::Tensor& input) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+  return dims;
 }
 
-// A per-channel float64 vector as a [1, C, 1, 1] tensor of `like`'s dtype, to broadcast.
+// A per-channel float64 vector as a [1, C, 1, ...] tensor of `like`'s rank and dtype, to
+// broadcast against it.
 torch::Tensor per_channel(const torch::Tensor& v, const torch::Tensor& like) {
-  return v.to(like.scalar_type()).view({1, -1, 1, 1});
+  std::vector<int64_t> shape(static_cast<size_t>(like.dim()), 1);
+  shape[1] = -1;
+  return v.to(like.scalar_type()).view(shape);
 }
 
 // Autograd context data must be IValues: the communicator travels to backward in a capsule.
@@ -43,13 +44,15 @@ struct GlobalStatistics {
 // Each rank reduces its own batch with ATen's Welford var_mean in the input's dtype and sends
 // count * mean and count * (var + mean^2), in float64, plus its count: one all-reduce. The
 // global variance E[x^2] - mean^2 then cancels in float64, which loses about
-// 1e-16 * mean^2 / var relative: negligible against float32 data.
-GlobalStatistics global_statistics(const torch::Tensor& input, Communicator& comm) {
+// 1e-16 * mean^2 / var relative: negligible against float32 data. `module` names the layer in
+// errors.
+GlobalStatistics global_statistics(const torch::Tensor& input, Communicator& comm,
+                                   const std::string& module) {
   const int64_t channels = input.size(1);
   const int64_t count = input.numel() / channels;
   torch::Tensor packed = torch::zeros({2 * channels + 1}, input.options().dtype(torch::kDouble));
   if (count > 0) {
-    const auto var_mean = torch::var_mean(input, at::IntArrayRef(kReduceDims), /*unbiased=*/false);
+    const auto var_mean = torch::var_mean(input, reduce_dims(input), /*unbiased=*/false);
     const torch::Tensor var = std::get<0>(var_mean).to(torch::kDouble);
     const torch::Tensor mean = std::get<1>(var_mean).to(torch::kDouble);
     packed.slice(0, 0, channels).copy_(mean * static_cast<double>(count));
@@ -62,9 +65,8 @@ GlobalStatistics global_statistics(const torch::Tensor& input, Communicator& com
   if (stats.count <= 1) {
     // Every rank sees the same count, so every rank throws: none is left in a collective.
     throw std::invalid_argument(
-        "ddp::BatchNorm2d (synchronised): expected more than 1 value per channel over all ranks "
-        "when training, got " + std::to_string(stats.count) + " (rank " +
-        std::to_string(comm.rank()) + " input " + shape_string(input) + ")");
+        module + " (synchronised): expected more than 1 value per channel over all ranks when training, got " +
+        std::to_string(stats.count) + " (rank " + std::to_string(comm.rank()) + " input " + c10::str(input.sizes()) + ")");
   }
   const double n = static_cast<double>(stats.count);
   stats.mean = packed.slice(0, 0, channels) / n;
@@ -76,7 +78,7 @@ GlobalStatistics global_statistics(const torch::Tensor& input, Communicator& com
 // so forward communicates once). Backward all-reduces sum(dy) and sum(dy * (x - mean)) per
 // channel for the input gradient; the weight and bias gradients it returns are this rank's
 // share, which the gradient averaging of data parallelism then combines like every other
-// parameter's.
+// parameter's. The same for every rank of input: reductions run over all dimensions but 1.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
@@ -97,9 +99,10 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
     const torch::Tensor& dy = grad_outputs[0];
+    const std::vector<int64_t> dims = reduce_dims(input);
     const torch::Tensor xmu = input - per_channel(mean, input);
-    const torch::Tensor sum_dy = dy.sum(kReduceDims).to(torch::kDouble);
-    const torch::Tensor sum_dy_xmu = (dy * xmu).sum(kReduceDims).to(torch::kDouble);
+    const torch::Tensor sum_dy = dy.sum(dims).to(torch::kDouble);
+    const torch::Tensor sum_dy_xmu = (dy * xmu).sum(dims).to(torch::kDouble);
 
     torch::Tensor grad_input, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) {
@@ -125,35 +128,52 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
   }
 };
 
+// "ddp::BatchNorm2d": the module's name in errors and printouts (Module::name()).
+std::string module_name(int64_t d) { return "ddp::BatchNorm" + std::to_string(d) + "d"; }
+
+// The ranks of input torch::nn::BatchNormXd accepts, as words for errors.
+std::string expected_input(int64_t d) {
+  switch (d) {
+    case 1: return "2D input [batch, channels] or 3D input [batch, channels, length]";
+    case 2: return "4D input [batch, channels, height, width]";
+    default: return "5D input [batch, channels, depth, height, width]";
+  }
+}
+
 }  // namespace
 
-BatchNorm2dImpl::BatchNorm2dImpl(const torch::nn::BatchNormOptions& options_) : options(options_) {
+template <int64_t D>
+BatchNormImpl<D>::BatchNormImpl(const torch::nn::BatchNormOptions& options_)
+    : torch::nn::Cloneable<BatchNormImpl<D>>(module_name(D)), options(options_) {
   reset();
 }
 
-// The registrations of torch::nn::BatchNorm2dImpl, in its order, so saved states match by name.
-void BatchNorm2dImpl::reset() {
+// The registrations of torch::nn::BatchNormXd (NormImplBase::reset), in its order, so saved
+// states match by name.
+template <int64_t D>
+void BatchNormImpl<D>::reset() {
   const int64_t c = options.num_features();
   if (options.affine()) {
-    weight = register_parameter("weight", torch::ones({c}));
-    bias = register_parameter("bias", torch::zeros({c}));
+    weight = this->register_parameter("weight", torch::ones({c}));
+    bias = this->register_parameter("bias", torch::zeros({c}));
   } else {
-    weight = register_parameter("weight", torch::Tensor(), /*requires_grad=*/false);
-    bias = register_parameter("bias", torch::Tensor(), /*requires_grad=*/false);
+    weight = this->register_parameter("weight", torch::Tensor(), /*requires_grad=*/false);
+    bias = this->register_parameter("bias", torch::Tensor(), /*requires_grad=*/false);
   }
   if (options.track_running_stats()) {
-    running_mean = register_buffer("running_mean", torch::zeros({c}));
-    running_var = register_buffer("running_var", torch::ones({c}));
-    num_batches_tracked = register_buffer("num_batches_tracked", torch::tensor(0, torch::kLong));
+    running_mean = this->register_buffer("running_mean", torch::zeros({c}));
+    running_var = this->register_buffer("running_var", torch::ones({c}));
+    num_batches_tracked = this->register_buffer("num_batches_tracked", torch::tensor(0, torch::kLong));
   } else {
-    running_mean = register_buffer("running_mean", torch::Tensor());
-    running_var = register_buffer("running_var", torch::Tensor());
-    num_batches_tracked = register_buffer("num_batches_tracked", torch::Tensor());
+    running_mean = this->register_buffer("running_mean", torch::Tensor());
+    running_var = this->register_buffer("running_var", torch::Tensor());
+    num_batches_tracked = this->register_buffer("num_batches_tracked", torch::Tensor());
   }
 }
 
-void BatchNorm2dImpl::pretty_print(std::ostream& stream) const {
-  stream << std::boolalpha << "ddp::BatchNorm2d(" << options.num_features() << ", eps=" << options.eps()
+template <int64_t D>
+void BatchNormImpl<D>::pretty_print(std::ostream& stream) const {
+  stream << std::boolalpha << this->name() << "(" << options.num_features() << ", eps=" << options.eps()
          << ", momentum=";
   if (options.momentum()) {
     stream << *options.momentum();
@@ -164,9 +184,23 @@ void BatchNorm2dImpl::pretty_print(std::ostream& stream) const {
          << ", synchronised=" << synchronised() << ")";
 }
 
-double BatchNorm2dImpl::running_average_factor() {
+template <int64_t D>
+void BatchNormImpl<D>::check_input(const torch::Tensor& input) const {
+  const bool rank_ok = D == 1 ? input.dim() == 2 || input.dim() == 3 : input.dim() == D + 2;
+  if (!rank_ok) {
+    throw std::invalid_argument(this->name() + ": expected " + expected_input(D) + ", got " +
+                                std::to_string(input.dim()) + "D input " + c10::str(input.sizes()));
+  }
+  if (input.size(1) != options.num_features()) {
+    throw std::invalid_argument(this->name() + ": expected " + std::to_string(options.num_features()) +
+                                " channels (num_features) in dimension 1, got input " + c10::str(input.sizes()));
+  }
+}
+
+template <int64_t D>
+double BatchNormImpl<D>::running_average_factor() {
   double factor = options.momentum().value_or(0.0);
-  if (is_training() && options.track_running_stats() && num_batches_tracked.defined()) {
+  if (this->is_training() && options.track_running_stats() && num_batches_tracked.defined()) {
     torch::NoGradGuard no_grad;
     num_batches_tracked += 1;
     if (!options.momentum()) factor = 1.0 / num_batches_tracked.item<double>();
@@ -174,31 +208,30 @@ double BatchNorm2dImpl::running_average_factor() {
   return factor;
 }
 
-torch::Tensor BatchNorm2dImpl::forward(const torch::Tensor& input) {
-  if (input.dim() != 4) {
-    throw std::invalid_argument("ddp::BatchNorm2d: expected 4D input [batch, channels, height, width], got " +
-                                std::to_string(input.dim()) + "D input " + shape_string(input));
-  }
-  if (sync_comm_ && is_training()) return forward_synchronised(input);
-  // torch::nn::BatchNorm2dImpl::forward, step for step.
+template <int64_t D>
+torch::Tensor BatchNormImpl<D>::forward(const torch::Tensor& input) {
+  check_input(input);
+  if (sync_comm_ && this->is_training()) return forward_synchronised(input);
+  // torch::nn::BatchNormImplBase::forward, step for step.
   const double factor = running_average_factor();
   return torch::nn::functional::batch_norm(
       input, running_mean, running_var,
       torch::nn::functional::BatchNormFuncOptions()
           .weight(weight)
           .bias(bias)
-          .training(is_training() || !options.track_running_stats())
+          .training(this->is_training() || !options.track_running_stats())
           .momentum(factor)
           .eps(options.eps()));
 }
 
-torch::Tensor BatchNorm2dImpl::forward_synchronised(const torch::Tensor& input) {
-  if (input.size(1) != options.num_features()) {
-    throw std::invalid_argument("ddp::BatchNorm2d (synchronised): expected " +
-                                std::to_string(options.num_features()) + " channels, got input " +
-                                shape_string(input));
+template <int64_t D>
+torch::Tensor BatchNormImpl<D>::forward_synchronised(const torch::Tensor& input) {
+  if (options.num_features() == 0) {
+    // Every rank has the same layer, so every rank throws before the collective (PyTorch's
+    // SyncBatchNorm refuses zero channels too).
+    throw std::invalid_argument(this->name() + " (synchronised): num_features is 0");
   }
-  const GlobalStatistics stats = global_statistics(input.detach(), *sync_comm_);
+  const GlobalStatistics stats = global_statistics(input.detach(), *sync_comm_, this->name());
   const double factor = running_average_factor();
   if (options.track_running_stats()) {
     torch::NoGradGuard no_grad;
@@ -209,12 +242,39 @@ torch::Tensor BatchNorm2dImpl::forward_synchronised(const torch::Tensor& input) 
     running_var.copy_(running_var.to(torch::kDouble) * (1 - factor) + unbiased_var * factor);
   }
   const torch::Tensor invstd = (stats.var + options.eps()).rsqrt();
-  // LibTorch 1.13's custom functions reject undefined inputs: without affine parameters, the
+  // Custom autograd functions reject undefined inputs: without affine parameters, the
   // identity ones (which need no gradient) stand in.
   const torch::Tensor w = weight.defined() ? weight : torch::ones({options.num_features()}, input.options());
   const torch::Tensor b = bias.defined() ? bias : torch::zeros({options.num_features()}, input.options());
   return SyncBatchNormFunction::apply(input, w, b, stats.mean, invstd, stats.count, sync_comm_);
 }
+
+template class BatchNormImpl<1>;
+template class BatchNormImpl<2>;
+template class BatchNormImpl<3>;
+
+namespace {
+
+// For a torch::nn batch norm layer, "torch::nn::BatchNorm2d -> ddp::BatchNorm2d"; else empty.
+std::string torch_batch_norm(torch::nn::Module& m) {
+  int64_t d = 0;
+  if (m.as<torch::nn::BatchNorm1dImpl>()) d = 1;
+  if (m.as<torch::nn::BatchNorm2dImpl>()) d = 2;
+  if (m.as<torch::nn::BatchNorm3dImpl>()) d = 3;
+  if (d == 0) return "";
+  const std::string suffix = std::to_string(d) + "d";
+  return "torch::nn::BatchNorm" + suffix + " -> ddp::BatchNorm" + suffix;
+}
+
+// Synchronises `m` over `comm` if it is a ddp::BatchNorm<D>d; returns whether it is one.
+template <int64_t D>
+bool synchronise(torch::nn::Module& m, const std::shared_ptr<Communicator>& comm) {
+  auto* bn = m.as<BatchNormImpl<D>>();
+  if (bn) bn->set_sync_communicator(comm);
+  return bn != nullptr;
+}
+
+}  // namespace
 
 int convert_sync_batchnorm(torch::nn::Module& module, std::shared_ptr<Communicator> comm) {
   if (!comm) throw std::invalid_argument("convert_sync_batchnorm: the communicator is null");
@@ -225,22 +285,22 @@ int convert_sync_batchnorm(torch::nn::Module& module, std::shared_ptr<Communicat
   }
   std::string refused;
   for (const auto& [name, m] : all) {
-    if (m->as<torch::nn::BatchNorm1dImpl>() || m->as<torch::nn::BatchNorm2dImpl>() ||
-        m->as<torch::nn::BatchNorm3dImpl>()) {
-      refused += (refused.empty() ? "" : ", ") + (name.empty() ? "the root module" : name);
+    const std::string replacement = torch_batch_norm(*m);
+    if (!replacement.empty()) {
+      refused += (refused.empty() ? "" : ", ") + (name.empty() ? "the root module" : name) + " (" + replacement + ")";
     }
   }
   if (!refused.empty()) {
-    throw std::invalid_argument("convert_sync_batchnorm: torch::nn::BatchNorm layers cannot be synchronised (" +
-                                refused + "): build the model with ddp::BatchNorm2d (ddp/batch_norm.h)");
+    throw std::invalid_argument(
+        "convert_sync_batchnorm: torch::nn batch norm layers cannot be synchronised in place: " + refused +
+        "; build the model with the ddp layers named (<ddp/sync_batch_norm.h>: same options, parameters "
+        "and buffers)");
   }
   // A module registered in two places is one layer.
   std::unordered_set<const torch::nn::Module*> converted;
   for (const auto& entry : all) {
-    if (auto* bn = entry.second->as<BatchNorm2dImpl>()) {
-      bn->set_sync_communicator(comm);
-      converted.insert(bn);
-    }
+    torch::nn::Module& m = *entry.second;
+    if (synchronise<1>(m, comm) || synchronise<2>(m, comm) || synchronise<3>(m, comm)) converted.insert(&m);
   }
   return static_cast<int>(converted.size());
 }
