@@ -48,7 +48,8 @@ Model make_model(const std::string& name) {
 
 }  // namespace
 
-int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism) {
+int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
+                      const std::function<void(ddp::TrainerOptions&)>& adjust) {
   const bool parallel = parallelism == ddp::cli::Parallelism::DataParallel;
   const ddp::cli::TrainingDefaults defaults{
       128, 30, 0.1, ddp::kDefaultCifar10Dir,
@@ -103,10 +104,14 @@ int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism) 
     ddp::cli::check_batch_memory(group, flags, *model.module, model.forward, {3, 32, 32},
                                  train.size(), test.size());
     ddp::TrainerOptions options = ddp::cli::trainer_options(flags, timeline.get());
-    if (!cifar.no_augment) options.augment = ddp::RandomCropFlip{4, true};
     options.lr_schedule = schedules.per_step.get();
-    ddp::Trainer trainer(group, *model.module, model.forward, optimizer, options, ddp_model.get());
-    trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
+    options.report.format = std::make_shared<ddp::ClassificationFormat>();  // the seed's lines
+    if (adjust) adjust(options);
+    ddp::Augment augment;
+    if (!cifar.no_augment) augment = ddp::RandomCropFlip{4, true};
+    ddp::ClassificationTask task(train, &test, model.forward, augment);
+    ddp::Trainer trainer(group, *model.module, task, optimizer, options, ddp_model.get());
+    trainer.fit(flags.epochs, schedules.per_epoch.get());
     return ddp::cli::finish(group, flags, defaults, timeline.get(), *model.module, trainer);
   }, [&] {
     if (cifar.model != "cnn" && cifar.model != "resnet18") {

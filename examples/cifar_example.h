@@ -4,6 +4,11 @@
 // and resume. They differ only in whether the model is wrapped in ddp::DistributedDataParallel.
 
 #include <ddp/cli/training_flags.h>
+#include <ddp/train/trainer.h>
 
-// The whole program: parses flags, trains, returns the exit code.
-int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism);
+#include <functional>
+
+// The whole program: parses flags, trains, returns the exit code. `adjust`, when given, changes
+// the Trainer's options last (a test build raises a signal at a known step with on_step).
+int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
+                      const std::function<void(ddp::TrainerOptions&)>& adjust = {});

@@ -6,15 +6,19 @@
 // squared error. This file is written as a user of the installed library writes a program, in
 // the shape of a PyTorch DDP script (docs/porting.md sets it beside seed 004's multigpu.py): its
 // own torch::data dataset and DataLoader, its own loop through ddp::DistributedDataParallel, no
-// Trainer, nothing from examples/. It builds on its own:
+// Trainer, nothing from examples/. The training kit's parts give the loop what a cluster job
+// needs: a stop signal (Slurm's SIGTERM, `scancel --signal=USR1`) on any rank stops every rank
+// before the same step, a snapshot is written and the program exits 75 (requeue me); snapshots
+// also at every epoch end (and every N steps); `--resume` continues from the newest; a progress
+// bar or log lines, a metrics file, a summary. It builds on its own:
 //
 //   find_package(ddp REQUIRED)
 //   add_executable(ddp_autoencoder ddp_autoencoder.cpp)
-//   target_link_libraries(ddp_autoencoder PRIVATE ddp::ddp)
+//   target_link_libraries(ddp_autoencoder PRIVATE ddp::train)
 //
 // Everything random is a function of --seed (weights), the epoch (shuffle) and the rank (noise),
-// and a checkpoint is written at every epoch end, so `--resume` continues exactly where an
-// interrupted run stopped: the same losses, on the CPU bit for bit.
+// or kept in the snapshots (the noise generator inside an epoch), so `--resume` continues
+// exactly where a stopped run was, even in the middle of an epoch: on the CPU, bit for bit.
 
 #include <ddp/train/train.h>
 
@@ -22,14 +26,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,6 +45,8 @@ struct Flags {
   int64_t warmup_steps = 100;
   int64_t workers = 2;               // DataLoader worker threads
   int64_t seed = 1;
+  int64_t log_interval = 10;         // batches between progress updates (0: none)
+  int64_t checkpoint_every_steps = 0;
   double lr = 1e-3;
   double clip_grad_norm = 1.0;       // 0: off
   double noise = 0.3;                // standard deviation of the input noise
@@ -74,9 +75,12 @@ image plus Gaussian noise), trained data-parallel.
   --workers N               DataLoader worker threads per rank (2)
   --seed N                  weights, data order and noise (1)
   --data-dir D              MNIST-format IDX files (/usr/share/datasets/fashion-mnist)
+  --log-interval N          batches between progress updates, averaged over the ranks (10)
   --metrics-file F          rank 0 writes one JSON object per epoch to F
-  --checkpoint-dir D        rank 0 writes D/checkpoint_epoch<N>.pt at every epoch end
-  --resume                  continue from the newest checkpoint in D, if there is one
+  --checkpoint-dir D        snapshots of the training state: at every epoch end (with the
+                            weights, D/model_with_epoch<N>.pt) and on a stop signal
+  --checkpoint-every-steps N  also a snapshot every N optimizer steps (0: none)
+  --resume                  continue from the newest snapshot in D, if there is one
   --no-cuda                 train on the CPU even when CUDA is available
   --help                    this text)";
 
@@ -142,6 +146,8 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--warmup-steps") f.warmup_steps = integer(0);
     else if (name == "--workers") f.workers = integer(0);
     else if (name == "--seed") f.seed = integer(0);
+    else if (name == "--log-interval") f.log_interval = integer(0);
+    else if (name == "--checkpoint-every-steps") f.checkpoint_every_steps = integer(0);
     else if (name == "--lr") f.lr = number(0, false);
     else if (name == "--clip-grad-norm") f.clip_grad_norm = number(0, true);
     else if (name == "--noise") f.noise = number(0, true);
@@ -157,8 +163,9 @@ Flags parse_flags(int argc, char** argv) {
   if (f.amp != "off" && f.amp != "bf16") {
     throw std::invalid_argument("--amp must be off or bf16 (got '" + f.amp + "')");
   }
-  if (f.resume && f.checkpoint_dir.empty()) {
-    throw std::invalid_argument("--resume needs --checkpoint-dir to read the checkpoint from");
+  if ((f.resume || f.checkpoint_every_steps > 0) && f.checkpoint_dir.empty()) {
+    throw std::invalid_argument(std::string(f.resume ? "--resume" : "--checkpoint-every-steps") +
+                                " needs --checkpoint-dir");
   }
   return f;
 }
@@ -221,61 +228,6 @@ struct AutoencoderImpl : torch::nn::Module {
 };
 TORCH_MODULE(Autoencoder);
 
-// ---- Checkpoints ------------------------------------------------------------------------------
-
-std::string checkpoint_path(const std::string& dir, int64_t epoch) {
-  return dir + "/checkpoint_epoch" + std::to_string(epoch) + ".pt";
-}
-
-// The newest checkpoint_epoch<N>.pt in `dir`: its N, 0 when there is none.
-int64_t newest_checkpoint(const std::string& dir) {
-  int64_t newest = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    long long epoch = 0;
-    char end = 0;
-    if (std::sscanf(name.c_str(), "checkpoint_epoch%lld.p%c", &epoch, &end) == 2 && end == 't' &&
-        name == "checkpoint_epoch" + std::to_string(epoch) + ".pt") {
-      newest = std::max<int64_t>(newest, epoch);
-    }
-  }
-  return newest;
-}
-
-// Model, optimizer, schedule and the epochs done, in one LibTorch archive written atomically
-// (ddp::write_atomically: a crash mid-write leaves the previous checkpoint whole).
-void save_checkpoint(const std::string& path, int64_t epochs_done, torch::nn::Module& model,
-                     torch::optim::Optimizer& optimizer, const ddp::LRSchedule& schedule) {
-  torch::serialize::OutputArchive archive, model_archive, optimizer_archive, schedule_archive;
-  archive.write("epochs_done", torch::tensor(epochs_done));
-  model.save(model_archive);
-  optimizer.save(optimizer_archive);
-  schedule.save(schedule_archive);
-  archive.write("model", model_archive);
-  archive.write("optimizer", optimizer_archive);
-  archive.write("schedule", schedule_archive);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  ddp::write_atomically(path, bytes.str());
-}
-
-// Every rank reads the file (one file system for all, as the checkpoint of a PyTorch job).
-// Copies into the model's tensors (ddp::load_module), so the wrapper's gradient hooks stay.
-int64_t load_checkpoint(const std::string& path, torch::nn::Module& model,
-                        torch::optim::Optimizer& optimizer, ddp::LRSchedule& schedule) {
-  torch::serialize::InputArchive archive, model_archive, optimizer_archive, schedule_archive;
-  archive.load_from(path);
-  torch::Tensor epochs_done;
-  archive.read("epochs_done", epochs_done);
-  archive.read("model", model_archive);
-  archive.read("optimizer", optimizer_archive);
-  archive.read("schedule", schedule_archive);
-  ddp::load_module(model, model_archive);
-  optimizer.load(optimizer_archive);
-  schedule.load(schedule_archive);
-  return epochs_done.item<int64_t>();
-}
-
 // ---- Evaluation -------------------------------------------------------------------------------
 
 // The mean squared error over the whole test set: each rank takes its evaluation shard (every
@@ -316,8 +268,10 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   FashionMnist train_set(flags.data_dir, /*train=*/true), test_set(flags.data_dir, /*train=*/false);
   ddp::DistributedSampler sampler(train_set.size().value(), world_size, rank, /*shuffle=*/true,
                                   flags.seed);
-  int64_t batches = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;
-  if (flags.limit_train_batches > 0) batches = std::min(batches, flags.limit_train_batches);
+  const int64_t batches_per_epoch = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;
+  const int64_t batches = flags.limit_train_batches > 0
+                              ? std::min(batches_per_epoch, flags.limit_train_batches)
+                              : batches_per_epoch;
   const int64_t steps_per_epoch = (batches + flags.accumulate - 1) / flags.accumulate;
 
   // Model, wrapper, optimizer, schedule.
@@ -333,56 +287,67 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   ddp::LRSchedule schedule(optimizer, schedule_options);
   const bool bf16 = flags.amp == "bf16";
 
-  // Checkpoints: the directory is checked before training, not after the first epoch.
-  int64_t first_epoch = 0;
-  if (!flags.checkpoint_dir.empty()) {
-    if (rank == 0) ddp::check_writable_directory(flags.checkpoint_dir, "--checkpoint-dir");
-    group.cpu().barrier();
-    if (flags.resume) {
-      const int64_t newest = newest_checkpoint(flags.checkpoint_dir);
-      if (newest > 0) {
-        const std::string path = checkpoint_path(flags.checkpoint_dir, newest);
-        first_epoch = load_checkpoint(path, *net, optimizer, schedule);
-        if (rank == 0) std::cout << "Resumed from " << path << " after epoch " << first_epoch << std::endl;
-      } else if (rank == 0) {
-        std::cout << "No checkpoint in " << flags.checkpoint_dir << " yet: starting from epoch 1"
-                  << std::endl;
-      }
-    }
-  }
-  std::ofstream metrics;
-  if (rank == 0 && !flags.metrics_file.empty()) {
-    metrics.open(flags.metrics_file, first_epoch > 0 ? std::ios::app : std::ios::trunc);
-    if (!metrics) throw std::runtime_error("--metrics-file: cannot write " + flags.metrics_file);
-  }
+  // The kit's parts: the stop agreement (a stop signal on any rank stops every rank before the
+  // same step), snapshots and resuming (the directory is checked now, not after an epoch), and
+  // the progress, the metrics file and the summary.
+  ddp::StopAgreement stop(group);
+  ddp::CheckpointerOptions checkpoints;
+  checkpoints.dir = flags.checkpoint_dir;
+  checkpoints.resume = flags.resume ? "latest" : "";
+  checkpoints.every_steps = flags.checkpoint_every_steps;
+  checkpoints.seed = flags.seed;
+  ddp::Checkpointer checkpointer(group, *net, optimizer, checkpoints, {&schedule});
+  ddp::ReporterOptions report;
+  report.log_interval = flags.log_interval;
+  report.metrics_file = flags.metrics_file;
+  ddp::Reporter reporter(group, report);
+  const ddp::ResumePoint start = checkpointer.resume();  // where to continue: epoch, batch, step
+  reporter.start_run(start);
   if (rank == 0) {
     std::cout << "Training a denoising autoencoder on " << world_size << " rank(s), device "
               << device << ", " << batches << " batches of " << flags.batch_size
               << " per rank and epoch" << std::endl;
   }
 
-  for (int64_t epoch = first_epoch; epoch < flags.epochs; ++epoch) {
+  int64_t step = start.position.step;
+  std::vector<ddp::EpochResult> results;
+  for (int64_t epoch = start.position.epoch; epoch <= flags.epochs; ++epoch) {
     sampler.set_epoch(epoch);  // a new shuffle every epoch, the same on every rank
-    // A loader per epoch: LibTorch's refuses a second pass while batches its workers fetched
-    // ahead are unread, which leaving an epoch early (--limit-train-batches) does.
+    // The noise of this rank in this epoch: different on every rank, kept in step snapshots.
+    at::Generator noise = ddp::augmentation_generator(flags.seed, rank, epoch);
+    ddp::EpochMeter meter({}, device);  // the epoch's loss and samples, over the ranks at its end
+    const int64_t first = start.first_batch(epoch);  // > 0: resumed inside this epoch
+    if (first > 0) {
+      noise.set_state(start.rank_state.generator);
+      meter.restore(start.rank_state.values);
+    }
+    // A loader per epoch, over the batches of it still to train.
     auto loader = torch::data::make_data_loader(
-        train_set.map(StackImages()), ddp::DataLoaderSampler(sampler),
+        train_set.map(StackImages()), ddp::BatchRangeSampler(sampler, flags.batch_size, first, batches),
         torch::data::DataLoaderOptions().batch_size(flags.batch_size).workers(flags.workers));
-    // The noise of this rank in this epoch: resumable, and different on every rank.
-    auto noise = at::make_generator<at::CPUGeneratorImpl>((flags.seed * 1000 + epoch) * 1000 + rank);
-    const auto start = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    int64_t batch = 0, samples = 0;
+    reporter.start_epoch({epoch, first, batches, batches_per_epoch, flags.batch_size,
+                          static_cast<int64_t>(train_set.size().value())});
+    int64_t batch = first;
     for (torch::Tensor clean : *loader) {
-      if (batch == batches) break;
-      const torch::Tensor noisy = clean + flags.noise * torch::randn(clean.sizes(), noise);
-      clean = clean.to(device);
       // `--accumulate N`: N micro-batches per step; the gradients are averaged over the ranks
       // only in the last backward, the others accumulate locally under no_sync().
-      const int64_t first = batch - batch % flags.accumulate;
-      const int64_t group_size = std::min(flags.accumulate, batches - first);
-      const bool step_now = batch + 1 == first + group_size;
-      if (batch == first) optimizer.zero_grad();
+      const int64_t first_of_step = batch - batch % flags.accumulate;
+      const int64_t group_size = std::min(flags.accumulate, batches - first_of_step);
+      const bool step_now = batch + 1 == first_of_step + group_size;
+      if (batch == first_of_step) {  // a step boundary: the ranks agree whether to stop
+        const ddp::TrainingPosition at{epoch, batch, step};
+        const bool stopping = stop.should_stop(step);
+        const std::string saved = checkpointer.at_boundary(stopping, at, [&] {
+          return ddp::RankState{noise.get_state(), meter.state()};
+        });
+        if (stopping) {
+          reporter.stopped(stop, at, saved);
+          return ddp::kStoppedExitCode;  // 75: saved; run the same command with --resume
+        }
+      }
+      const torch::Tensor noisy = clean + flags.noise * torch::randn(clean.sizes(), noise);
+      clean = clean.to(device);
+      if (batch == first_of_step) optimizer.zero_grad();
       torch::Tensor loss;
       {
         ddp::Autocast autocast(device.type(), torch::kBFloat16, /*enabled=*/bf16);
@@ -398,39 +363,21 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
         if (flags.clip_grad_norm > 0) ddp::clip_grad_norm(net->parameters(), flags.clip_grad_norm);
         optimizer.step();
         schedule.step();  // warmup, then cosine, per optimizer step
+        ++step;
       }
-      loss_sum += loss.item<double>();
-      samples += clean.size(0);
+      meter.add(loss, clean.size(0));
+      reporter.batch_done(batch, loss, clean.size(0));  // the bar, or a log line
       ++batch;
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-    // The epoch's mean training loss over all ranks, and the test loss over the whole test set.
-    torch::Tensor train_sums = torch::tensor({loss_sum, static_cast<double>(batch)}, torch::kFloat64);
-    group.cpu().all_reduce(train_sums);
-    const double train_loss = train_sums[0].item<double>() / train_sums[1].item<double>();
-    torch::Tensor all_samples = torch::tensor({static_cast<double>(samples)}, torch::kFloat64);
-    group.cpu().all_reduce(all_samples);  // every rank's samples in rank 0's time
-    const double samples_per_sec = all_samples.item<double>() / seconds;
-    const double eval_loss = test_loss(model, test_set, flags.noise, flags.seed, group, device);
-
-    if (rank == 0) {
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "{\"epoch\": %lld, \"train_loss\": %.9g, \"test_loss\": %.9g, "
-                    "\"samples_per_sec\": %.1f, \"seconds\": %.3f}",
-                    static_cast<long long>(epoch + 1), train_loss, eval_loss, samples_per_sec, seconds);
-      std::cout << "Epoch " << epoch + 1 << ": train loss " << train_loss << ", test loss "
-                << eval_loss << ", " << static_cast<int64_t>(samples_per_sec) << " samples/s"
-                << std::endl;
-      if (metrics.is_open()) metrics << line << std::endl;
-      if (!flags.checkpoint_dir.empty()) {
-        save_checkpoint(checkpoint_path(flags.checkpoint_dir, epoch + 1), epoch + 1, *net,
-                        optimizer, schedule);
-      }
-    }
+    reporter.end_epoch();
+    // The epoch over all ranks, the test loss over the whole test set, then the snapshot.
+    ddp::EpochResult result = meter.reduce(group.cpu(), epoch);
+    result.test_loss = test_loss(model, test_set, flags.noise, flags.seed, group, device);
+    reporter.epoch_done(result);  // its lines and the metrics file (rank 0)
+    results.push_back(result);
+    checkpointer.save_epoch(epoch, step);
   }
+  reporter.end_run(results);
   return 0;
 }
 
@@ -458,5 +405,7 @@ int main(int argc, char** argv) {
     return flags.help ? 0 : 2;
   }
   // an error on any rank ends the job, naming the rank
-  return ddp::run_or_abort(runtime, [&] { train(flags, runtime); });
+  int status = 0;
+  const int aborted = ddp::run_or_abort(runtime, [&] { status = train(flags, runtime); });
+  return aborted ? aborted : status;
 }

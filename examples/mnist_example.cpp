@@ -15,7 +15,8 @@
 
 namespace po = boost::program_options;
 
-int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism) {
+int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
+                      const std::function<void(ddp::TrainerOptions&)>& adjust) {
   const ddp::cli::TrainingDefaults defaults{
       64, 14, 1.0, ddp::kDefaultMnistDir, "directory with the MNIST-format IDX files (.gz or raw)",
       "mnist_cnn.pt"};
@@ -55,9 +56,11 @@ int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism) 
                                  {1, 28, 28}, train.size(), test.size());
     ddp::TrainerOptions options = ddp::cli::trainer_options(flags, timeline.get());
     options.lr_schedule = schedules.per_step.get();
-    ddp::Trainer trainer(group, *net, [&](const torch::Tensor& x) { return net->forward(x); },
-                         optimizer, options, ddp_model.get());
-    trainer.fit(train, test, flags.epochs, schedules.per_epoch.get());
+    options.report.format = std::make_shared<ddp::ClassificationFormat>();  // the seed's lines
+    if (adjust) adjust(options);
+    ddp::ClassificationTask task(train, &test, [&](const torch::Tensor& x) { return net->forward(x); });
+    ddp::Trainer trainer(group, *net, task, optimizer, options, ddp_model.get());
+    trainer.fit(flags.epochs, schedules.per_epoch.get());
     return ddp::cli::finish(group, flags, defaults, timeline.get(), *net, trainer);
   }, [&] { ddp::cli::require_finite("--gamma", gamma, 0, /*least_allowed=*/true); });
 }

@@ -92,7 +92,7 @@ read-only)
   epoch1 "$disk"
   mount -o remount,ro "$disk"
   expect_failure read_only --epochs 2 --checkpoint-dir "$disk" --resume
-  grep -q "ddp: rank 0 (.*): TrainerOptions::checkpoint.dir: $disk: the checkpoint directory is not writable (cannot create a file in it): Read-only file system" \
+  grep -q "ddp: rank 0 (.*): CheckpointerOptions::dir: $disk: the checkpoint directory is not writable (cannot create a file in it): Read-only file system" \
     "$work/read_only.log" || fail "the message does not name the directory and the reason"
   ! grep -q "Resumed from\|Test set: Average" "$work/read_only.log" || fail "it went on before reporting"
   unchanged "$disk"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Usage: preempt_resume_check.sh MPIEXEC DDP_CIFAR COMPARE_MODELS DATA_DIR WORK_DIR
+# Usage: preempt_resume_check.sh MPIEXEC DDP_CIFAR DDP_CIFAR_SIGNAL_AT_STEP COMPARE_MODELS DATA_DIR WORK_DIR
 # Preemption and resume at 2 ranks (docs/reliability.md), each against the same run
-# uninterrupted (2 epochs of 6 steps: steps 1-6 in epoch 1, 7-12 in epoch 2):
-#   1. SIGTERM on rank 1 only, right after step 9 (DDP_TEST_SIGNAL_AT_STEP): both ranks stop
+# uninterrupted (2 epochs of 6 steps: steps 1-6 in epoch 1, 7-12 in epoch 2). DDP_CIFAR_SIGNAL_AT_STEP
+# is ddp_cifar built to raise a signal at a known step (tests/signal_at_step.cpp):
+#   1. SIGTERM on rank 1 only, right after step 9 (--signal-at-step=9:1:TERM): both ranks stop
 #      before batch 3 of epoch 2, write snapshot_epoch2_batch3.pt, exit 75; --resume continues
 #      from step 9 and ends bit-identical (model, metrics of epoch 2); the metrics file of the
 #      stopped run keeps its epoch-1 line and the resumed run appends;
@@ -11,10 +12,13 @@
 #   3. SIGUSR1 sent to mpirun (what sbatch --signal and scancel --signal do), which forwards it
 #      to the ranks: exit 75, a snapshot inside an epoch, resume bit-identical.
 set -euo pipefail
-mpiexec=$1 ddp_cifar=$2 compare=$3 data=$4 work=$5
+mpiexec=$1 ddp_cifar=$2 signal_at_step=$3 compare=$4 data=$5 work=$6
 rm -rf "$work" && mkdir -p "$work"
-train=("$mpiexec" -np 2 "$ddp_cifar" --data-dir "$data" --model cnn --epochs 2 --batch-size 32
-       --limit-train-batches 6 --test-batch-size 256 --keep-checkpoints 0)
+flags=(--data-dir "$data" --model cnn --epochs 2 --batch-size 32 --limit-train-batches 6
+       --test-batch-size 256 --keep-checkpoints 0)
+train=("$mpiexec" -np 2 "$ddp_cifar" "${flags[@]}")
+# signalled STEP:RANK:SIGNAL FLAGS...: the same run, rank RANK raising SIGNAL after step STEP.
+signalled() { local at=$1; shift; "$mpiexec" -np 2 "$signal_at_step" --signal-at-step="$at" "${flags[@]}" "$@"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 expect() { grep -Eq -- "$2" "$1" || { cat "$1"; fail "no line of $1 matches: $2"; }; }
 # the JSON field $2 of line $3 of metrics file $1, as written
@@ -27,7 +31,7 @@ echo '{"epoch": 7, "stale": true}' > "$work/full.jsonl"
 
 echo "== 1. SIGTERM on rank 1 after step 9"
 status=0
-DDP_TEST_SIGNAL_AT_STEP=9:1:TERM "${train[@]}" --log-interval 0 --checkpoint-dir "$work/term" \
+signalled 9:1:TERM --log-interval 0 --checkpoint-dir "$work/term" \
   --metrics-file "$work/term.jsonl" > "$work/term.log" 2>&1 || status=$?
 cat "$work/term.log"
 [ $status -eq 75 ] || fail "exit status $status, expected 75"
@@ -48,7 +52,7 @@ done
 
 echo "== 2. --checkpoint-every-steps 4, rank 1 killed after step 10"
 status=0
-DDP_TEST_SIGNAL_AT_STEP=10:1:KILL "${train[@]}" --log-interval 0 --checkpoint-dir "$work/crash" \
+signalled 10:1:KILL --log-interval 0 --checkpoint-dir "$work/crash" \
   --checkpoint-every-steps 4 > "$work/crash.log" 2>&1 || status=$?
 [ $status -ne 0 ] || fail "the killed job exited 0"
 ls "$work/crash"

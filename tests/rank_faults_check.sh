@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Usage: rank_faults_check.sh stop|kill MPIEXEC DDP_MNIST WORK_DIR
+# Usage: rank_faults_check.sh stop|kill MPIEXEC DDP_MNIST_SIGNAL_AT_STEP WORK_DIR
 # A rank that stops or dies in the middle of training ends the job, naming it
 # (docs/reliability.md). The rank raises the signal on itself right after an optimizer step
-# (DDP_TEST_SIGNAL_AT_STEP, which first prints a line this script times the end from):
+# (DDP_MNIST_SIGNAL_AT_STEP: ddp_mnist built with tests/signal_at_step.cpp, which first prints a
+# line this script times the end from):
 #   stop  rank 1 of 2 is SIGSTOPped after step 4, with --timeout 5: the job must end non-zero,
 #         at least 5 s and at most 30 s after the stop, with the MPI watchdog's message naming
 #         the all-reduce, its sequence number, rank 0 that timed out and rank 1 as never arrived
@@ -30,7 +31,7 @@ case "$mode" in
 esac
 
 log="$work/job.log"
-DDP_TEST_SIGNAL_AT_STEP=$step:$rank:$signal "$mpiexec" -np $ranks "$ddp_mnist" --epochs 1 \
+"$mpiexec" -np $ranks "$ddp_mnist" --signal-at-step=$step:$rank:$signal --epochs 1 \
   --limit-train-batches 30 --batch-size 32 --log-interval 0 --progress none "${extra[@]}" \
   > "$log" 2>&1 &
 job=$!
@@ -38,7 +39,7 @@ job=$!
 signalled=""
 deadline=$(( $(now_ms) + 90000 ))
 while kill -0 $job 2>/dev/null; do
-  if [ -z "$signalled" ] && grep -q "DDP_TEST_SIGNAL_AT_STEP: rank $rank raises" "$log"; then
+  if [ -z "$signalled" ] && grep -q "signal_at_step: rank $rank raises" "$log"; then
     signalled=$(now_ms)
   fi
   if [ "$(now_ms)" -gt "$deadline" ]; then
@@ -52,7 +53,7 @@ ended=$(now_ms)
 status=0
 wait $job || status=$?
 cat "$log"
-[ -n "$signalled" ] || grep -q "DDP_TEST_SIGNAL_AT_STEP: rank $rank raises" "$log" ||
+[ -n "$signalled" ] || grep -q "signal_at_step: rank $rank raises" "$log" ||
   fail "rank $rank never reached step $step"
 [ -n "$signalled" ] || signalled=$ended
 elapsed=$(( ended - signalled ))

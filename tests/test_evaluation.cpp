@@ -1,5 +1,6 @@
 #include <ddp/train/adadelta.h>
 #include <ddp/train/augment.h>
+#include <ddp/train/classification.h>
 #include <ddp/train/image_dataset.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/train/mnist.h>
@@ -24,11 +25,15 @@ ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 // Single-process evaluation written out plainly, with batches of a different size.
-ddp::Evaluation evaluate_alone(torch::nn::Sequential& net, const ddp::ImageDataset& data) {
+struct Alone {
+  double loss = 0;
+  int64_t correct = 0;
+};
+Alone evaluate_alone(torch::nn::Sequential& net, const ddp::ImageDataset& data) {
   torch::NoGradGuard no_grad;
   std::vector<int64_t> all(static_cast<size_t>(data.size()));
   std::iota(all.begin(), all.end(), int64_t{0});
-  ddp::Evaluation e;
+  Alone e;
   double loss = 0;
   for (int64_t begin = 0; begin < data.size(); begin += 777) {
     const ddp::Batch b = data.batch(all, begin, std::min<int64_t>(data.size(), begin + 777), torch::kCPU);
@@ -36,7 +41,6 @@ ddp::Evaluation evaluate_alone(torch::nn::Sequential& net, const ddp::ImageDatas
     loss += torch::nll_loss(out, b.targets, {}, torch::Reduction::None).to(torch::kDouble).sum().item<double>();
     e.correct += out.argmax(1).eq(b.targets).sum().item<int64_t>();
   }
-  e.total = data.size();
   e.loss = loss / static_cast<double>(data.size());
   return e;
 }
@@ -53,15 +57,18 @@ TEST(Trainer, DistributedEvaluationEqualsSingleProcess) {
   ddp::Adadelta optimizer(net->parameters());
   ddp::TrainerOptions options;
   options.test_batch_size = 1000;
-  ddp::Trainer trainer(pg(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
-                       optimizer, options, &model);
   for (const ddp::ImageDataset* data : {&full, &odd}) {
-    const ddp::Evaluation distributed = trainer.evaluate(*data);
-    const ddp::Evaluation alone = evaluate_alone(net, *data);
-    EXPECT_EQ(distributed.total, data->size());
-    EXPECT_EQ(distributed.correct, alone.correct);
+    ddp::ClassificationTask task(*data, data, [&](const torch::Tensor& x) { return net->forward(x); });
+    ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
+    const ddp::Evaluation distributed = trainer.evaluate();
+    const Alone alone = evaluate_alone(net, *data);
+    EXPECT_EQ(distributed.samples, data->size());
+    ASSERT_EQ(distributed.metrics.size(), 1u);
+    EXPECT_EQ(distributed.metrics[0].name, "accuracy");  // the count of correct predictions
+    EXPECT_EQ(distributed.metrics[0].sum, static_cast<double>(alone.correct));
+    EXPECT_EQ(distributed.metrics[0].samples, data->size());
     EXPECT_NEAR(distributed.loss, alone.loss, 1e-9 * alone.loss);
-    EXPECT_GT(distributed.correct, 0);
+    EXPECT_GT(alone.correct, 0);
   }
 }
 
@@ -69,8 +76,9 @@ TEST(Trainer, SeveralRanksWithoutDdpIsRejected) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   torch::nn::Linear net(2, 2);
   ddp::Adadelta optimizer(net->parameters());
-  EXPECT_THROW(ddp::Trainer(pg(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
-                            optimizer, ddp::TrainerOptions{}),
+  const ddp::ImageDataset data = small_images();
+  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  EXPECT_THROW(ddp::Trainer(pg(), *net, task, optimizer, ddp::TrainerOptions{}),
                std::invalid_argument);
 }
 
@@ -86,18 +94,19 @@ TEST(Trainer, TrainEpochIsThePlainLoopBitForBit) {
   torch::optim::SGD optimizer(net->parameters(), sgd), plain_optimizer(plain->parameters(), sgd);
   ddp::TrainerOptions options;
   options.batch_size = 7;  // shards of 100, 50 and 25 samples: a short last batch
-  options.log_interval = 0;
+  options.report.log_interval = 0;
   options.seed = 5;
-  options.augment = ddp::RandomCropFlip{2, true};
+  const ddp::RandomCropFlip augment{2, true};
   std::vector<torch::Tensor> seen;
-  ddp::Trainer trainer(pg(), *net,
-                       [&](const torch::Tensor& x) {
-                         seen.push_back(x);
-                         return net->forward(x);
-                       },
-                       optimizer, options, &model);
+  ddp::ClassificationTask task(data, nullptr,
+                               [&](const torch::Tensor& x) {
+                                 seen.push_back(x);
+                                 return net->forward(x);
+                               },
+                               augment);
+  ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
   const int64_t epoch = 3;
-  trainer.train_epoch(data, epoch);
+  trainer.train_epoch(epoch);
 
   ddp::DistributedSampler sampler(data.size(), rt().world_size(), rt().rank(), true, options.seed);
   sampler.set_epoch(epoch);
@@ -108,7 +117,7 @@ TEST(Trainer, TrainEpochIsThePlainLoopBitForBit) {
   for (int64_t begin = 0; begin < n; begin += options.batch_size, ++steps) {
     const ddp::Batch batch =
         data.gather(indices, begin, std::min(n, begin + options.batch_size), torch::kCPU);
-    const torch::Tensor inputs = data.normalise(options.augment(batch.inputs, generator));
+    const torch::Tensor inputs = data.normalise(augment(batch.inputs, generator));
     ASSERT_LT(steps, seen.size());
     EXPECT_TRUE(torch::equal(seen[steps], inputs)) << "batch " << steps;
     plain_optimizer.zero_grad();

@@ -1,6 +1,8 @@
-// Progress display (progress.h): the pure formatting, parsing and ETA; the end-of-run table.
+// Progress display (progress.h): the pure formatting, parsing and ETA; the report formats
+// (reporter.h): the generic lines, the classification preset's seed lines, the end-of-run table.
+#include <ddp/train/classification.h>
 #include <ddp/train/progress.h>
-#include <ddp/train/trainer.h>
+#include <ddp/train/reporter.h>
 
 #include <gtest/gtest.h>
 
@@ -53,21 +55,68 @@ TEST(Progress, BarLineHoldsEveryFieldAndFitsTheWidth) {
   EXPECT_NE(ddp::format_progress_bar(1, 1, 10, 0, -1, 0, 100).find("loss -"), std::string::npos);
 }
 
-TEST(Progress, SummaryTableHasARowPerEpoch) {
-  ddp::EpochResult first;
-  first.epoch = 1;
-  first.train_loss = 0.52667;
-  first.test_loss = 0.33434;
-  first.test_accuracy = 0.8743;
-  first.seconds = 50.21;
-  first.samples_per_sec = 1194.9;
-  first.phases.sync = 2.41;
-  ddp::EpochResult second = first;
-  second.epoch = 2;
-  second.test_accuracy = 0.9016;
-  const std::string table = ddp::summary_table({first, second});
+ddp::EpochResult epoch_result(int64_t epoch, int64_t correct) {
+  ddp::EpochResult r;
+  r.epoch = epoch;
+  r.train_loss = 0.52667;
+  r.samples = 60000;
+  r.test_loss = 0.33434;
+  r.test_metrics = {ddp::Metric{"accuracy", static_cast<double>(correct), 10000}};
+  r.seconds = 50.21;
+  r.samples_per_sec = 1194.9;
+  r.phases = ddp::PhaseTimes{0.05, 45.0, 2.41, 2.2};
+  return r;
+}
+
+TEST(ReportFormat, ClassificationSummaryTableShowsTheAccuracyAsAPercentage) {
+  const std::string table =
+      ddp::ClassificationFormat().summary_table({epoch_result(1, 8743), epoch_result(2, 9016)});
   EXPECT_EQ(table,
             "epoch  train loss  test loss  test acc  time (s)  samples/s    sync\n"
             "    1      0.5267     0.3343    87.43%     50.21       1195    4.8%\n"
             "    2      0.5267     0.3343    90.16%     50.21       1195    4.8%\n");
+}
+
+TEST(ReportFormat, GenericSummaryTableHasAColumnPerMetric) {
+  ddp::EpochResult r = epoch_result(1, 8743);
+  r.train_metrics = {ddp::Metric{"abs_error", 1200.0, 60000}};
+  const std::string table = ddp::ReportFormat().summary_table({r});
+  EXPECT_EQ(table,
+            "epoch  train loss  train_abs_error  test loss  test_accuracy  time (s)  samples/s    sync\n"
+            "    1      0.5267             0.02     0.3343         0.8743     50.21       1195    4.8%\n");
+  EXPECT_EQ(ddp::ReportFormat().summary_table({}), "");
+}
+
+TEST(ReportFormat, ClassificationLinesAreTheSeedScripts) {
+  const ddp::ClassificationFormat format;
+  ddp::ProgressLine line;
+  line.epoch = 1;
+  line.seen = 640;
+  line.dataset_size = 60000;
+  line.percent = 1.07;
+  line.loss = 1.3977694;
+  line.eta_seconds = 1.2;
+  EXPECT_EQ(format.log_line(line), "Train Epoch: 1 [640/60000 (1%)]\tLoss: 1.397769\tETA 0:01");
+  EXPECT_EQ(format.epoch_lines(epoch_result(1, 8743), "2 rank(s)"),
+            "\nTest set: Average loss: 0.3343, Accuracy: 8743/10000 (87%)\n\n"
+            "Epoch 1: 50.21 s, 1195 samples/s over 2 rank(s) | data 0.1%, forward+backward 89.6%, "
+            "gradient sync 4.8%, optimizer 4.4%\n\n");
+}
+
+TEST(ReportFormat, GenericLinesNameEveryMetricAndNoAccuracy) {
+  const ddp::ReportFormat format;
+  ddp::ProgressLine line;
+  line.epoch = 2;
+  line.seen = 1280;
+  line.dataset_size = 96;
+  line.percent = 50;
+  line.loss = 0.25;
+  EXPECT_EQ(format.log_line(line), "Epoch 2 [1280/96 (50%)] loss 0.250000 ETA ?");
+  ddp::EpochResult r = epoch_result(2, 8743);
+  r.train_metrics = {ddp::Metric{"abs_error", 1200.0, 60000}};
+  EXPECT_EQ(format.epoch_lines(r, "4 replica(s)"),
+            "\nTrain set: loss 0.5267, abs_error 0.02\n"
+            "Test set: loss 0.3343, accuracy 0.8743\n\n"
+            "Epoch 2: 50.21 s, 1195 samples/s over 4 replica(s) | data 0.1%, forward+backward "
+            "89.6%, gradient sync 4.8%, optimizer 4.4%\n\n");
 }

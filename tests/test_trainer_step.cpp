@@ -5,6 +5,7 @@
 #include <ddp/train/image_dataset.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/train/autocast.h>
+#include <ddp/train/classification.h>
 #include <ddp/train/grad_clip.h>
 #include <ddp/train/lr_schedule.h>
 #include <ddp/train/snapshot.h>
@@ -45,16 +46,16 @@ TEST(TrainerStep, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoop) {
   ddp::LRSchedule schedule(optimizer, warmup_cosine()), plain_schedule(plain_optimizer, warmup_cosine());
   ddp::TrainerOptions options;
   options.batch_size = 4;  // shards of 100, 50 and 25 samples: 25, 13, 7 micro-batches
-  options.log_interval = 0;
+  options.report.log_interval = 0;
   options.seed = 5;
   options.accumulate = 3;  // the last group of an epoch is shorter
   options.clip_grad_norm = 0.1;
   options.amp = ddp::AmpMode::Bf16;
   options.lr_schedule = &schedule;
-  ddp::Trainer trainer(pg(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
-                       optimizer, options, &model);
+  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
   const int64_t epoch = 2;
-  trainer.train_epoch(data, epoch);
+  trainer.train_epoch(epoch);
 
   ddp::DistributedSampler sampler(data.size(), rt().world_size(), rt().rank(), true, options.seed);
   sampler.set_epoch(epoch);
@@ -108,7 +109,7 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
   ddp::LRSchedule schedule(optimizer, warmup_cosine());
   ddp::TrainerOptions options;
   options.batch_size = 10;
-  options.log_interval = 0;
+  options.report.log_interval = 0;
   options.checkpoint.dir = dir;
   options.lr_schedule = &schedule;
   options.amp = ddp::AmpMode::Fp16;  // the scaler; fp16 autocast on the CPU where LibTorch has it
@@ -116,9 +117,9 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
   options.grad_scaler.growth_interval = 1;  // grows every clean step: a state worth restoring
   double scale_before = 0;
   {
-    ddp::Trainer trainer(pg(), *net, [&](const torch::Tensor& x) { return net->forward(x); },
-                         optimizer, options, &model);
-    trainer.fit(data, data, 1);
+    ddp::ClassificationTask task(data, &data, [&](const torch::Tensor& x) { return net->forward(x); });
+    ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
+    trainer.fit(1);
     ASSERT_NE(trainer.grad_scaler(), nullptr);
     scale_before = trainer.grad_scaler()->get_scale();
     EXPECT_NE(scale_before, 1024.0) << "the scaler never changed: nothing to restore";
@@ -131,9 +132,9 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
     ddp::TrainerOptions resumed = options;
     resumed.lr_schedule = &again_schedule;
     resumed.checkpoint.resume = "latest";
-    ddp::Trainer trainer(pg(), *again, [&](const torch::Tensor& x) { return again->forward(x); },
-                         again_opt, resumed, &again_model);
-    trainer.fit(data, data, 1);  // nothing left to train: only the resume
+    ddp::ClassificationTask task(data, &data, [&](const torch::Tensor& x) { return again->forward(x); });
+    ddp::Trainer trainer(pg(), *again, task, again_opt, resumed, &again_model);
+    trainer.fit(1);  // nothing left to train: only the resume
     EXPECT_EQ(again_schedule.position(), schedule.position());
     EXPECT_EQ(again_opt.param_groups()[0].options().get_lr(), optimizer.param_groups()[0].options().get_lr());
     return trainer.grad_scaler()->get_scale();
@@ -150,10 +151,10 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
     o2.checkpoint.resume = "latest";
     o2.lr_schedule = drop_schedule ? nullptr : &other_schedule;
     o2.amp = drop_schedule ? ddp::AmpMode::Fp16 : ddp::AmpMode::Off;
-    ddp::Trainer trainer(pg(), *other, [&](const torch::Tensor& x) { return other->forward(x); },
-                         other_opt, o2, &other_model);
+    ddp::ClassificationTask task(data, &data, [&](const torch::Tensor& x) { return other->forward(x); });
+    ddp::Trainer trainer(pg(), *other, task, other_opt, o2, &other_model);
     try {
-      trainer.fit(data, data, 1);
+      trainer.fit(1);
       FAIL() << "resumed without " << (drop_schedule ? "the schedule" : "the scaler");
     } catch (const std::runtime_error& e) {
       const std::string want = drop_schedule ? "per-step learning-rate schedule (LRSchedule), which this run does not use"

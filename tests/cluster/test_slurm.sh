@@ -209,10 +209,11 @@ exec "$replica_check"
 SCRIPT
     chmod +x crash_task2.sh
     job_must_fail early.out "task 2: Segmentation fault" ./crash_task2.sh
-    # (2) A rank killed while training: PMIx sees it and Slurm cancels the step.
-    DDP_TEST_SIGNAL_AT_STEP=3:1:KILL job_must_fail killed.out "task 1: Killed" "$ddp_mnist" \
-      --no-cuda --epochs 1 --limit-train-batches 50 --log-interval 0
-    expect killed.out "^DDP_TEST_SIGNAL_AT_STEP: rank 1 raises signal 9 after step 3$" "the kill"
+    # (2) A rank killed while training: PMIx sees it and Slurm cancels the step. The ddp_mnist
+    # that kills rank 1 after step 3 is its test build (tests/signal_at_step.cpp).
+    job_must_fail killed.out "task 1: Killed" "$(realpath "$DDP_MNIST_SIGNAL_AT_STEP")" \
+      --signal-at-step=3:1:KILL --no-cuda --epochs 1 --limit-train-batches 50 --log-interval 0
+    expect killed.out "^signal_at_step: rank 1 raises signal 9 after step 3$" "the kill"
     ;;
   preempt)
     log=ddp-2N4G-preempt.out

@@ -154,26 +154,26 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   ddp::TrainerOptions options;
   options.batch_size = flags.batch_size;
   options.test_batch_size = flags.test_batch_size;
-  options.log_interval = flags.log_interval;
-  try {
-    options.progress = ddp::parse_progress_mode(flags.progress);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("--progress: ") + e.what());
-  }
   options.limit_train_batches = flags.limit_train_batches;
   options.dry_run = flags.dry_run;
   options.seed = flags.seed;
-  options.metrics_file = flags.metrics_file;
   options.timeline = timeline;
   options.check_sync_every = flags.check_sync_every;
+  options.accumulate = flags.accumulate;
+  options.clip_grad_norm = flags.clip_grad_norm;
+  options.amp = ddp::parse_amp_mode(flags.amp);
+  options.report.log_interval = flags.log_interval;
+  try {
+    options.report.progress = ddp::parse_progress_mode(flags.progress);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--progress: ") + e.what());
+  }
+  options.report.metrics_file = flags.metrics_file;
   options.checkpoint.dir = flags.checkpoint_dir;
   options.checkpoint.keep = flags.keep_checkpoints;
   options.checkpoint.resume = flags.resume;
   options.checkpoint.fallback = flags.resume_fallback;
   options.checkpoint.every_steps = flags.checkpoint_every_steps;
-  options.accumulate = flags.accumulate;
-  options.clip_grad_norm = flags.clip_grad_norm;
-  options.amp = ddp::parse_amp_mode(flags.amp);
   return options;
 }
 

@@ -36,6 +36,15 @@
 
 namespace ddp {
 
+// Where a run stands, as a training loop counts: the epoch in progress (1-based), the batches of
+// it trained (the sampler's position: batch `batch` is the next one), the optimizer steps taken
+// in all. (A snapshot records it as TrainingProgress: epochs finished, batches_done.)
+struct TrainingPosition {
+  int64_t epoch = 1;
+  int64_t batch = 0;
+  int64_t step = 0;
+};
+
 struct TrainingProgress {
   int64_t epoch = 0;        // epochs finished
   int64_t global_step = 0;  // optimizer steps taken

@@ -9,17 +9,21 @@
 // Write a task by deriving from Task<YourBatch> (any copyable type: a tensor pair, a struct of
 // tensors, a tuple) and overriding train_size(), train_batch() and loss(); test_size() and
 // test_batch() to evaluate; evaluate() when evaluation differs from the training loss; metric
-// names and sums to report more than the loss. ClassificationTask (classification.h) is the one
-// the examples use.
+// names and sums to report more than the loss; train_source() to read the training batches
+// through LibTorch's DataLoader and its worker threads (data_source.h). ClassificationTask
+// (classification.h) is the one the examples use.
 //
 // Contract (the Trainer relies on it; a task that breaks it trains wrongly, or hangs the job):
 // - Every rank's task has the same train_size(), test_size() and metric names, and the batches
 //   are a function of the indices alone (plus, in prepare(), of the generator it is handed): the
 //   Trainer decides which indices each rank reads, so that every sample is seen once per epoch
-//   over all ranks and a resumed run is bit-identical to an uninterrupted one.
+//   over all ranks and a resumed run is bit-identical to an uninterrupted one. train_source(),
+//   when overridden, yields the batches train_batch() would for the same indices.
 // - train_batch() may be called one step ahead of the batch's use (while the previous step's
-//   backward runs); anything random belongs in prepare(), which runs in the batch's own step and
-//   draws from the generator the Trainer seeds per (seed, rank, epoch) and keeps in snapshots.
+//   backward runs), and a DataLoader's workers make batches further ahead; anything random
+//   belongs in prepare(), which runs in the batch's own step and draws from the generator the
+//   Trainer seeds per (seed, rank, epoch) and keeps in snapshots. prepare() is also where a batch
+//   a source left on the CPU moves to the device.
 // - loss() runs the model itself, not through the DistributedDataParallel wrapper: the Trainer
 //   has done the wrapper's pre-forward work (buffer broadcast, re-attaching hooks) before it
 //   calls loss(), and calls backward() on the loss it returns. It runs under autocast when
@@ -28,16 +32,21 @@
 // - Metric sums: StepOutput::sums has one scalar per name of train_metrics() (evaluate(): of
 //   test_metrics()), in that order. The Trainer adds them up in float64 over the batches of an
 //   epoch and over all ranks (one all-reduce at the epoch end, nothing per step), and reports
-//   each as a Metric: the sum and the mean per sample (sum / samples). A metric named
-//   "accuracy" (a count of correct predictions) is shown as the classifier's accuracy.
+//   each as a Metric: the sum and the mean per sample (sum / samples). What a sum means is the
+//   task's: a report format may show it its own way (ClassificationFormat shows the sum
+//   "accuracy" as correct predictions out of the samples).
 // - evaluate() runs under NoGradGuard with the model in eval mode; each test sample is
 //   evaluated exactly once over all ranks (evaluation_shard), so the sums equal one process's.
+
+#include <ddp/train/data_source.h>
+#include <ddp/train/metrics.h>
 
 #include <ATen/core/Generator.h>
 #include <torch/types.h>
 
 #include <any>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,14 +66,6 @@ struct StepOutput {
   torch::Tensor loss_sum;
 };
 
-// A metric of an epoch, over all ranks.
-struct Metric {
-  std::string name;
-  double sum = 0;       // over every batch of every rank
-  int64_t samples = 0;  // the samples those batches held
-  double mean() const { return samples > 0 ? sum / static_cast<double>(samples) : 0.0; }
-};
-
 // The interface the Trainer drives, with the batch type erased (std::any). Derive from Task<Batch>
 // below rather than from this.
 class TrainingTask {
@@ -81,7 +82,8 @@ class TrainingTask {
   virtual std::vector<std::string> train_metrics() const { return {}; }
   virtual std::vector<std::string> test_metrics() const { return {}; }
 
-  virtual std::any train_batch_any(const std::vector<int64_t>& indices, torch::Device device) = 0;
+  // The training batches (Task::train_source, or train_batch() by index), type-erased.
+  virtual std::unique_ptr<DataSource<std::any>> train_source_any() = 0;
   virtual void prepare_any(std::any& batch, at::Generator& generator) = 0;
   virtual StepOutput loss_any(std::any& batch) = 0;
   virtual std::any test_batch_any(const std::vector<int64_t>& indices, torch::Device device) = 0;
@@ -99,6 +101,15 @@ class Task : public TrainingTask {
     (void)batch;
     (void)generator;
   }
+  // Where the training batches come from. Default: train_batch() on the indices, one step ahead
+  // (IndexSource). Return a DataLoaderSource (data_source.h) to have LibTorch's DataLoader and
+  // its worker threads make them. Called once, when the Trainer is built.
+  virtual std::unique_ptr<DataSource<Batch>> train_source() {
+    return std::make_unique<IndexSource<Batch>>(
+        [this](const std::vector<int64_t>& indices, torch::Device device) {
+          return train_batch(indices, device);
+        });
+  }
   // Forward and loss of a training batch (see the contract above).
   virtual StepOutput loss(Batch& batch) = 0;
   // The test samples `indices`. Default: the training set's (override when test_size() > 0 and
@@ -111,8 +122,23 @@ class Task : public TrainingTask {
   virtual StepOutput evaluate(Batch& batch) { return loss(batch); }
 
  private:
-  std::any train_batch_any(const std::vector<int64_t>& indices, torch::Device device) final {
-    return std::any(train_batch(indices, device));
+  // The task's source, its batches wrapped in std::any.
+  class AnySource final : public DataSource<std::any> {
+   public:
+    explicit AnySource(std::unique_ptr<DataSource<Batch>> source) : source_(std::move(source)) {}
+    void start(const DistributedSampler& sampler, int64_t batch_size, int64_t first, int64_t end,
+               torch::Device device) override {
+      source_->start(sampler, batch_size, first, end, device);
+    }
+    std::any next() override { return std::any(source_->next()); }
+    void ahead() override { source_->ahead(); }
+
+   private:
+    std::unique_ptr<DataSource<Batch>> source_;
+  };
+
+  std::unique_ptr<DataSource<std::any>> train_source_any() final {
+    return std::make_unique<AnySource>(train_source());
   }
   void prepare_any(std::any& batch, at::Generator& generator) final {
     prepare(std::any_cast<Batch&>(batch), generator);

@@ -1,0 +1,138 @@
+#pragma once
+// Snapshots of a training run and resuming from them, for any loop: at every epoch end (the
+// weights as model_with_epoch<N>.pt, as the seed scripts write them, and snapshot_epoch<N>.pt),
+// inside an epoch every N optimizer steps and when the ranks agreed to stop
+// (snapshot_epoch<E>_batch<B>.pt), and at start-up the newest one (or a given one) to continue
+// from. Built on save_snapshot / load_snapshot (snapshot.h: the file format, 3).
+//
+//   ddp::Checkpointer checkpointer(group, *net, optimizer, options, {&schedule});
+//   const ddp::ResumePoint start = checkpointer.resume();          // collective
+//   for (int64_t epoch = start.position.epoch; epoch <= epochs; ++epoch) {
+//     const int64_t first = start.first_batch(epoch);              // > 0: a resumed epoch
+//     ... if (first > 0): generator.set_state(start.rank_state.generator),
+//                         meter.restore(start.rank_state.values) ...
+//     for (int64_t b = first; b < batches; ++b) {
+//       const bool stopping = stop.should_stop(step);
+//       const std::string saved = checkpointer.at_boundary(stopping, {epoch, b, step}, [&] {
+//         return ddp::RankState{generator.get_state(), meter.state()};
+//       });
+//       if (stopping) return ddp::kStoppedExitCode;
+//       ... the step ...
+//     }
+//     checkpointer.save_epoch(epoch, step);
+//   }
+//
+// What a snapshot holds: the model, the optimizer, the position (the epoch, its batches done,
+// which is the sampler's position, and the global step), the data order's seed and the world
+// size, every rank's CPU generator, and inside an epoch every rank's RankState: a generator of
+// the caller's (the Trainer's augmentation, an autoencoder's noise) and the epoch's sums so far
+// (EpochMeter::state). TrainingExtras adds a per-step LRSchedule and a GradScaler. Everything
+// else random in an epoch must be a function of (seed, epoch, rank): then a resumed run ends
+// bit-identical to an uninterrupted one on the CPU.
+//
+// State: the options, references to what it saves (which must outlive it), the step of the
+// newest snapshot written or resumed from. Invariants: every rank makes the same calls in the
+// same order (they are collective: every rank's state is gathered, rank 0 writes); only rank 0
+// touches the directory; only the newest snapshot inside an epoch is kept, and an epoch-end
+// snapshot removes those before it; `keep` epochs of epoch-end files are kept.
+//
+// At construction (rank 0): the directory is created if missing and checked writable, so that
+// a read-only or uncreatable directory is reported before any training, and temporary files of
+// writes that a killed run left behind are removed (remove_stale_temporaries), each named.
+
+#include <ddp/process_group.h>
+#include <ddp/train/snapshot.h>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace ddp {
+
+struct CheckpointerOptions {
+  // Where snapshots and model_with_epoch<N>.pt go (rank 0 writes). Empty: nothing is written,
+  // and resume() can only take a path.
+  std::string dir;
+  int64_t keep = 3;          // newest epochs of epoch-end files kept; 0: keep all
+  // "": start fresh; "latest": the newest snapshot in `dir` (a fresh start when there is none);
+  // otherwise the path of a snapshot.
+  std::string resume;
+  // With "latest": an unreadable newest snapshot is skipped for the one before it (with a
+  // warning) instead of being an error.
+  bool fallback = false;
+  // Also a snapshot inside an epoch every N optimizer steps, for the crashes that give no
+  // warning; only the newest such file is kept. 0: at epoch ends and stops only.
+  int64_t every_steps = 0;
+  // The data order's seed (the DistributedSampler's), saved so that a resumed run continues
+  // the same order: resume() returns the snapshot's, warning when it is not this one.
+  int64_t seed = 0;
+};
+
+// What resume() found.
+struct ResumePoint {
+  TrainingPosition position;  // where to continue: {1, 0, 0} on a fresh start
+  std::string path;           // the snapshot read; empty on a fresh start
+  int64_t seed = 0;           // the snapshot's data-order seed (the options' on a fresh start)
+  // Inside an epoch (position.batch > 0): this rank's RankState as saved, else empty.
+  RankState rank_state;
+
+  bool resumed() const { return !path.empty(); }
+  // The epochs the snapshot had finished (0 on a fresh start).
+  int64_t epochs_done() const { return position.epoch - 1; }
+  // The first batch to train in `epoch`: the snapshot's position in its epoch, else 0.
+  int64_t first_batch(int64_t epoch) const { return epoch == position.epoch ? position.batch : 0; }
+};
+
+class Checkpointer {
+ public:
+  // Collective only through its checks' failure (rank 0 checks the directory). Throws
+  // std::invalid_argument naming the CheckpointerOptions field for an option out of range or
+  // one that needs `dir`, and std::runtime_error naming CheckpointerOptions::dir when the
+  // directory cannot be created or written.
+  Checkpointer(ProcessGroup& group, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+               CheckpointerOptions options, TrainingExtras extras = {});
+
+  // Collective. Loads the snapshot `resume` names (restoring the model, the optimizer, the
+  // extras and every rank's CPU generator; replaying `scheduler`, a per-epoch LibTorch
+  // scheduler, to the snapshot's epoch) and says where to continue; a fresh start when
+  // `resume` is empty, or "latest" finds none. Rank 0 prints what it resumed from (or that there
+  // was nothing), and warns when the world size or the seed differ. Throws std::runtime_error
+  // naming the file when it cannot be read or does not fit the run (snapshot.h).
+  ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
+
+  // Collective, at a step boundary: writes a step snapshot of `at` when `stopping`, or when
+  // every_steps divides at.step and steps were taken since the newest snapshot written or
+  // resumed from (or since step 0). Calls `rank_state` only then. Returns the path written; ""
+  // when none (or without a directory).
+  std::string at_boundary(bool stopping, const TrainingPosition& at,
+                          const std::function<RankState()>& rank_state);
+
+  // Collective: the snapshot inside epoch at.epoch after at.batch batches (without a directory,
+  // nothing). Removes older snapshots inside an epoch. Returns the path ("" without a directory).
+  std::string save_step(const TrainingPosition& at, const RankState& rank_state);
+
+  // Collective: at the end of `epoch` after `step` optimizer steps, model_with_epoch<epoch>.pt
+  // (rank 0) and snapshot_epoch<epoch>.pt; then removes the snapshots inside epochs before it
+  // and the files of the epoch `keep` epochs back. Nothing without a directory.
+  void save_epoch(int64_t epoch, int64_t step);
+
+  const CheckpointerOptions& options() const { return options_; }
+
+ private:
+  ProcessGroup& group_;
+  torch::nn::Module& model_;
+  torch::optim::Optimizer& optimizer_;
+  CheckpointerOptions options_;
+  TrainingExtras extras_;
+  int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
+
+  void create_directory() const;
+  void remove_older_step_snapshots(const std::string& newest) const;
+};
+
+}  // namespace ddp

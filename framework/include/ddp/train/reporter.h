@@ -1,0 +1,150 @@
+#pragma once
+// What a training run shows and writes, for any loop: during an epoch, a live progress bar on a
+// terminal or log lines with an ETA elsewhere (ProgressMode, progress.h); after it, the epoch's
+// lines and one JSON line in the metrics file; at the end, a summary table; on a stop, where the
+// ranks stopped and what they saved. Rank 0 prints and writes; every rank makes the same calls,
+// because the loss shown is averaged over the ranks (one all-reduce every log_interval batches).
+//
+//   ddp::Reporter reporter(group, options);
+//   reporter.start_run(start);                                 // the metrics file
+//   for (epoch ...) {
+//     reporter.start_epoch({epoch, first, batches, batches_per_epoch, batch_size, train_size});
+//     for (b ...) { ...; reporter.batch_done(b, loss, samples); }
+//     reporter.end_epoch();
+//     reporter.epoch_done(result);                             // EpochMeter::reduce, + evaluation
+//   }
+//   reporter.end_run(results);
+//
+// The text is a ReportFormat's: generic lines by default ("Epoch 1 [640/60000 (1%)] loss 0.52
+// ETA 0:12", "Train set: loss 0.5267, abs_error 0.1"), another format for other lines (the
+// classification preset's prints the seed scripts': classification.h). The bar, the metrics file
+// and the summary's layout are the same for every format.
+//
+// The metrics file: one JSON object per epoch, in this order: epoch, train_loss,
+// train_<metric>..., test_loss, test_<metric>... (each metric's mean per sample), samples_per_sec,
+// seconds, samples, ranks, data_seconds, forward_backward_seconds, sync_seconds,
+// optimizer_seconds. A fresh run starts a new file; a resumed run keeps the lines of the epochs
+// its snapshot had finished and drops later ones (written after the snapshot by the run that
+// stopped, and trained again now).
+//
+// State: the options and format, the resolved progress mode (rank 0; None elsewhere), the open
+// metrics file, and the epoch in progress (its plan, clock, samples, latest averaged loss).
+
+#include <ddp/process_group.h>
+#include <ddp/train/checkpointer.h>
+#include <ddp/train/metrics.h>
+#include <ddp/train/progress.h>
+#include <ddp/train/stop_agreement.h>
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+// A progress line's numbers (ProgressMode::Log).
+struct ProgressLine {
+  int64_t epoch = 0;
+  int64_t seen = 0;          // samples of the epoch before this batch, over all ranks
+  int64_t dataset_size = 0;  // samples in the training set
+  double percent = 0;        // of the epoch's batches done before this one
+  double loss = 0;           // this batch's loss, averaged over ranks
+  double eta_seconds = -1;   // the epoch's time left; < 0: unknown
+};
+
+// The text of a report. Pure: numbers in, lines out. Derive to print other lines.
+class ReportFormat {
+ public:
+  virtual ~ReportFormat() = default;
+  // A log line, without newline: "Epoch 1 [640/60000 (1%)] loss 1.397769 ETA 0:01".
+  virtual std::string log_line(const ProgressLine& line) const;
+  // What rank 0 prints after an epoch (and its evaluation), newlines included; `ranks` is "2
+  // rank(s)" or "4 replica(s)". Generic: "Train set: loss 0.5267, abs_error 0.1234", "Test set:
+  // ..." when evaluated, then the timing line.
+  virtual std::string epoch_lines(const EpochResult& result, const std::string& ranks) const;
+  // A metric's column in the summary table: its heading and its cell for an epoch, right
+  // aligned in the heading's width. `set` is "train" or "test". Generic: "test_<name>" (at least
+  // 10 wide) and the mean per sample.
+  virtual std::string metric_heading(const std::string& set, const Metric& metric) const;
+  virtual std::string metric_cell(const std::string& set, const Metric& metric, int width) const;
+
+  // The end-of-run table, one row per epoch: train loss and metrics, test loss and metrics
+  // (when the first epoch has them), time, samples/s over all ranks, the gradient sync's share.
+  std::string summary_table(const std::vector<EpochResult>& epochs) const;
+  // "Epoch 1: 1.30 s, 985 samples/s over 1 rank(s) | data 0.9%, forward+backward 94.6%,
+  // gradient sync 0.0%, optimizer 4.4%", without newline; without the phases when none was
+  // timed (a loop that does not time them).
+  static std::string timing_line(const EpochResult& result, const std::string& ranks);
+};
+
+struct ReporterOptions {
+  ProgressMode progress = ProgressMode::Auto;  // rank 0's bar or log lines (progress.h)
+  int64_t log_interval = 10;  // batches between loss averages (and log lines); 0: none
+  std::string metrics_file;   // rank 0 writes one JSON object per epoch here; empty: none
+  std::shared_ptr<const ReportFormat> format;  // null: ReportFormat's generic lines
+};
+
+// An epoch as the progress display counts it.
+struct EpochPlan {
+  int64_t epoch = 1;
+  int64_t first_batch = 0;        // > 0 in a resumed epoch
+  int64_t batches = 0;            // the epoch trains batches [first_batch, batches)
+  int64_t batches_per_epoch = 0;  // of this rank's whole shard: the percentage's denominator
+  int64_t batch_size = 0;         // samples per batch and rank
+  int64_t dataset_size = 0;       // samples in the training set
+};
+
+class Reporter {
+ public:
+  // Throws std::invalid_argument naming ReporterOptions::log_interval when it is negative.
+  Reporter(ProcessGroup& group, ReporterOptions options);
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  // Before the first epoch: opens the metrics file (rank 0) as `start` says (a fresh run starts
+  // a new file, a resumed one keeps the lines of start.epochs_done() epochs). Throws
+  // std::runtime_error naming the file when it cannot be written.
+  void start_run(const ResumePoint& start);
+  void start_epoch(const EpochPlan& plan);
+  // After batch `b` of the epoch, with its mean loss (on any device) and its samples. Every
+  // log_interval batches (b % log_interval == 0) the loss is averaged over the ranks: a
+  // collective, so every rank calls it for every batch. Draws the bar at most 10 times a second
+  // and after the last batch, or prints a log line.
+  void batch_done(int64_t b, const torch::Tensor& loss, int64_t samples);
+  // After the epoch's batches: ends the bar's line.
+  void end_epoch();
+  // Rank 0: the epoch's lines (the format's) and its metrics-file line.
+  void epoch_done(const EpochResult& result);
+  // Rank 0: "Summary over 2 rank(s):" and the table of `epochs` (nothing when empty).
+  void end_run(const std::vector<EpochResult>& epochs);
+  // Rank 0: "Stopped by SIGTERM (rank 1) before batch 3 of epoch 2 (step 9): wrote <snapshot>
+  // 0.12 s after the signal; resume from it to continue" (or that nothing was saved).
+  void stopped(const StopAgreement& stop, const TrainingPosition& at, const std::string& snapshot);
+
+  const ReportFormat& format() const { return *format_; }
+  // "2 rank(s)", or "4 replica(s)" with replicas in the processes.
+  std::string ranks() const;
+
+ private:
+  ProcessGroup& group_;
+  ReporterOptions options_;
+  std::shared_ptr<const ReportFormat> format_;
+  ProgressMode mode_;  // resolved on rank 0; None elsewhere
+  std::ofstream metrics_;
+  // The epoch in progress.
+  EpochPlan plan_;
+  std::chrono::steady_clock::time_point started_{}, drawn_{};
+  int64_t samples_ = 0;      // this rank's, since start_epoch
+  double shown_loss_ = -1;   // the latest averaged loss; -1 before the first
+  bool bar_drawn_ = false;
+
+  void write_metrics(const EpochResult& result);
+};
+
+}  // namespace ddp

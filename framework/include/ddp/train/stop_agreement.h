@@ -1,0 +1,71 @@
+#pragma once
+// Stopping every rank before the same step when a scheduler asks one of them to stop (SIGTERM,
+// SIGUSR1, SIGUSR2: <ddp/stop_signal.h>), for any training loop:
+//
+//   ddp::StopAgreement stop(group);                      // installs the signal handlers
+//   for (...) {
+//     if (at_step_boundary) {
+//       const bool stopping = stop.should_stop(step);    // collective: every rank, same step
+//       ... save a snapshot when stopping (Checkpointer::at_boundary) ...
+//       if (stopping) return ddp::kStoppedExitCode;      // 75: saved, requeue me
+//     }
+//     ... the step ...
+//   }
+//
+// Why an agreement: a signal reaches one rank (SIGTERM to one task) or all of them at slightly
+// different moments (mpirun and srun forward it). A rank that stopped on its own would leave the
+// others waiting in the next gradient all-reduce. So every `every` steps the ranks all-reduce
+// (Max) three doubles on the group's CPU communicator: the signal each got (0: none), its rank
+// and the seconds since it arrived. Every rank gets the same answer, so all stop before the same
+// step, and the answer says which signal, which rank (the highest that got one) and how long ago
+// (the longest wait). docs/reliability.md has the all-reduce's cost (some microseconds).
+//
+// State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
+// counted, so the replica threads of a process may each hold one), and the decision once made.
+// Invariants: every rank calls should_stop() with the same step sequence; once it has returned
+// true it keeps returning true without communicating.
+
+#include <ddp/process_group.h>
+#include <ddp/stop_signal.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ddp {
+
+class StopAgreement {
+ public:
+  // `every`: steps between the checks (the check runs when step % every == 0). 0: no checks,
+  // and no handlers: the signals keep their default action (the process dies). Throws
+  // std::invalid_argument naming StopAgreement's `every` when it is negative.
+  explicit StopAgreement(ProcessGroup& group, int64_t every = 1);
+
+  // Collective at a step boundary, before optimizer step `step` + 1: whether the ranks stop
+  // here. Communicates only when step % every == 0 (and not yet stopping).
+  bool should_stop(int64_t step);
+
+  bool stopping() const { return signal_ != 0; }
+  // After should_stop() returned true: the highest signal number any rank got (SIGTERM,
+  // SIGUSR1, SIGUSR2), the highest rank that got one, and the seconds from that signal to now
+  // on the rank that waited longest. 0, -1 and 0 before.
+  int signal() const { return signal_; }
+  int rank() const { return rank_; }
+  double seconds_since_signal() const;
+  // "SIGTERM (rank 1)".
+  std::string describe() const;
+
+  int64_t every() const { return every_; }
+
+ private:
+  ProcessGroup& group_;
+  int64_t every_;
+  std::optional<StopSignalHandlers> handlers_;
+  int signal_ = 0;
+  int rank_ = -1;
+  double waited_ = 0;  // at the check, on the rank that waited longest
+  std::chrono::steady_clock::time_point decided_at_{};
+};
+
+}  // namespace ddp

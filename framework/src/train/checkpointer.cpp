@@ -1,0 +1,187 @@
+#include <ddp/train/checkpointer.h>
+
+#include <ddp/checkpoint_file.h>
+#include <ddp/communicator.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace ddp {
+
+namespace {
+
+std::invalid_argument option_error(const std::string& field, const std::string& why) {
+  return std::invalid_argument("CheckpointerOptions::" + field + " " + why);
+}
+
+std::string model_path(const std::string& dir, int64_t epoch) {
+  return dir + "/model_with_epoch" + std::to_string(epoch) + ".pt";
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, CheckpointerOptions options,
+                           TrainingExtras extras)
+    : group_(group), model_(model), optimizer_(optimizer), options_(std::move(options)), extras_(extras) {
+  const CheckpointerOptions& o = options_;
+  if (o.keep < 0) throw option_error("keep", "must be >= 0 (got " + std::to_string(o.keep) + ")");
+  if (o.every_steps < 0) {
+    throw option_error("every_steps", "must be >= 0 (got " + std::to_string(o.every_steps) + ")");
+  }
+  if (o.every_steps > 0 && o.dir.empty()) {
+    throw option_error("every_steps", "is " + std::to_string(o.every_steps) +
+                                          " but dir is empty: there is nowhere to write");
+  }
+  if (o.resume == "latest" && o.dir.empty()) {
+    throw option_error("resume", "is \"latest\" but dir is empty: there is no directory to search");
+  }
+  if (!group_.is_main() || o.dir.empty()) return;
+  // Now, not after the first epoch: an unwritable directory would waste the epoch.
+  try {
+    check_writable_directory(o.dir, "checkpoint directory");
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("CheckpointerOptions::dir: " + std::string(e.what()));
+  }
+  // Temporary files of runs killed mid-write (never those of a live writer).
+  for (const std::string& path : remove_stale_temporaries(o.dir)) {
+    std::printf("Removed %s, left by an interrupted write of an earlier run\n", path.c_str());
+  }
+  std::fflush(stdout);
+}
+
+ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
+  const CheckpointerOptions& o = options_;
+  ResumePoint start;
+  start.seed = o.seed;
+  if (o.resume.empty()) return start;
+  Communicator& comm = group_.cpu();
+  const bool latest = o.resume == "latest";
+  // Rank 0 looks for the files and names them; load_snapshot sends each rank the bytes, so only
+  // rank 0 needs to see the checkpoint directory.
+  std::string names;
+  if (group_.is_main()) {
+    for (const auto& path : latest ? list_snapshots(o.dir) : std::vector<std::string>{o.resume}) {
+      names += path + "\n";
+    }
+  }
+  std::vector<std::string> candidates;
+  std::istringstream lines(all_gather_strings(comm, names)[0]);
+  for (std::string line; std::getline(lines, line);) candidates.push_back(line);
+  if (candidates.empty()) {
+    if (group_.is_main()) std::printf("No snapshot in %s: starting at epoch 1\n", o.dir.c_str());
+    return start;
+  }
+  for (size_t i = 0;; ++i) {
+    const std::string& path = candidates[i];
+    TrainingProgress p;
+    try {
+      p = load_snapshot(path, comm, model_, optimizer_, scheduler, &start.rank_state, extras_);
+    } catch (const std::runtime_error& e) {
+      if (!(latest && o.fallback) || i + 1 == candidates.size()) throw;
+      if (group_.is_main()) std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
+      continue;
+    }
+    start.position = TrainingPosition{p.epoch + 1, p.batches_done, p.global_step};
+    start.path = path;
+    start.seed = p.seed;
+    last_step_ = p.global_step;
+    if (group_.is_main()) {
+      if (p.batches_done > 0) {
+        std::printf("Resumed from %s: epoch %lld done, %lld batches of epoch %lld, step %lld\n",
+                    path.c_str(), static_cast<long long>(p.epoch),
+                    static_cast<long long>(p.batches_done), static_cast<long long>(p.epoch + 1),
+                    static_cast<long long>(p.global_step));
+      } else {
+        std::printf("Resumed from %s: epoch %lld done, step %lld\n", path.c_str(),
+                    static_cast<long long>(p.epoch), static_cast<long long>(p.global_step));
+      }
+      if (p.world_size != group_.size()) {
+        std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the data "
+                    "order differs from an uninterrupted run\n",
+                    p.world_size, group_.size());
+      }
+      if (p.seed != o.seed) {
+        std::printf("Warning: continuing with the snapshot's seed %lld (not %lld) so the data "
+                    "order continues as it was\n",
+                    static_cast<long long>(p.seed), static_cast<long long>(o.seed));
+      }
+      std::fflush(stdout);
+    }
+    return start;
+  }
+}
+
+std::string Checkpointer::at_boundary(bool stopping, const TrainingPosition& at,
+                                      const std::function<RankState()>& rank_state) {
+  const int64_t every = options_.every_steps;
+  const bool due = every > 0 && at.step % every == 0 && at.step > last_step_;
+  if (!stopping && !due) return "";
+  return save_step(at, rank_state());
+}
+
+std::string Checkpointer::save_step(const TrainingPosition& at, const RankState& rank_state) {
+  if (options_.dir.empty()) return "";
+  TrainingProgress progress;
+  progress.epoch = at.epoch - 1;
+  progress.batches_done = at.batch;
+  progress.global_step = at.step;
+  progress.seed = options_.seed;
+  progress.world_size = group_.size();
+  const std::string path = snapshot_path(options_.dir, at.epoch, at.batch);
+  create_directory();
+  save_snapshot(path, group_.cpu(), model_, optimizer_, progress, rank_state, extras_);
+  if (group_.is_main()) remove_older_step_snapshots(path);
+  last_step_ = at.step;
+  return path;
+}
+
+void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
+  const CheckpointerOptions& o = options_;
+  if (o.dir.empty()) return;
+  create_directory();
+  if (group_.is_main()) save_module(model_, model_path(o.dir, epoch));
+  TrainingProgress progress;
+  progress.epoch = epoch;
+  progress.global_step = step;
+  progress.seed = o.seed;
+  progress.world_size = group_.size();
+  const std::string path = snapshot_path(o.dir, epoch);
+  save_snapshot(path, group_.cpu(), model_, optimizer_, progress, {}, extras_);
+  last_step_ = step;
+  if (!group_.is_main()) return;
+  remove_older_step_snapshots(path);
+  if (o.keep > 0 && epoch > o.keep) {
+    // Only after the new files are complete; removing what is absent is fine.
+    std::remove(snapshot_path(o.dir, epoch - o.keep).c_str());
+    std::remove(model_path(o.dir, epoch - o.keep).c_str());
+  }
+}
+
+void Checkpointer::create_directory() const {
+  if (!group_.is_main()) return;
+  std::error_code error;
+  std::filesystem::create_directories(options_.dir, error);
+  if (error) {
+    throw std::runtime_error(options_.dir + ": cannot create the checkpoint directory: " +
+                             error.message());
+  }
+}
+
+void Checkpointer::remove_older_step_snapshots(const std::string& newest) const {
+  // list_snapshots: newest position first, so everything after `newest` is older.
+  bool older = false;
+  for (const std::string& path : list_snapshots(options_.dir)) {
+    if (path == newest) {
+      older = true;
+    } else if (older && path.find("_batch") != std::string::npos) {
+      std::remove(path.c_str());
+    }
+  }
+}
+
+}  // namespace ddp
