@@ -89,9 +89,19 @@ class BatchNormImpl : public torch::nn::Cloneable<BatchNormImpl<D>> {
 
   /// The options given at construction.
   torch::nn::BatchNormOptions options;
-  /// Parameters (undefined without options.affine()) and buffers (undefined without
-  /// options.track_running_stats()), named as in torch::nn::BatchNormXd.
-  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  // Named as in torch::nn::BatchNormXd, so checkpoints load both ways.
+  /// The scale parameter, [num_features]; undefined without options.affine().
+  torch::Tensor weight;
+  /// The shift parameter, [num_features]; undefined without options.affine().
+  torch::Tensor bias;
+  /// The running mean buffer, [num_features]; undefined without options.track_running_stats().
+  torch::Tensor running_mean;
+  /// The running (unbiased) variance buffer, [num_features]; undefined without
+  /// options.track_running_stats().
+  torch::Tensor running_var;
+  /// The count of training batches seen (int64 scalar); undefined without
+  /// options.track_running_stats().
+  torch::Tensor num_batches_tracked;
 
  private:
   // Throws unless `input` has this module's rank and channel count.
