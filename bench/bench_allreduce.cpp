@@ -1,4 +1,5 @@
-// All-reduce bandwidth in the style of nccl-tests: ddp's MpiCommunicator against raw
+// All-reduce bandwidth in the style of nccl-tests: ddp's CPU communicator (what ProcessGroup
+// makes: MPI, with the TCP ring for large all-reduces where --sockets says) against raw
 // MPI_Allreduce on the same buffers, float32 sum, in place, sizes doubling from --min-bytes to
 // --max-bytes. Each iteration is timed alone between barriers (untimed re-initialisation), the
 // time is the mean over iterations of the slowest rank, and every result is checked.
@@ -6,8 +7,9 @@
 //   mpirun -np 2 bench_allreduce --min-bytes 4096 --max-bytes 268435456 [--max-message 4MiB]
 //                                [--sockets auto|never|always]
 // --max-message: MpiOptions::max_message_bytes for the ddp column (0: one MPI call per tensor).
-// --sockets: MpiOptions::sockets for the ddp column (auto: the TCP ring between hosts only).
-#include "comm/mpi_communicator.h"
+// --sockets: CpuOptions::sockets for the ddp column (auto: the TCP ring between hosts only;
+// always: all-reduces of 256 KiB or more on the ring, on one host too).
+#include "comm/cpu_communicator.h"
 #include "runtime/runtime_internals.h"
 #include <ddp/runtime.h>
 
@@ -18,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 namespace {
@@ -28,7 +31,7 @@ struct Result {
 };
 
 template <typename AllReduce>
-Result measure(ddp::MpiCommunicator& comm, torch::Tensor& buffer, int iters, AllReduce all_reduce) {
+Result measure(ddp::Communicator& comm, torch::Tensor& buffer, int iters, AllReduce all_reduce) {
   const int w = comm.size();
   const float mine = static_cast<float>(comm.rank() + 1);
   const float expected = static_cast<float>(w * (w + 1) / 2);  // small integers: exact in float
@@ -64,16 +67,22 @@ int main(int argc, char** argv) {
   ddp::Runtime runtime(argc, argv);
   return ddp::run_or_abort(runtime, [&] {
     int64_t min_bytes = 4096, max_bytes = 256LL << 20;
-    ddp::MpiOptions options;
+    ddp::CpuOptions options;
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
       if (flag == "--min-bytes") min_bytes = parse_bytes(argv[i + 1]);
       else if (flag == "--max-bytes") max_bytes = parse_bytes(argv[i + 1]);
-      else if (flag == "--max-message") options.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
+      else if (flag == "--max-message") options.mpi.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
       else if (flag == "--sockets") options.sockets = ddp::parse_sockets(argv[i + 1], "--sockets");
       else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes, --max-message, --sockets)");
     }
-    ddp::MpiCommunicator comm(ddp::detail::RuntimeInternals::comm(runtime), options);
+    const std::unique_ptr<ddp::Communicator> made =
+        ddp::make_cpu_communicator(ddp::detail::RuntimeInternals::comm(runtime), options);
+    ddp::Communicator& comm = *made;
+    // The raw column's communicator: the MPI backend's own duplicate.
+    const auto* routed = dynamic_cast<const ddp::SizeRoutedCommunicator*>(made.get());
+    const MPI_Comm raw_comm = routed ? routed->mpi().comm()
+                                     : dynamic_cast<const ddp::MpiCommunicator&>(comm).comm();
     const int w = comm.size();
     const double bus_factor = w > 1 ? 2.0 * (w - 1) / w : 0.0;
     if (runtime.is_main()) {
@@ -81,11 +90,11 @@ int main(int argc, char** argv) {
       std::printf("# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: %s, "
                   "socket ring %s (from %zu KiB)\n",
                   w, runtime.num_nodes(), std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",
-                  options.max_message_bytes == 0
+                  options.mpi.max_message_bytes == 0
                       ? "one MPI call per tensor"
-                      : ("pieces of at most " + std::to_string(options.max_message_bytes >> 10) + " KiB").c_str(),
+                      : ("pieces of at most " + std::to_string(options.mpi.max_message_bytes >> 10) + " KiB").c_str(),
                   sockets, options.socket_bytes >> 10);
-      std::printf("#                                   ddp MpiCommunicator                    raw MPI_Allreduce\n");
+      std::printf("#                                   ddp CPU communicator                   raw MPI_Allreduce\n");
       std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "size(B)", "count", "type", "iters",
                   "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw", "#wrong", "ratio");
       std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "", "", "", "", "", "(GB/s)",
@@ -97,7 +106,7 @@ int main(int argc, char** argv) {
       const int iters = static_cast<int>(std::clamp<int64_t>((64LL << 20) / bytes, 5, 200));
       const Result ours = measure(comm, buffer, iters, [&](torch::Tensor& t) { comm.all_reduce(t, ddp::ReduceOp::Sum); });
       const Result raw = measure(comm, buffer, iters, [&](torch::Tensor& t) {
-        MPI_Allreduce(MPI_IN_PLACE, t.data_ptr<float>(), static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM, comm.comm());
+        MPI_Allreduce(MPI_IN_PLACE, t.data_ptr<float>(), static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM, raw_comm);
       });
       if (!runtime.is_main()) continue;
       const double gb = static_cast<double>(bytes) / 1e9;

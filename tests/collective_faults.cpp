@@ -11,7 +11,12 @@
 //   collective_faults signal    as idle, but rank 0 (stop handlers installed, MpiOptions::
 //                               stop_grace 2 s, timeout 600 s) gets SIGTERM while it waits in #3:
 //                               its watchdog ends the job 2 s later, saying so
+//   collective_faults ring      as stop, on ProcessGroup's CPU communicator with every all-reduce
+//                               on the TCP ring (#1 connects it): the others hang in the ring's
+//                               #3 until the watchdog fires, as in MPI's
+#include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "parallel/backend_options.h"
 #include "runtime/runtime_internals.h"
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>
@@ -33,7 +38,13 @@ int main(int argc, char** argv) {
     ddp::ProcessGroup group(runtime);
     // "signal": a communicator of its own, with a short stop grace and a long timeout, so only
     // the stop grace can end the wait.
-    std::unique_ptr<ddp::MpiCommunicator> own;
+    std::unique_ptr<ddp::Communicator> own;
+    if (mode == "ring") {
+      ddp::CpuOptions options = ddp::cpu_options_from_environment(runtime, std::chrono::seconds(0));
+      options.sockets = ddp::CpuOptions::Sockets::Always;
+      options.socket_bytes = 0;
+      own = ddp::make_cpu_communicator(ddp::detail::RuntimeInternals::comm(runtime), options);
+    }
     if (mode == "signal") {
       ddp::MpiOptions options;
       options.timeout = std::chrono::seconds(600);
@@ -42,7 +53,7 @@ int main(int argc, char** argv) {
       own = std::make_unique<ddp::MpiCommunicator>(ddp::detail::RuntimeInternals::comm(runtime), options);
     }
     ddp::StopSignalHandlers stop_handlers;
-    ddp::Communicator& comm = own ? static_cast<ddp::Communicator&>(*own) : group.cpu();
+    ddp::Communicator& comm = own ? *own : group.cpu();
     const int rank = comm.rank(), size = comm.size();
     // #1 and #2 below are the same on every rank, except in "mismatch".
     torch::Tensor ones = torch::ones({4});
@@ -57,7 +68,7 @@ int main(int argc, char** argv) {
       throw std::runtime_error("collective_faults mismatch: the mismatch went unnoticed");
     }
     comm.barrier();
-    if (mode == "stop" && rank == size - 1) std::raise(SIGSTOP);
+    if ((mode == "stop" || mode == "ring") && rank == size - 1) std::raise(SIGSTOP);
     if ((mode == "idle" || mode == "signal") && rank == 1) {
       std::this_thread::sleep_for(std::chrono::seconds(60));
     }
@@ -71,7 +82,7 @@ int main(int argc, char** argv) {
     }
     torch::Tensor stats = torch::tensor({1.0, static_cast<double>(rank), 3.0}, torch::kDouble);
     comm.all_reduce(stats, ddp::ReduceOp::Max);  // #3
-    if (mode == "stop" || mode == "idle" || mode == "signal") {
+    if (mode == "stop" || mode == "idle" || mode == "signal" || mode == "ring") {
       throw std::runtime_error("collective_faults " + mode + ": the watchdog never fired");
     }
     // "agree": the other kinds, and an all-reduce large enough for the blocking path.

@@ -1,12 +1,19 @@
 #include <ddp/communicator.h>
+#include "comm/collective.h"
+#include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "comm/socket_ring.h"
+#include "util/environment.h"
 
 #include "test_support.h"
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -131,28 +138,39 @@ TEST(MpiCommunicator, DebugModeNamesBothSidesOfAMismatchOnEveryRank) {
   EXPECT_EQ(shape.sum().item<double>(), 5040.0 * w);
 }
 
-ddp::MpiOptions ring_options() {
-  ddp::MpiOptions options;
-  options.sockets = ddp::MpiOptions::Sockets::Always;
-  options.socket_bytes = 0;  // every all-reduce on the ring
-  return options;
+// A ring of its own over every rank: every collective on the ring.
+std::unique_ptr<ddp::SocketRing> own_ring(MPI_Comm comm = MPI_COMM_WORLD,
+                                          const std::string& interfaces = "") {
+  ddp::SocketRingOptions options;
+  options.interfaces = interfaces;
+  return std::make_unique<ddp::SocketRing>(comm, options);
 }
 
-TEST(MpiCommunicator, SocketRingOnlyWhereAsked) {
+TEST(CpuCommunicator, SocketRingOnlyWhereAsked) {
   // One host: Auto keeps MPI (shared memory is faster than loopback TCP); Always takes the ring
-  // wherever there is more than one rank; Never never does.
+  // wherever there is more than one rank; Never never does. make_cpu_communicator follows.
+  using Sockets = ddp::CpuOptions::Sockets;
   const bool several = comm().size() > 1;
-  EXPECT_FALSE(ddp::MpiCommunicator(MPI_COMM_WORLD).uses_socket_ring());
-  EXPECT_EQ(ddp::MpiCommunicator(MPI_COMM_WORLD, ring_options()).uses_socket_ring(), several);
-  ddp::MpiOptions never;
-  never.sockets = ddp::MpiOptions::Sockets::Never;
-  EXPECT_FALSE(ddp::MpiCommunicator(MPI_COMM_WORLD, never).uses_socket_ring());
+  EXPECT_FALSE(ddp::socket_ring_wanted(MPI_COMM_WORLD, Sockets::Auto));
+  EXPECT_EQ(ddp::socket_ring_wanted(MPI_COMM_WORLD, Sockets::Always), several);
+  EXPECT_FALSE(ddp::socket_ring_wanted(MPI_COMM_WORLD, Sockets::Never));
+  for (auto mode : {Sockets::Auto, Sockets::Never, Sockets::Always}) {
+    ddp::CpuOptions options;
+    options.sockets = mode;
+    const auto made = ddp::make_cpu_communicator(MPI_COMM_WORLD, options);
+    const bool routed = dynamic_cast<ddp::SizeRoutedCommunicator*>(made.get()) != nullptr;
+    EXPECT_EQ(routed, mode == Sockets::Always && several) << ddp::to_string(mode);
+    EXPECT_EQ(made->backend(), "mpi");
+  }
 }
 
-TEST(MpiCommunicator, SocketModesByName) {
-  for (auto mode : {ddp::MpiOptions::Sockets::Auto, ddp::MpiOptions::Sockets::Never,
-                    ddp::MpiOptions::Sockets::Always}) {
+TEST(CpuCommunicator, SocketModesByName) {
+  using Sockets = ddp::CpuOptions::Sockets;
+  for (auto mode : {Sockets::Auto, Sockets::Never, Sockets::Always}) {
     EXPECT_EQ(ddp::parse_sockets(ddp::to_string(mode), "DDP_MPI_SOCKETS"), mode);
+    // The environment's table accepts exactly these names.
+    const ddp::Environment env{{"DDP_MPI_SOCKETS", ddp::to_string(mode)}};
+    EXPECT_EQ(ddp::read_text(env, ddp::Setting::Sockets), ddp::to_string(mode));
   }
   try {
     ddp::parse_sockets("yes", "DDP_MPI_SOCKETS");
@@ -160,13 +178,19 @@ TEST(MpiCommunicator, SocketModesByName) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "DDP_MPI_SOCKETS='yes': expected auto, never or always");
   }
+  try {
+    ddp::read_text({{"DDP_MPI_SOCKETS", "yes"}}, ddp::Setting::Sockets);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "DDP_MPI_SOCKETS='yes': expected auto, never or always");
+  }
 }
 
-TEST(MpiCommunicator, SocketRingGivesWhatMpiGives) {
+TEST(SocketRing, AllReduceGivesWhatMpiGives) {
   // Every dtype and op, and sizes that leave ring segments empty (1 and 3 elements on 4 ranks),
   // uneven (1001) and large: exact values, so the ring must match MPI element for element.
   const int r = comm().rank(), w = comm().size();
-  ddp::MpiCommunicator ring(MPI_COMM_WORLD, ring_options());
+  const auto ring = own_ring();
   for (int64_t n : {int64_t(1), int64_t(3), int64_t(1001), int64_t(300'000)}) {
     for (auto dtype : {torch::kFloat, torch::kDouble, torch::kInt, torch::kLong, torch::kByte,
                        torch::kHalf, torch::kBFloat16}) {
@@ -178,7 +202,7 @@ TEST(MpiCommunicator, SocketRingGivesWhatMpiGives) {
         // Small integers (and halves in the 16-bit floats) are exact in every dtype here.
         torch::Tensor base = (torch::arange(n, torch::kLong).remainder(7) * (r + 1) + r).to(dtype);
         torch::Tensor by_ring = base.clone(), by_mpi = base.clone();
-        ring.all_reduce(by_ring, op);
+        ring->all_reduce(by_ring, op);
         comm().all_reduce(by_mpi, op);
         EXPECT_TRUE(torch::equal(by_ring, by_mpi))
             << n << " elements, " << dtype << ", op " << static_cast<int>(op);
@@ -187,39 +211,60 @@ TEST(MpiCommunicator, SocketRingGivesWhatMpiGives) {
   }
   // Sums that round: every rank must still hold bitwise the same result.
   torch::Tensor noise = torch::rand({100'003}, torch::TensorOptions().dtype(torch::kFloat)) * (r + 1);
-  ring.all_reduce(noise);
+  ring->all_reduce(noise);
   const torch::Tensor all = comm().all_gather(noise);
   for (int k = 1; k < w; ++k) EXPECT_TRUE(torch::equal(all[k], all[0])) << "rank " << k;
+  EXPECT_EQ(ring->connected(), w > 1);
 }
 
-TEST(MpiCommunicator, SocketRingOnANamedInterface) {
-  ddp::MpiOptions options = ring_options();
-  options.socket_interfaces = "ddp-no-such-interface,lo";  // the first present one wins
-  ddp::MpiCommunicator ring(MPI_COMM_WORLD, options);
+TEST(SocketRing, BroadcastAllGatherAndBarrierGiveWhatMpiGives) {
+  // Every root, a tensor of several 1 MiB pieces plus a partial one, an empty one, and a
+  // gather of rows of every rank.
+  const int r = comm().rank(), w = comm().size();
+  const auto ring = own_ring();
+  for (int root = 0; root < w; ++root) {
+    for (int64_t n : {int64_t(0), int64_t(5), int64_t(700'001)}) {
+      torch::Tensor by_ring = torch::arange(n, torch::kFloat) * (r + 1) + r;
+      torch::Tensor by_mpi = by_ring.clone();
+      ring->broadcast(by_ring, root);
+      comm().broadcast(by_mpi, root);
+      EXPECT_TRUE(torch::equal(by_ring, by_mpi)) << "root " << root << ", " << n << " elements";
+    }
+  }
+  const torch::Tensor mine = torch::arange(6, torch::kLong).reshape({2, 3}) + 10 * r;
+  EXPECT_TRUE(torch::equal(ring->all_gather(mine), comm().all_gather(mine)));
+  ring->barrier();
+  // The ring's checks are MPI's: a root out of range, an unsupported dtype.
+  EXPECT_THROW(ring->broadcast(torch::zeros({2}), w), std::invalid_argument);
+  EXPECT_THROW(ring->all_gather(torch::zeros({2}, torch::kShort)), std::invalid_argument);
+  comm().barrier();
+}
+
+TEST(SocketRing, ListensOnANamedInterface) {
+  const auto ring = own_ring(MPI_COMM_WORLD, "ddp-no-such-interface,lo");  // the first present wins
   torch::Tensor t = torch::full({5000}, 1.0);
-  ring.all_reduce(t);
+  ring->all_reduce(t);
   EXPECT_TRUE(torch::equal(t, torch::full({5000}, double(comm().size()))));
 }
 
-TEST(MpiCommunicator, SocketRingNamesAMissingInterface) {
+TEST(SocketRing, NamesAMissingInterface) {
   if (comm().size() < 2) return;  // one rank never makes a ring
-  ddp::MpiOptions options = ring_options();
-  options.socket_interfaces = "ddp-no-such-interface";
-  ddp::MpiCommunicator ring(MPI_COMM_WORLD, options);
+  const auto ring = own_ring(MPI_COMM_WORLD, "ddp-no-such-interface");
   std::string message;
   try {
-    ring.all_reduce(torch::ones({10}));
+    ring->all_reduce(torch::ones({10}));
   } catch (const std::runtime_error& e) {
     message = e.what();
   }
   EXPECT_NE(message.find("rank " + std::to_string(comm().rank()) +
-                         ": DDP_SOCKET_IFNAME='ddp-no-such-interface' (MpiOptions::socket_interfaces): "
+                         ": DDP_SOCKET_IFNAME='ddp-no-such-interface' (CpuOptions::socket_interfaces): "
                          "no such interface up with an IPv4 address on this host (it has: lo 127.0.0.1"),
             std::string::npos)
       << message;
+  EXPECT_FALSE(ring->connected());
 }
 
-TEST(MpiCommunicator, SocketRingNamesAPeerThatLeft) {
+TEST(SocketRing, NamesAPeerThatLeft) {
   // Ranks 0 and 1 make a ring; rank 1 then closes it (as its process would by ending) and rank
   // 0's next all-reduce must fail at once, naming rank 1, instead of waiting.
   if (comm().size() < 2) return;
@@ -227,7 +272,7 @@ TEST(MpiCommunicator, SocketRingNamesAPeerThatLeft) {
   MPI_Comm pair = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, r < 2 ? 0 : MPI_UNDEFINED, r, &pair);
   if (pair != MPI_COMM_NULL) {
-    auto ring = std::make_unique<ddp::MpiCommunicator>(pair, ring_options());
+    auto ring = own_ring(pair);
     torch::Tensor t = torch::ones({1000});
     ring->all_reduce(t);  // makes the ring
     EXPECT_TRUE(torch::equal(t, torch::full({1000}, 2.0)));
@@ -258,6 +303,69 @@ TEST(MpiCommunicator, SocketRingNamesAPeerThatLeft) {
   comm().barrier();
 }
 
+// ProcessGroup's CPU communicator with the ring forced on (one host): all-reduces of 4 KiB or
+// more take the ring.
+ddp::CpuOptions routed_options() {
+  ddp::CpuOptions options;
+  options.sockets = ddp::CpuOptions::Sockets::Always;
+  options.socket_bytes = 4096;
+  return options;
+}
+
+TEST(SizeRoutedCommunicator, SmallAllReducesOnMpiLargeOnesOnTheRing) {
+  if (comm().size() < 2) return;  // one rank has no ring
+  ddp::SizeRoutedCommunicator routed(MPI_COMM_WORLD, routed_options());
+  const torch::Tensor small = torch::ones({1023}), large = torch::ones({1024});  // 4092, 4096 B
+  EXPECT_EQ(&routed.route(small), static_cast<const ddp::Communicator*>(&routed.mpi()));
+  EXPECT_EQ(&routed.route(large), static_cast<const ddp::Communicator*>(&routed.ring()));
+  // The ring connects at the first large all-reduce only: the small ones never touched it.
+  routed.all_reduce(small);
+  routed.broadcast(small);
+  EXPECT_FALSE(routed.ring().connected());
+  routed.all_reduce(large);
+  EXPECT_TRUE(routed.ring().connected());
+  EXPECT_TRUE(torch::equal(large, torch::full({1024}, double(comm().size()))));
+  // Checked as MPI checks it, whichever path it would take.
+  try {
+    routed.all_reduce(torch::ones({4096}, torch::kInt), ddp::ReduceOp::Avg);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "MpiCommunicator::all_reduce: Avg needs a floating-point tensor, got int32");
+  }
+}
+
+TEST(SizeRoutedCommunicator, InterleavedSizesGiveMpisResultsInCallOrder) {
+  // Small and large all-reduces interleaved, both orders, all in flight at once, then a
+  // blocking call: every result is MPI's (exact values), and the calls ran one at a time in the
+  // order they were made (each finished before the next began), the blocking one last.
+  const int r = comm().rank();
+  ddp::SizeRoutedCommunicator routed(MPI_COMM_WORLD, routed_options());
+  const std::vector<int64_t> sizes{10, 5000, 7, 100'000, 100'000, 3, 2000, 64'000};
+  std::vector<torch::Tensor> by_routed, by_mpi;
+  std::vector<std::unique_ptr<ddp::Work>> works;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    by_routed.push_back(torch::arange(sizes[i], torch::kFloat).remainder(11) * (r + 1) + i);
+    by_mpi.push_back(by_routed.back().clone());
+    works.push_back(routed.all_reduce_async(by_routed.back(), i % 3 ? ddp::ReduceOp::Sum : ddp::ReduceOp::Max));
+  }
+  torch::Tensor last = torch::full({2}, double(r));
+  routed.all_reduce(last, ddp::ReduceOp::Max);  // blocking, small: on MPI, after every ring call
+  std::optional<ddp::Work::Span> before;
+  for (size_t i = 0; i < works.size(); ++i) {
+    const auto span = works[i]->host_span();
+    ASSERT_TRUE(span.has_value()) << "call " << i << " unfinished after a later blocking call";
+    if (before) {
+      EXPECT_LE(before->end, span->start) << "call " << i << " overlapped the one before";
+    }
+    before = span;
+    works[i]->wait();
+    comm().all_reduce(by_mpi[i], i % 3 ? ddp::ReduceOp::Sum : ddp::ReduceOp::Max);
+    EXPECT_TRUE(torch::equal(by_routed[i], by_mpi[i])) << "call " << i << ", " << sizes[i] << " elements";
+  }
+  EXPECT_TRUE(torch::equal(last, torch::full({2}, double(comm().size() - 1))));
+  EXPECT_EQ(routed.ring().connected(), comm().size() > 1);
+}
+
 TEST(MpiCommunicator, BroadcastFromLastRank) {
   const int root = comm().size() - 1;
   torch::Tensor t = torch::full({2, 3}, comm().rank() == root ? 7.5 : -1.0);
@@ -286,6 +394,89 @@ TEST(MpiCommunicator, RejectsTensorsItCannotSend) {
   torch::Tensor half = torch::zeros({2}, torch::kHalf);
   EXPECT_THROW(comm().all_reduce(half, ddp::ReduceOp::Max), std::invalid_argument);
   comm().barrier();
+}
+
+// The description every backend checks and names its calls with (comm/collective.h).
+TEST(Collective, NamesACallAsErrorsAndFingerprintsDo) {
+  using ddp::detail::Collective;
+  const auto rules = ddp::detail::host_rules("MpiCommunicator::");
+  Collective reduce = Collective::all_reduce(rules, torch::zeros({10}), ddp::ReduceOp::Sum);
+  reduce.seq = 12;
+  EXPECT_EQ(reduce.describe(), "all_reduce #12 float32[10] (sum)");
+  Collective root = Collective::broadcast(rules, torch::zeros({2, 3}, torch::kLong), 1, 2);
+  root.seq = 3;
+  EXPECT_EQ(root.describe(), "broadcast #3 int64[2,3] (root 1)");
+  Collective gather = Collective::all_gather(rules, torch::zeros({1, 2, 3, 4, 5, 6, 7}, torch::kDouble));
+  gather.seq = 4;
+  EXPECT_EQ(gather.describe(), "all_gather #4 float64[1,2,3,4,5,6,...]");
+  Collective wait = Collective::barrier();
+  wait.seq = 5;
+  EXPECT_EQ(wait.describe(), "barrier #5");
+  // A fingerprint names the call as the call does, and tells apart what differs.
+  EXPECT_EQ(Collective::describe(reduce.fingerprint()), reduce.describe());
+  Collective max = Collective::all_reduce(rules, torch::zeros({10}), ddp::ReduceOp::Max);
+  max.seq = 12;
+  Collective longer = Collective::all_reduce(rules, torch::zeros({11}), ddp::ReduceOp::Sum);
+  longer.seq = 12;
+  Collective same = Collective::all_reduce(rules, torch::ones({10}), ddp::ReduceOp::Sum);
+  same.seq = 12;
+  EXPECT_NE(reduce.fingerprint(), max.fingerprint());
+  EXPECT_NE(reduce.fingerprint(), longer.fingerprint());
+  EXPECT_EQ(reduce.fingerprint(), same.fingerprint());
+}
+
+TEST(Collective, ChecksTheArgumentsAgainstTheBackendsRules) {
+  using ddp::detail::Collective;
+  using ddp::ReduceOp;
+  auto error = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto host = ddp::detail::host_rules("MpiCommunicator::");
+  EXPECT_EQ(error([&] { Collective::all_reduce(host, torch::Tensor(), ReduceOp::Sum); }),
+            "MpiCommunicator::all_reduce: undefined tensor");
+  EXPECT_EQ(error([&] { Collective::all_reduce(host, torch::zeros({3, 4}).t(), ReduceOp::Sum); }),
+            "MpiCommunicator::all_reduce: tensor must be contiguous");
+  EXPECT_EQ(error([&] { Collective::broadcast(host, torch::zeros({2}, torch::kShort), 0, 2); }),
+            "MpiCommunicator::broadcast: unsupported dtype int16 (float32, float64, float16, "
+            "bfloat16, int32, int64, uint8)");
+  EXPECT_EQ(error([&] { Collective::all_reduce(host, torch::zeros({2}, torch::kInt), ReduceOp::Avg); }),
+            "MpiCommunicator::all_reduce: Avg needs a floating-point tensor, got int32");
+  EXPECT_EQ(error([&] { Collective::all_reduce(host, torch::zeros({2}, torch::kHalf), ReduceOp::Max); }),
+            "MpiCommunicator::all_reduce: float16/bfloat16 support Sum and Avg only");
+  EXPECT_EQ(error([&] { Collective::broadcast(host, torch::zeros({2}), 2, 2); }),
+            "MpiCommunicator::broadcast: root 2 is not a rank of 2");
+  EXPECT_EQ(error([&] { Collective::broadcast(host, torch::zeros({2}), -1, 2); }),
+            "MpiCommunicator::broadcast: root -1 is not a rank of 2");
+  EXPECT_EQ(error([&] { Collective::all_reduce(host, torch::zeros({2}, torch::kHalf), ReduceOp::Avg); }),
+            "no error");
+  EXPECT_EQ(error([&] { Collective::all_gather(host, torch::zeros({2}, torch::kByte)); }), "no error");
+
+  // A backend bound to a device, taking any dtype (the replicas' hub: the CPU).
+  ddp::detail::Rules cpu_only;
+  cpu_only.prefix = "replica communicator: ";
+  cpu_only.device = torch::Device(torch::kCPU);
+  cpu_only.device_reason = "the replicas reduce CPU tensors";
+  const torch::Tensor elsewhere = torch::zeros({2}, torch::TensorOptions().device(torch::kMeta));
+  EXPECT_EQ(error([&] { Collective::all_gather(cpu_only, elsewhere); }),
+            "replica communicator: all_gather: the tensor is on meta, but the replicas reduce CPU "
+            "tensors");
+  EXPECT_EQ(error([&] { Collective::all_reduce(cpu_only, torch::zeros({2}, torch::kShort), ReduceOp::Max); }),
+            "no error");
+}
+
+TEST(Collective, AvgIsASumDividedByTheSize) {
+  EXPECT_EQ(ddp::detail::without_avg(ddp::ReduceOp::Avg), ddp::ReduceOp::Sum);
+  EXPECT_EQ(ddp::detail::without_avg(ddp::ReduceOp::Max), ddp::ReduceOp::Max);
+  torch::Tensor summed = torch::full({3}, 6.0), maxed = summed.clone();
+  ddp::detail::finish_avg(summed, ddp::ReduceOp::Avg, 4);
+  ddp::detail::finish_avg(maxed, ddp::ReduceOp::Max, 4);
+  EXPECT_TRUE(torch::equal(summed, torch::full({3}, 1.5)));
+  EXPECT_TRUE(torch::equal(maxed, torch::full({3}, 6.0)));
 }
 
 }  // namespace

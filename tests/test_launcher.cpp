@@ -2,8 +2,13 @@
 // The Slurm and Open MPI environments are trimmed copies of what srun (Slurm 22.05, two nodes,
 // two tasks each) and mpirun (Open MPI 4.1) set on the project's test machine.
 #include "runtime/launcher.h"
+#include "util/environment.h"
 
 #include <gtest/gtest.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
 
 namespace {
 
@@ -264,3 +269,79 @@ TEST(YieldWhenIdle, OnlyWhenTheCommunicationThreadsOversubscribeTheNode) {
   EXPECT_FALSE(ddp::yield_when_idle(slurm, 2, 16));       // 2 x (4 + 1) of 16
   EXPECT_TRUE(ddp::yield_when_idle(slurm, 4, 16));        // 4 x (4 + 1) of 16
 }
+
+namespace {
+
+// The table of every DDP_* variable the core reads (util/environment.h).
+constexpr int kSettings = static_cast<int>(ddp::Setting::SocketInterfaces) + 1;
+
+std::string setting_error(const ddp::Environment& env, ddp::Setting setting) {
+  try {
+    if (ddp::setting_info(setting).kind == ddp::SettingInfo::Kind::Choice) {
+      ddp::read_text(env, setting);
+    } else {
+      ddp::read_number(env, setting);
+    }
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Settings, OneRowPerVariableInTheOrderOfTheEnum) {
+  for (int i = 0; i < kSettings; ++i) {
+    const ddp::SettingInfo& info = ddp::setting_info(static_cast<ddp::Setting>(i));
+    EXPECT_EQ(static_cast<int>(info.setting), i);
+    EXPECT_EQ(std::string(info.name).rfind("DDP_", 0), 0u) << info.name;
+    EXPECT_NE(std::string(info.meaning), "") << info.name;
+  }
+  EXPECT_STREQ(ddp::setting_info(ddp::Setting::SocketInterfaces).name, "DDP_SOCKET_IFNAME");
+}
+
+TEST(Settings, ABadValueNamesTheVariable) {
+  using Kind = ddp::SettingInfo::Kind;
+  int checked = 0;
+  for (int i = 0; i < kSettings; ++i) {
+    const ddp::SettingInfo& info = ddp::setting_info(static_cast<ddp::Setting>(i));
+    if (info.kind == Kind::Flag || info.kind == Kind::Text) continue;
+    for (const char* bad : {"ten", "-5", "1.5", " 5", "+5", "12345678901", "DETAIL|OFF"}) {
+      const std::string message = setting_error({{info.name, bad}}, info.setting);
+      EXPECT_EQ(message.rfind(std::string(info.name) + "='" + bad + "'", 0), 0u) << message;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 9 * 7);  // every variable with a range
+  EXPECT_EQ(setting_error({{"DDP_MPI_SPIN_US", "1000001"}}, ddp::Setting::MpiSpin),
+            "DDP_MPI_SPIN_US='1000001': expected an integer from 0 to 1000000");
+  EXPECT_EQ(setting_error({{"DDP_MPI_SOCKET_KIB", "1073741825"}}, ddp::Setting::SocketThreshold),
+            "DDP_MPI_SOCKET_KIB='1073741825': expected an integer from 0 to 1073741824");
+  EXPECT_EQ(setting_error({{"DDP_TIMEOUT_SECONDS", "0"}}, ddp::Setting::Timeout),
+            "DDP_TIMEOUT_SECONDS='0' is not a positive whole number of seconds");
+  EXPECT_EQ(setting_error({{"DDP_DEBUG", "INFO"}}, ddp::Setting::Debug),
+            "DDP_DEBUG='INFO': expected DETAIL (check that every rank calls the same collectives) "
+            "or OFF");
+}
+
+TEST(Settings, UnsetOrEmptyIsTheDefaultAndGoodValuesPass) {
+  EXPECT_EQ(ddp::read_number({}, ddp::Setting::MpiSpin), std::nullopt);
+  EXPECT_EQ(ddp::read_number({{"DDP_MPI_SPIN_US", ""}}, ddp::Setting::MpiSpin), std::nullopt);
+  EXPECT_EQ(ddp::read_number({{"DDP_MPI_SPIN_US", "0"}}, ddp::Setting::MpiSpin), 0);
+  EXPECT_EQ(ddp::read_number({{"DDP_MPI_MAX_SLEEP_US", "1000000"}}, ddp::Setting::MpiMaxSleep), 1000000);
+  EXPECT_EQ(ddp::read_number({{"DDP_MPI_SOCKET_KIB", "1073741824"}}, ddp::Setting::SocketThreshold),
+            1073741824);
+  EXPECT_EQ(ddp::read_number({{"DDP_NCCL_TIMEOUT_SECONDS", "30"}}, ddp::Setting::NcclTimeout), 30);
+  EXPECT_EQ(ddp::read_text({{"DDP_MPI_SOCKETS", "never"}}, ddp::Setting::Sockets), "never");
+  EXPECT_EQ(ddp::read_text({{"DDP_SOCKET_IFNAME", "eth0,lo"}}, ddp::Setting::SocketInterfaces),
+            "eth0,lo");
+  EXPECT_EQ(ddp::read_text({{"DDP_SOCKET_IFNAME", ""}}, ddp::Setting::SocketInterfaces), std::nullopt);
+  for (const char* off : {"", "0"}) {
+    EXPECT_FALSE(ddp::read_flag({{"DDP_SKIP_LAUNCH_CHECKS", off}}, ddp::Setting::SkipLaunchChecks));
+  }
+  EXPECT_FALSE(ddp::read_flag({}, ddp::Setting::SkipLaunchChecks));
+  EXPECT_TRUE(ddp::read_flag({{"DDP_SKIP_LAUNCH_CHECKS", "1"}}, ddp::Setting::SkipLaunchChecks));
+  EXPECT_TRUE(ddp::read_flag({{"DDP_SKIP_LAUNCH_CHECKS", "yes"}}, ddp::Setting::SkipLaunchChecks));
+  // Reading a variable as another kind than its row says is a bug in ddp, not a user's error.
+  EXPECT_THROW(ddp::read_number({}, ddp::Setting::Debug), std::logic_error);
+}
+
+}  // namespace

@@ -24,8 +24,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kWatchdogPoll = std::chrono::milliseconds(100);
 
-ncclDataType_t nccl_type(const torch::Tensor& tensor, const char* op) {
-  switch (tensor.scalar_type()) {
+ncclDataType_t nccl_type(torch::ScalarType type) {
+  switch (type) {
     case torch::kFloat: return ncclFloat32;
     case torch::kDouble: return ncclFloat64;
     case torch::kHalf: return ncclFloat16;
@@ -35,39 +35,26 @@ ncclDataType_t nccl_type(const torch::Tensor& tensor, const char* op) {
     case torch::kByte: return ncclUint8;
     case torch::kChar: return ncclInt8;
     default:
-      throw std::invalid_argument(
-          std::string("NcclCommunicator::") + op + ": unsupported dtype " +
-          c10::toString(tensor.scalar_type()) +
-          " (float32, float64, float16, bfloat16, int32, int64, uint8, int8)");
+      throw std::logic_error(std::string("ddp: no NCCL datatype for ") + c10::toString(type) +
+                             " (NCCL's rules should have refused it)");
   }
 }
 
-ncclRedOp_t nccl_op(ReduceOp op, const torch::Tensor& tensor) {
+ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
     case ReduceOp::Min: return ncclMin;
     case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Avg:
-      if (!tensor.is_floating_point()) {
-        throw std::invalid_argument(
-            std::string("NcclCommunicator::all_reduce: Avg needs a floating-point tensor, got ") +
-            c10::toString(tensor.scalar_type()));
-      }
-      return ncclAvg;
+    case ReduceOp::Avg: return ncclAvg;  // floating point only: the rules checked it
   }
   throw std::invalid_argument("NcclCommunicator::all_reduce: unknown ReduceOp");
-}
-
-std::string describe(const char* op, const torch::Tensor& tensor) {
-  return std::string(op) + " of " + std::to_string(tensor.numel()) + " " +
-         c10::toString(tensor.scalar_type()) + " elements";
 }
 
 }  // namespace
 
 struct NcclCommunicator::Pending {
-  explicit Pending(std::string w) : what(std::move(w)) {}
-  std::string what;
+  explicit Pending(detail::Collective c) : call(std::move(c)) {}
+  detail::Collective call;
   Clock::time_point queued = Clock::now();
   at::cuda::CUDAEvent done;  // recorded on the NCCL stream after the collective
 };
@@ -106,6 +93,12 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int rank, int size,
 NcclCommunicator::NcclCommunicator(int rank, int size, torch::Device device, NcclOptions options,
                                    NotJoined)
     : device_(device), rank_(rank), size_(size), options_(std::move(options)) {
+  rules_.prefix = "NcclCommunicator::";
+  rules_.dtypes = {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16,
+                   torch::kInt,   torch::kLong,   torch::kByte, torch::kChar};
+  rules_.device = device_;
+  rules_.device_reason = "rank " + std::to_string(rank_) + "'s NCCL communicator works on " +
+                         device_.str() + " (CPU tensors go through ProcessGroup::cpu())";
   if (!device_.is_cuda()) {
     throw std::invalid_argument("NcclCommunicator: rank " + std::to_string(rank_) +
                                 " computes on " + device_.str() +
@@ -179,33 +172,21 @@ c10::cuda::CUDAStream NcclCommunicator::stream() const {
   return c10::cuda::getStreamFromExternal(stream_.get(), device_.index());
 }
 
-void NcclCommunicator::check_tensor(const torch::Tensor& tensor, const char* op) const {
-  if (tensor.device() != device_) {
-    throw std::invalid_argument(
-        std::string("NcclCommunicator::") + op + ": the tensor is on " + tensor.device().str() +
-        ", but rank " + std::to_string(rank_) + "'s NCCL communicator works on " +
-        device_.str() + " (CPU tensors go through ProcessGroup::cpu())");
-  }
-  if (!tensor.is_contiguous()) {
-    throw std::invalid_argument(std::string("NcclCommunicator::") + op +
-                                ": the tensor must be contiguous");
-  }
-}
-
 std::shared_ptr<NcclCommunicator::Pending> NcclCommunicator::enqueue(
-    std::string what, const std::vector<torch::Tensor>& tensors,
-    const std::function<ncclResult_t(cudaStream_t)>& call) {
+    detail::Collective call, const std::vector<torch::Tensor>& tensors,
+    const std::function<ncclResult_t(cudaStream_t)>& launch) {
+  call.seq = ++calls_;
   c10::cuda::CUDAGuard guard(device_.index());
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
   const c10::cuda::CUDAStream nccl = stream();
   at::cuda::CUDAEvent inputs_ready;
   inputs_ready.record(current);
   inputs_ready.block(nccl);
-  DDP_NCCL_CHECK(call(nccl.stream()), rank_);
+  DDP_NCCL_CHECK(launch(nccl.stream()), rank_);
   for (const torch::Tensor& tensor : tensors) {
     c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), nccl);
   }
-  auto pending = std::make_shared<Pending>(std::move(what));
+  auto pending = std::make_shared<Pending>(std::move(call));
   pending->done.record(nccl);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -216,12 +197,12 @@ std::shared_ptr<NcclCommunicator::Pending> NcclCommunicator::enqueue(
 
 std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const torch::Tensor& tensor,
                                                          ReduceOp op) {
-  check_tensor(tensor, "all_reduce");
-  const ncclDataType_t type = nccl_type(tensor, "all_reduce");
-  const ncclRedOp_t nccl_reduce = nccl_op(op, tensor);
+  detail::Collective call = detail::Collective::all_reduce(rules_, tensor, op);
+  const ncclDataType_t type = nccl_type(tensor.scalar_type());
+  const ncclRedOp_t nccl_reduce = nccl_op(op);
   void* data = tensor.data_ptr();
   const auto pending =
-      enqueue(describe("all_reduce", tensor), {tensor}, [&](cudaStream_t stream) {
+      enqueue(std::move(call), {tensor}, [&](cudaStream_t stream) {
         return ncclAllReduce(data, data, tensor.numel(), type, nccl_reduce, comm_, stream);
       });
   // The Work keeps the Pending alive (the watchdog drops its own reference once the collective
@@ -231,28 +212,24 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const torch::Tensor& te
 }
 
 void NcclCommunicator::broadcast(const torch::Tensor& tensor, int root) {
-  check_tensor(tensor, "broadcast");
-  if (root < 0 || root >= size_) {
-    throw std::invalid_argument("NcclCommunicator::broadcast: root " + std::to_string(root) +
-                                " is not a rank of " + std::to_string(size_));
-  }
-  const ncclDataType_t type = nccl_type(tensor, "broadcast");
+  detail::Collective call = detail::Collective::broadcast(rules_, tensor, root, size_);
+  const ncclDataType_t type = nccl_type(tensor.scalar_type());
   void* data = tensor.data_ptr();
   const auto pending =
-      enqueue(describe("broadcast", tensor), {tensor}, [&](cudaStream_t stream) {
+      enqueue(std::move(call), {tensor}, [&](cudaStream_t stream) {
         return ncclBroadcast(data, data, tensor.numel(), type, root, comm_, stream);
       });
   pending->done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
 }
 
 torch::Tensor NcclCommunicator::all_gather(const torch::Tensor& tensor) {
-  check_tensor(tensor, "all_gather");
-  const ncclDataType_t type = nccl_type(tensor, "all_gather");
+  detail::Collective call = detail::Collective::all_gather(rules_, tensor);
+  const ncclDataType_t type = nccl_type(tensor.scalar_type());
   std::vector<int64_t> shape{size_};
   shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
   torch::Tensor gathered = torch::empty(shape, tensor.options());
   const auto pending =
-      enqueue(describe("all_gather", tensor), {tensor, gathered}, [&](cudaStream_t stream) {
+      enqueue(std::move(call), {tensor, gathered}, [&](cudaStream_t stream) {
         return ncclAllGather(tensor.data_ptr(), gathered.data_ptr(), tensor.numel(), type, comm_,
                              stream);
       });
@@ -264,7 +241,7 @@ void NcclCommunicator::barrier() {
   const torch::Tensor token =
       torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   void* data = token.data_ptr();
-  const auto pending = enqueue("barrier", {token}, [&](cudaStream_t stream) {
+  const auto pending = enqueue(detail::Collective::barrier(), {token}, [&](cudaStream_t stream) {
     return ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm_, stream);
   });
   // A barrier orders the ranks' host code, not just their streams: the host waits here.
@@ -288,7 +265,7 @@ void NcclCommunicator::watch() {
       fail(std::string("CUDA error while watching the NCCL stream: ") + e.what());
     }
     if (!pending_.empty() && Clock::now() - pending_.front()->queued > options_.timeout) {
-      fail("NCCL " + pending_.front()->what + " did not finish within " +
+      fail("NCCL " + pending_.front()->call.describe() + " did not finish within " +
            std::to_string(options_.timeout.count()) +
            " s (DDP_NCCL_TIMEOUT_SECONDS): another rank died, hangs, or issued different "
            "collectives");

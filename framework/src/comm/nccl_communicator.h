@@ -14,6 +14,7 @@
 // is recorded as in use on the NCCL stream (CUDACachingAllocator::recordStream), so freeing it
 // on the caller's side cannot hand its memory to another tensor while NCCL still uses it.
 //
+// Arguments are checked, and calls named in errors, as every backend does (comm/collective.h).
 // Errors: a failing call throws (DDP_NCCL_CHECK / DDP_CUDA_CHECK: rank, host, file:line, the
 // library's message). A watchdog thread polls ncclCommGetAsyncError and the oldest unfinished
 // collective every 100 ms; on an asynchronous error, or a collective still unfinished after the
@@ -25,6 +26,8 @@
 //
 // Invariant (communicator.h): every rank issues the same collectives in the same order. One
 // thread at a time issues them (the reducer does from autograd's thread for the device).
+
+#include "comm/collective.h"
 
 #include <ddp/communicator.h>
 
@@ -107,9 +110,9 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(int rank, int size, torch::Device device, NcclOptions options, NotJoined);
   void start_watchdog();
 
-  std::shared_ptr<Pending> enqueue(std::string what, const std::vector<torch::Tensor>& tensors,
-                                   const std::function<ncclResult_t(cudaStream_t)>& call);
-  void check_tensor(const torch::Tensor& tensor, const char* op) const;
+  // Numbers `call` and queues it on the NCCL stream.
+  std::shared_ptr<Pending> enqueue(detail::Collective call, const std::vector<torch::Tensor>& tensors,
+                                   const std::function<ncclResult_t(cudaStream_t)>& launch);
   void watch();
   [[noreturn]] void fail(const std::string& why);
 
@@ -117,6 +120,8 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   int size_;
   NcclOptions options_;
+  detail::Rules rules_;  // contiguous, on device_, NCCL's dtypes (comm/collective.h)
+  int64_t calls_ = 0;    // collectives queued so far (the caller's thread)
   std::unique_ptr<CUstream_st, StreamDeleter> stream_;  // destroyed after comm_
   ncclComm_t comm_ = nullptr;
 

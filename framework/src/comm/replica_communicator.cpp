@@ -1,5 +1,7 @@
 #include "comm/replica_communicator.h"
 
+#include "comm/collective.h"
+
 #include <torch/torch.h>
 
 #include <condition_variable>
@@ -15,16 +17,19 @@ namespace ddp {
 
 namespace {
 
-enum class Kind { AllReduce, Broadcast, AllGather, Barrier };
+using detail::Collective;
+using detail::kind_name;
+using Kind = detail::CollectiveKind;
 
-const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::AllReduce: return "all_reduce";
-    case Kind::Broadcast: return "broadcast";
-    case Kind::AllGather: return "all_gather";
-    case Kind::Barrier: return "barrier";
-  }
-  return "?";
+// The replicas of a process meet in memory: CPU tensors of any dtype.
+detail::Rules replica_rules() {
+  detail::Rules rules;
+  rules.prefix = "replica communicator: ";
+  rules.device = torch::Device(torch::kCPU);
+  rules.device_reason =
+      "the replicas of a process reduce CPU tensors in memory (GPUs use one NCCL communicator "
+      "per device)";
+  return rules;
 }
 
 // One collective of a channel, from the first replica's arrival until every replica has its
@@ -53,16 +58,6 @@ struct Channel {
   std::map<uint64_t, std::shared_ptr<Op>> ops;
   std::vector<uint64_t> next_op;  // per replica
 };
-
-void check_tensor(const torch::Tensor& t, const char* what) {
-  if (!t.defined()) throw std::invalid_argument(std::string(what) + ": undefined tensor");
-  if (!t.is_contiguous()) throw std::invalid_argument(std::string(what) + ": tensor must be contiguous");
-  if (!t.device().is_cpu()) {
-    throw std::invalid_argument(std::string(what) + ": tensor on " + t.device().str() +
-                                ": the replicas of a process reduce CPU tensors in memory (GPUs "
-                                "use one NCCL communicator per device)");
-  }
-}
 
 }  // namespace
 
@@ -95,7 +90,8 @@ class ReplicaCommunicator final : public Communicator {
         replica_(replica),
         replicas_(replicas),
         rank_(process_rank * replicas + replica),
-        size_(processes * replicas) {}
+        size_(processes * replicas),
+        rules_(replica_rules()) {}
 
   std::string backend() const override {
     return channel_->process ? "in-process+" + channel_->process->backend() : "in-process";
@@ -123,6 +119,7 @@ class ReplicaCommunicator final : public Communicator {
   std::shared_ptr<ReplicaHub::State> state_;
   std::shared_ptr<Channel> channel_;
   int replica_, replicas_, rank_, size_;
+  detail::Rules rules_;
 };
 
 class ReplicaWork final : public Work {
@@ -147,7 +144,7 @@ class ReplicaWork final : public Work {
       if (op.error) return;  // combining already failed
       try {
         if (op.process_work) op.process_work->wait();
-        if (op.reduce == ReduceOp::Avg) op.result.div_(size);
+        detail::finish_avg(op.result, op.reduce, size);
       } catch (...) {
         op.error = std::current_exception();
       }
@@ -225,10 +222,7 @@ void ReplicaCommunicator::combine(Op& op) const {
 
 std::unique_ptr<Work> ReplicaCommunicator::all_reduce_async(const torch::Tensor& tensor,
                                                             ReduceOp reduce) {
-  check_tensor(tensor, "replica communicator: all_reduce");
-  if (reduce == ReduceOp::Avg && !tensor.is_floating_point()) {
-    throw std::invalid_argument("replica communicator: all_reduce: Avg needs a floating-point tensor");
-  }
+  (void)Collective::all_reduce(rules_, tensor, reduce);
   std::unique_lock<std::mutex> lock(state_->mutex);
   auto [op, last] = arrive(lock, Kind::AllReduce, tensor, reduce, 0);
   if (last) {
@@ -237,8 +231,8 @@ std::unique_ptr<Work> ReplicaCommunicator::all_reduce_async(const torch::Tensor&
     try {
       combine(*op);
       if (channel_->process) {
-        op->process_work = channel_->process->all_reduce_async(
-            op->result, reduce == ReduceOp::Avg ? ReduceOp::Sum : reduce);
+        op->process_work =
+            channel_->process->all_reduce_async(op->result, detail::without_avg(reduce));
       }
     } catch (...) {
       op->error = std::current_exception();
@@ -282,11 +276,7 @@ void ReplicaCommunicator::collect(const std::shared_ptr<Op>& op) {
 }
 
 void ReplicaCommunicator::broadcast(const torch::Tensor& tensor, int root) {
-  check_tensor(tensor, "replica communicator: broadcast");
-  if (root < 0 || root >= size_) {
-    throw std::invalid_argument("replica communicator: broadcast root " + std::to_string(root) +
-                                " is not a replica index (0.." + std::to_string(size_ - 1) + ")");
-  }
+  (void)Collective::broadcast(rules_, tensor, root, size_);
   const int root_process = root / replicas_;
   const int root_replica = root % replicas_;
   Communicator* process = channel_->process.get();
@@ -308,7 +298,7 @@ void ReplicaCommunicator::broadcast(const torch::Tensor& tensor, int root) {
 }
 
 torch::Tensor ReplicaCommunicator::all_gather(const torch::Tensor& tensor) {
-  check_tensor(tensor, "replica communicator: all_gather");
+  (void)Collective::all_gather(rules_, tensor);
   Communicator* process = channel_->process.get();
   const int replicas = replicas_;
   auto op = run_blocking(Kind::AllGather, tensor, 0, [&](Op& o) {

@@ -9,7 +9,8 @@
 // How a collective runs: the N threads of the process meet in memory; the last to arrive combines
 // the N tensors in replica order (0 + 1 + ... + N-1: a fixed order, so the result does not depend
 // on which thread came last), hands the partial result to a communicator over the processes
-// (MPI: MpiCommunicator) and, when that returns, every replica's tensor receives the result.
+// (ProcessGroup's CPU communicator: MPI, and the TCP ring for large all-reduces between hosts)
+// and, when that returns, every replica's tensor receives the result.
 // With one process there is nothing to send: the hub reduces in memory only (the unit tests run
 // it so, without MPI). CPU tensors only: replicas on GPUs use one NCCL communicator per device.
 //

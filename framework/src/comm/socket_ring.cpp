@@ -1,318 +1,74 @@
 #include "comm/socket_ring.h"
 
-#include "util/mpi_check.h"
+#include "comm/ring_sockets.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <torch/torch.h>
 
-#include <cerrno>
-#include <chrono>
-#include <cstdint>
-#include <cstring>
-#include <random>
-#include <sstream>
+#include <algorithm>
+#include <atomic>
 #include <stdexcept>
-#include <string>
 #include <utility>
-#include <vector>
 
-namespace ddp::detail {
+namespace ddp {
+
+using detail::Collective;
+using detail::RingSockets;
+
+struct SocketRing::State {
+  detail::MpiWorker* worker = nullptr;  // outlives the calls queued on it
+  std::string interfaces;
+  std::function<void(const std::string&)> on_connected;
+  std::unique_ptr<RingSockets> sockets;  // made by the first collective
+  std::atomic<bool> connected{false};
+  torch::Tensor scratch;    // the received segment of an all-reduce before it is reduced in
+  std::string broken_call;  // a collective that threw half way: its bytes may be in flight
+
+  // Runs `body` over the connections, connecting first; nothing to do on one rank.
+  void call(const char* name, const std::function<void(RingSockets&)>& body) {
+    if (worker->size() == 1) return;
+    if (!sockets) {
+      const MPI_Comm comm = worker->comm();
+      const bool one_host = detail::single_host(comm);
+      sockets = std::make_unique<RingSockets>(comm, interfaces, one_host);
+      connected = true;
+      if (on_connected) on_connected(sockets->address(sockets->rank()));
+    }
+    if (!broken_call.empty()) {
+      throw std::runtime_error("rank " + std::to_string(sockets->rank()) + ": socket ring " +
+                               name + ": an earlier " + broken_call +
+                               " failed half way, so the ring's connections are out of step");
+    }
+    broken_call = name;  // until it completes
+    sockets->set_call(name);
+    body(*sockets);
+    broken_call.clear();
+  }
+};
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-// How long connecting to the next rank and being connected by the previous one may take: the
-// peers are already listening (the addresses are exchanged after listen()), so only an address
-// that does not route takes this long.
-constexpr auto kConnectTimeout = std::chrono::seconds(30);
-
-struct Hello {
-  uint64_t token;
-  int64_t rank;
-};
-
-std::string errno_text(int error) { return std::strerror(error); }
-
-std::string ip_text(in_addr address) {
-  char text[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &address, text, sizeof text);
-  return text;
-}
-
-bool container_bridge(const std::string& name) {
-  return name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0;
-}
-
-// This host's IPv4 address to listen on (see the header for the choice).
-in_addr pick_address(const std::string& interfaces, bool single_host, int rank) {
-  if (interfaces.empty() && single_host) {
-    in_addr loopback{};
-    loopback.s_addr = htonl(INADDR_LOOPBACK);
-    return loopback;
-  }
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) {
-    throw std::runtime_error("rank " + std::to_string(rank) +
-                             ": socket ring: getifaddrs: " + errno_text(errno));
-  }
-  struct Interface {
-    std::string name;
-    in_addr address;
-    bool loopback;
-  };
-  std::vector<Interface> found;  // up, IPv4, in the system's order
-  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
-    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
-    if (!(it->ifa_flags & IFF_UP)) continue;
-    found.push_back({it->ifa_name, reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr,
-                     (it->ifa_flags & IFF_LOOPBACK) != 0});
-  }
-  freeifaddrs(list);
-
-  std::string seen;
-  for (const Interface& i : found) seen += (seen.empty() ? "" : ", ") + i.name + " " + ip_text(i.address);
-  if (!interfaces.empty()) {
-    std::stringstream names(interfaces);
-    std::string wanted;
-    while (std::getline(names, wanted, ',')) {
-      for (const Interface& i : found) {
-        if (i.name == wanted) return i.address;
-      }
-    }
-    throw std::runtime_error("rank " + std::to_string(rank) + ": DDP_SOCKET_IFNAME='" + interfaces +
-                             "' (MpiOptions::socket_interfaces): no such interface up with an "
-                             "IPv4 address on this host (it has: " + seen + ")");
-  }
-  for (const Interface& i : found) {
-    if (!i.loopback && !container_bridge(i.name)) return i.address;
-  }
-  throw std::runtime_error("rank " + std::to_string(rank) +
-                           ": socket ring: no network interface up with an IPv4 address other "
-                           "than loopback (this host has: " + seen +
-                           "); name one in DDP_SOCKET_IFNAME, or set DDP_MPI_SOCKETS=never");
-}
-
-void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
-
-void set_nodelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-// Waits for `events` on `fd` until `deadline`; false when the deadline passed.
-bool wait_until(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int n = poll(&p, 1, static_cast<int>(left.count()));
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
-
-// Reads or writes exactly `bytes` on a non-blocking socket before `deadline` (the hello).
-bool transfer_all(int fd, void* data, size_t bytes, bool write, Clock::time_point deadline) {
-  char* p = static_cast<char*>(data);
-  size_t done = 0;
-  while (done < bytes) {
-    if (!wait_until(fd, write ? POLLOUT : POLLIN, deadline)) return false;
-    const ssize_t n = write ? send(fd, p + done, bytes - done, MSG_NOSIGNAL)
-                            : recv(fd, p + done, bytes - done, 0);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-    } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
-SocketRing::Fd::~Fd() {
-  if (fd_ >= 0) close(fd_);
-}
-
-SocketRing::Fd& SocketRing::Fd::operator=(Fd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = other.fd_;
-    other.fd_ = -1;
-  }
-  return *this;
-}
-
-SocketRing::SocketRing(MPI_Comm comm, const std::string& interfaces, bool single_host) {
-  DDP_MPI_CHECK(MPI_Comm_rank(comm, &rank_));
-  DDP_MPI_CHECK(MPI_Comm_size(comm, &size_));
-  const std::string me = "rank " + std::to_string(rank_) + ": socket ring: ";
-
-  // Listen first, so every address all-gathered below already accepts connections. A failure
-  // here is reported after the all-gather (address 0), so no rank is left waiting in it.
-  std::string local_error;
-  const Fd listening(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  const int listen_fd = listening.get();
-  sockaddr_in self{};
-  self.sin_family = AF_INET;
-  try {
-    self.sin_addr = pick_address(interfaces, single_host, rank_);
-    socklen_t length = sizeof self;
-    if (listen_fd < 0 || bind(listen_fd, reinterpret_cast<sockaddr*>(&self), sizeof self) != 0 ||
-        listen(listen_fd, 16) != 0 ||
-        getsockname(listen_fd, reinterpret_cast<sockaddr*>(&self), &length) != 0) {
-      local_error = me + "cannot listen on " + ip_text(self.sin_addr) + ": " + errno_text(errno);
-    }
-  } catch (const std::exception& e) {
-    local_error = e.what();
-  }
-  uint64_t mine[2] = {local_error.empty() ? uint64_t(self.sin_addr.s_addr) : 0,
-                      local_error.empty() ? uint64_t(ntohs(self.sin_port)) : 0};
-  std::vector<uint64_t> all(2 * static_cast<size_t>(size_));
-  DDP_MPI_CHECK(MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm));
-  uint64_t token = 0;
-  if (rank_ == 0) token = std::random_device{}() * 0x100000000ull + std::random_device{}();
-  DDP_MPI_CHECK(MPI_Bcast(&token, 1, MPI_UINT64_T, 0, comm));
-  for (int r = 0; r < size_; ++r) {
-    in_addr a{};
-    a.s_addr = static_cast<uint32_t>(all[2 * r]);
-    addresses_.push_back(ip_text(a) + ":" + std::to_string(all[2 * r + 1]));
-  }
-  if (!local_error.empty()) throw std::runtime_error(local_error);
-  std::string silent;  // every rank fails together when one could not listen
-  for (int r = 0; r < size_; ++r) {
-    if (all[2 * r + 1] == 0) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (!silent.empty()) {
-    throw std::runtime_error(me + "rank(s) " + silent + " could not listen (their own errors say why)");
-  }
-  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-
-  // Connect to the next rank (non-blocking, so an address that does not route fails in time).
-  const auto deadline = Clock::now() + kConnectTimeout;
-  std::string error;
-  next_ = Fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  const int next_fd = next_.get();
-  sockaddr_in peer{};
-  peer.sin_family = AF_INET;
-  peer.sin_addr.s_addr = static_cast<uint32_t>(all[2 * next]);
-  peer.sin_port = htons(static_cast<uint16_t>(all[2 * next + 1]));
-  set_nonblocking(next_fd);
-  if (connect(next_fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) != 0 && errno != EINPROGRESS) {
-    error = errno_text(errno);
-  } else if (!wait_until(next_fd, POLLOUT, deadline)) {
-    error = "no connection within " + std::to_string(kConnectTimeout.count()) + " s";
-  } else {
-    int status = 0;
-    socklen_t length = sizeof status;
-    getsockopt(next_fd, SOL_SOCKET, SO_ERROR, &status, &length);
-    if (status != 0) error = errno_text(status);
-  }
-  Hello hello{token, rank_};
-  if (error.empty() && !transfer_all(next_fd, &hello, sizeof hello, true, deadline)) {
-    error = "the connection closed before the greeting was sent";
-  }
-  if (!error.empty()) {
-    throw std::runtime_error(me + "cannot connect to rank " + std::to_string(next) + " at " +
-                             addresses_[next] + ": " + error +
-                             " (the hosts must reach each other over TCP on that address; name "
-                             "the interface to use in DDP_SOCKET_IFNAME, or set "
-                             "DDP_MPI_SOCKETS=never)");
-  }
-
-  // Accept the previous rank; whatever else connects (a port scanner, a stale job) is closed.
-  set_nonblocking(listen_fd);
-  while (prev_.get() < 0) {
-    if (!wait_until(listen_fd, POLLIN, deadline)) {
-      throw std::runtime_error(me + "rank " + std::to_string(prev) + " (" + addresses_[prev] +
-                               ") did not connect to " + addresses_[rank_] + " within " +
-                               std::to_string(kConnectTimeout.count()) + " s");
-    }
-    Fd accepted(accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (accepted.get() < 0) continue;
-    Hello theirs{};
-    if (transfer_all(accepted.get(), &theirs, sizeof theirs, false, deadline) &&
-        theirs.token == token && theirs.rank == prev) {
-      prev_ = std::move(accepted);
-    }
-  }
-  set_nodelay(next_.get());
-  set_nodelay(prev_.get());
-}
-
-void SocketRing::peer_failed(int peer, const std::string& what) const {
-  throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring all_reduce: " + what +
-                           " rank " + std::to_string(peer) + " (" + addresses_[peer] +
-                           "): that rank has ended or lost the network");
-}
-
-void SocketRing::exchange(const char* send_data, size_t send_bytes, char* recv_data, size_t recv_bytes) {
-  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-  size_t sent = 0, got = 0;
-  while (sent < send_bytes || got < recv_bytes) {
-    pollfd p[2] = {{next_.get(), short(sent < send_bytes ? POLLOUT : 0), 0},
-                   {prev_.get(), short(got < recv_bytes ? POLLIN : 0), 0}};
-    // The thread sleeps here while the kernel moves the bytes. No deadline: a peer that hangs
-    // is the watchdog's to report.
-    if (poll(p, 2, 1000) < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring: poll: " +
-                               errno_text(errno));
-    }
-    if (sent < send_bytes && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t n = send(next_.get(), send_data + sent, send_bytes - sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        sent += static_cast<size_t>(n);
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        peer_failed(next, "sending to (" + errno_text(errno) + ")");
-      }
-    }
-    if (got < recv_bytes && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
-      const ssize_t n = recv(prev_.get(), recv_data + got, recv_bytes - got, 0);
-      if (n > 0) {
-        got += static_cast<size_t>(n);
-      } else if (n == 0) {
-        peer_failed(prev, "connection closed by");
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        peer_failed(prev, "receiving from (" + errno_text(errno) + ")");
-      }
-    }
-  }
-}
-
-void SocketRing::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
-  if (size_ == 1 || tensor.numel() == 0) return;
-  if (broken_) {
-    throw std::runtime_error("rank " + std::to_string(rank_) +
-                             ": socket ring all_reduce: an earlier all_reduce failed half way, so "
-                             "the ring's connections are out of step");
-  }
-  broken_ = true;  // until this one completes
+// In place; `tensor` contiguous on the CPU. Avg is left to the caller (finish_avg).
+void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
+                     ReduceOp op) {
+  const int rank = ring.rank(), size = ring.size();
   const torch::Tensor flat = tensor.view({-1});
   const int64_t n = flat.numel();
+  if (n == 0) return;
   auto segment = [&](int i) {  // elements [i n / size, (i + 1) n / size)
-    i = ((i % size_) + size_) % size_;
-    return flat.slice(0, n * i / size_, n * (i + 1) / size_);
+    i = ((i % size) + size) % size;
+    return flat.slice(0, n * i / size, n * (i + 1) / size);
   };
   const size_t item = flat.element_size();
-  if (!scratch_.defined() || scratch_.scalar_type() != flat.scalar_type() ||
-      scratch_.numel() < n / size_ + 1) {
-    scratch_ = torch::empty({n / size_ + 1}, flat.options());
+  if (!scratch.defined() || scratch.scalar_type() != flat.scalar_type() ||
+      scratch.numel() < n / size + 1) {
+    scratch = torch::empty({n / size + 1}, flat.options());
   }
   // Reduce-scatter: after step s, segment r - s - 1 holds the sum of s + 2 ranks' values.
-  for (int s = 0; s < size_ - 1; ++s) {
-    const torch::Tensor out = segment(rank_ - s);
-    torch::Tensor in = segment(rank_ - s - 1);
-    const torch::Tensor got = scratch_.slice(0, 0, in.numel());
-    exchange(static_cast<const char*>(out.data_ptr()), out.numel() * item,
-             static_cast<char*>(got.data_ptr()), got.numel() * item);
+  for (int s = 0; s < size - 1; ++s) {
+    const torch::Tensor out = segment(rank - s);
+    torch::Tensor in = segment(rank - s - 1);
+    const torch::Tensor got = scratch.slice(0, 0, in.numel());
+    ring.exchange(out.data_ptr(), out.numel() * item, got.data_ptr(), got.numel() * item);
     switch (op) {
       case ReduceOp::Sum:
       case ReduceOp::Avg: in.add_(got); break;
@@ -321,12 +77,104 @@ void SocketRing::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
     }
   }
   // All-gather: this rank now owns the reduced segment r + 1; pass the reduced segments round.
-  for (int s = 0; s < size_ - 1; ++s) {
-    const torch::Tensor out = segment(rank_ + 1 - s), in = segment(rank_ - s);
-    exchange(static_cast<const char*>(out.data_ptr()), out.numel() * item,
-             static_cast<char*>(in.data_ptr()), in.numel() * item);
+  for (int s = 0; s < size - 1; ++s) {
+    const torch::Tensor out = segment(rank + 1 - s), in = segment(rank - s);
+    ring.exchange(out.data_ptr(), out.numel() * item, in.data_ptr(), in.numel() * item);
   }
-  broken_ = false;
 }
 
-}  // namespace ddp::detail
+// `rows` [size, ...] contiguous, row rank() already this rank's: in size - 1 steps each rank
+// passes on the row it received last.
+void ring_all_gather(RingSockets& ring, const torch::Tensor& rows) {
+  const int rank = ring.rank(), size = ring.size();
+  const size_t bytes = rows.nbytes() / static_cast<size_t>(size);
+  char* base = static_cast<char*>(rows.data_ptr());
+  auto row = [&](int i) { return base + static_cast<size_t>(((i % size) + size) % size) * bytes; };
+  for (int s = 0; s < size - 1; ++s) ring.exchange(row(rank - s), bytes, row(rank - s - 1), bytes);
+}
+
+// From `root` along the ring, in pieces, so that each rank forwards one piece while it
+// receives the next.
+void ring_broadcast(RingSockets& ring, const torch::Tensor& tensor, int root) {
+  constexpr int64_t kPiece = 1 << 20;
+  const int rank = ring.rank(), size = ring.size();
+  const bool forwards = (rank + 1) % size != root;
+  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  const int64_t pieces = (bytes + kPiece - 1) / kPiece;
+  char* data = static_cast<char*>(tensor.data_ptr());
+  auto length = [&](int64_t k) { return static_cast<size_t>(std::min(kPiece, bytes - k * kPiece)); };
+  for (int64_t k = 0; k <= pieces; ++k) {
+    const int64_t out = rank == root ? k : k - 1;  // the piece sent now
+    const int64_t in = rank == root ? -1 : k;      // the piece received now
+    const bool sends = forwards && out >= 0 && out < pieces, receives = in >= 0 && in < pieces;
+    ring.exchange(sends ? data + out * kPiece : nullptr, sends ? length(out) : 0,
+                  receives ? data + in * kPiece : nullptr, receives ? length(in) : 0);
+  }
+}
+
+}  // namespace
+
+SocketRing::SocketRing(MPI_Comm comm, SocketRingOptions options)
+    : SocketRing(std::make_shared<detail::MpiWorker>(comm, options), options) {}
+
+SocketRing::SocketRing(std::shared_ptr<detail::MpiWorker> worker, SocketRingOptions options)
+    : worker_(std::move(worker)),
+      rules_(detail::host_rules("SocketRing::")),
+      state_(std::make_shared<State>()) {
+  state_->worker = worker_.get();
+  state_->interfaces = std::move(options.interfaces);
+  state_->on_connected = std::move(options.on_connected);
+}
+
+SocketRing::~SocketRing() = default;
+
+bool SocketRing::connected() const { return state_->connected; }
+
+std::unique_ptr<Work> SocketRing::submit(Collective call, torch::Tensor target, torch::Tensor host,
+                                         std::function<void(State&)> run) {
+  return worker_->submit(
+      std::move(call), [state = state_, run = std::move(run)] { run(*state); },
+      std::move(target), std::move(host));
+}
+
+std::unique_ptr<Work> SocketRing::all_reduce_async(const torch::Tensor& tensor, ReduceOp op) {
+  Collective call = Collective::all_reduce(rules_, tensor, op);
+  const torch::Tensor host = detail::on_host(tensor);
+  const int size = this->size();
+  return submit(std::move(call), tensor, host, [host, op, size](State& s) {
+    s.call("all_reduce", [&](RingSockets& ring) { ring_all_reduce(ring, s.scratch, host, op); });
+    detail::finish_avg(host, op, size);
+  });
+}
+
+void SocketRing::broadcast(const torch::Tensor& tensor, int root) {
+  Collective call = Collective::broadcast(rules_, tensor, root, size());
+  const torch::Tensor host = detail::on_host(tensor);
+  submit(std::move(call), tensor, host, [host, root](State& s) {
+    s.call("broadcast", [&](RingSockets& ring) { ring_broadcast(ring, host, root); });
+  })->wait();
+}
+
+torch::Tensor SocketRing::all_gather(const torch::Tensor& tensor) {
+  Collective call = Collective::all_gather(rules_, tensor);
+  std::vector<int64_t> shape{size()};
+  shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
+  const torch::Tensor host = tensor.to(torch::kCPU);
+  torch::Tensor rows = torch::empty(shape, host.options());
+  rows[rank()].copy_(host);
+  submit(std::move(call), {}, {}, [rows](State& s) {
+    s.call("all_gather", [&](RingSockets& ring) { ring_all_gather(ring, rows); });
+  })->wait();
+  return rows.to(tensor.device());
+}
+
+void SocketRing::barrier() {
+  // One byte per rank: every segment of the all-reduce is one rank's, so no rank finishes before
+  // every rank has started.
+  const torch::Tensor token = torch::zeros({size()}, torch::kByte);
+  submit(Collective::barrier(), {}, {}, [token](State& s) {
+    s.call("barrier", [&](RingSockets& ring) { ring_all_reduce(ring, s.scratch, token, ReduceOp::Sum); });
+  })->wait();
+}
+
+}  // namespace ddp

@@ -1,10 +1,12 @@
 #pragma once
 // The backends' options as the group's options and the environment set them, for every
 // communicator the parallel layer creates (ProcessGroup's and the replica set's): the timeout
-// (ProcessGroupOptions::timeout, else DDP_TIMEOUT_SECONDS, else 600 s), the debug mode and the
-// MPI tuning variables (process_group.cpp), and Runtime::abort for a watchdog that fires.
+// (ProcessGroupOptions::timeout, else DDP_TIMEOUT_SECONDS, else 600 s), the debug mode, the MPI
+// tuning and the TCP ring's variables (read through util/environment.h's table), and
+// Runtime::abort for a watchdog that fires.
 
-#include "comm/mpi_communicator.h"
+#include "comm/cpu_communicator.h"
+#include <ddp/communicator.h>
 #include <ddp/config.h>
 #include <ddp/runtime.h>
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
@@ -12,11 +14,25 @@
 #endif
 
 #include <chrono>
+#include <memory>
 
 namespace ddp {
 
-// timeout 0: DDP_TIMEOUT_SECONDS, else 600 s.
-MpiOptions mpi_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout);
+// timeout 0: DDP_TIMEOUT_SECONDS, else 600 s. The variables, as util/environment.h names them:
+//   DDP_DEBUG             MpiOptions::check_collectives (DETAIL)
+//   DDP_MPI_SPIN_US       MpiOptions::spin in microseconds (busy-testing before sleeping)
+//   DDP_MPI_MAX_SLEEP_US  MpiOptions::max_sleep in microseconds (0: never sleep)
+//   DDP_MPI_BLOCKING_KIB  MpiOptions::blocking_bytes in KiB
+//   DDP_MPI_MESSAGE_KIB   MpiOptions::max_message_bytes in KiB (0: one call per tensor)
+//   DDP_MPI_SOCKETS       CpuOptions::sockets: auto | never | always
+//   DDP_MPI_SOCKET_KIB    CpuOptions::socket_bytes in KiB
+//   DDP_SOCKET_IFNAME     CpuOptions::socket_interfaces (comma-separated interface names)
+// A bad value throws std::invalid_argument naming the variable.
+CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout);
+
+// A new communicator for CPU tensors over every rank of `runtime` (comm/cpu_communicator.h:
+// MPI, with the TCP ring for large all-reduces where that policy says). Collective.
+std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime, std::chrono::seconds timeout);
 
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 // timeout 0: DDP_NCCL_TIMEOUT_SECONDS, else DDP_TIMEOUT_SECONDS, else 600 s.

@@ -2,7 +2,6 @@
 
 #include <ddp/config.h>
 
-#include "comm/mpi_communicator.h"
 #include "comm/replica_communicator.h"
 #include "parallel/backend_options.h"
 #include "parallel/generator.h"
@@ -44,12 +43,12 @@ class ReplicaSet {
  public:
   ReplicaSet(Runtime& runtime, ProcessGroupOptions options)
       : runtime_(runtime), options_(options), replicas_(runtime.replicas_per_process()) {
-    const MPI_Comm comm = detail::RuntimeInternals::comm(runtime);
     const Runtime* owner = &runtime;
     const std::chrono::seconds timeout = options.timeout;
+    // Each channel's communicator over the processes is what ProcessGroup's would be.
     hub_ = std::make_unique<ReplicaHub>(replicas_, runtime.rank(), runtime.world_size(),
-                                        [comm, owner, timeout] {
-      return std::make_unique<MpiCommunicator>(comm, mpi_options_from_environment(*owner, timeout));
+                                        [owner, timeout] {
+      return make_cpu_communicator(*owner, timeout);
     });
   }
   ReplicaSet(const ReplicaSet&) = delete;

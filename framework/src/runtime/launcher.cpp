@@ -8,8 +8,6 @@
 #include <sstream>
 #include <stdexcept>
 
-extern char** environ;
-
 namespace ddp {
 
 namespace {
@@ -63,16 +61,6 @@ std::string plural(int n, const std::string& word) {
 }
 
 }  // namespace
-
-Environment current_environment() {
-  Environment env;
-  for (char** entry = environ; entry && *entry; ++entry) {
-    const std::string line(*entry);
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return env;
-}
 
 LaunchInfo detect_launch(const Environment& env) {
   LaunchInfo info;
@@ -279,39 +267,6 @@ bool yield_when_idle(const Environment& env, int local_size, int cpus) {
   // threads + 1 > threads: it yields too).
   const int threads = choose_threads(env, cpus, ranks).threads;
   return ranks * (threads + 1) > std::max(cpus, 1);
-}
-
-namespace {
-
-int positive_seconds(const Environment& env, const char* name) {
-  const std::string text = get(env, name);
-  const int seconds = get_int(env, name);
-  if (seconds <= 0) {
-    throw std::invalid_argument(std::string(name) + "='" + text +
-                                "' is not a positive whole number of seconds");
-  }
-  return seconds;
-}
-
-}  // namespace
-
-int collective_timeout_seconds(const Environment& env) {
-  if (get(env, "DDP_TIMEOUT_SECONDS").empty()) return 600;
-  return positive_seconds(env, "DDP_TIMEOUT_SECONDS");
-}
-
-int nccl_timeout_seconds(const Environment& env) {
-  if (get(env, "DDP_NCCL_TIMEOUT_SECONDS").empty()) return collective_timeout_seconds(env);
-  return positive_seconds(env, "DDP_NCCL_TIMEOUT_SECONDS");
-}
-
-bool debug_detail(const Environment& env) {
-  const std::string value = get(env, "DDP_DEBUG");
-  if (value.empty() || value == "OFF") return false;
-  if (value == "DETAIL") return true;
-  throw std::invalid_argument("DDP_DEBUG='" + value +
-                              "': expected DETAIL (check that every rank calls the same "
-                              "collectives) or OFF");
 }
 
 std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>& ranks,

@@ -1,23 +1,20 @@
 #pragma once
 // How this process was started (Open MPI's mpirun, Slurm's srun, MPICH's mpiexec, or alone),
-// read from the variables the launcher put in the environment, and the checks that turn the
+// read from the variables the launcher put in the environment (an Environment:
+// util/environment.h, which also reads ddp's own DDP_* variables), and the checks that turn the
 // classic launch mistakes into messages that say how to fix them. Everything here is a pure
 // function of an Environment, so every launcher can be unit-tested on any machine; ddp::Runtime
 // calls these at start-up (before MPI_Init for what would make MPI_Init itself fail, after it
 // for the rest) and prints the result in rank 0's start-up banner.
 
+#include "util/environment.h"
+
 #include <torch/types.h>
 
-#include <map>
 #include <string>
 #include <vector>
 
 namespace ddp {
-
-using Environment = std::map<std::string, std::string>;
-
-// A copy of this process's environment.
-Environment current_environment();
 
 enum class Launcher {
   Singleton,  // no launcher: one process, world size 1
@@ -108,20 +105,6 @@ ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_
 // a yielding worker thread is scheduled late and the collective slows (measured across
 // two emulated hosts at 100 Mbit/s: 849 vs 665 ms per CNN step). `local_size` < 1 counts as 1.
 bool yield_when_idle(const Environment& env, int local_size, int cpus);
-
-// Seconds a collective of either backend may take before the communicator's watchdog ends the
-// job: DDP_TIMEOUT_SECONDS, or 600 (PyTorch's default) when it is unset or empty. Throws
-// std::invalid_argument naming the variable when it is not a positive whole number.
-int collective_timeout_seconds(const Environment& env);
-
-// The same for NCCL alone: DDP_NCCL_TIMEOUT_SECONDS when it is set (the older, NCCL-only name),
-// else collective_timeout_seconds(env).
-int nccl_timeout_seconds(const Environment& env);
-
-// The debug mode (DDP_DEBUG, as PyTorch's TORCH_DISTRIBUTED_DEBUG): true for DETAIL (every
-// collective of the MPI backend is first checked to be the same on every rank), false when
-// unset, empty or OFF. Throws std::invalid_argument naming the variable for anything else.
-bool debug_detail(const Environment& env);
 
 // One rank's place, gathered on rank 0 for the banner.
 struct RankPlace {

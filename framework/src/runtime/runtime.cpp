@@ -53,8 +53,7 @@ bool init_mpi(int* argc, char*** argv, int* provided, bool yield) {
 }
 
 bool launch_checks_enabled() {
-  const char* skip = std::getenv("DDP_SKIP_LAUNCH_CHECKS");
-  return skip == nullptr || *skip == '\0' || std::strcmp(skip, "0") == 0;
+  return !read_flag(current_environment(), Setting::SkipLaunchChecks);
 }
 
 // The first Runtime of the process prints the banner and sets the thread count; a second one

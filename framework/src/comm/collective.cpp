@@ -1,0 +1,162 @@
+#include "comm/collective.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace ddp::detail {
+
+const char* kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Barrier: return "barrier";
+  }
+  return "collective";
+}
+
+const char* dtype_name(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat: return "float32";
+    case torch::kDouble: return "float64";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kInt: return "int32";
+    case torch::kLong: return "int64";
+    case torch::kShort: return "int16";
+    case torch::kByte: return "uint8";
+    case torch::kChar: return "int8";
+    default: return c10::toString(type);
+  }
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
+Rules host_rules(std::string prefix) {
+  Rules rules;
+  rules.prefix = std::move(prefix);
+  rules.dtypes = {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16,
+                  torch::kInt,   torch::kLong,   torch::kByte};
+  rules.half_sum_only = true;
+  return rules;
+}
+
+namespace {
+
+bool is_16bit_float(torch::ScalarType type) {
+  return type == torch::kHalf || type == torch::kBFloat16;
+}
+
+// Checks what every call with a tensor needs; returns the call's description without its
+// reduce op or root.
+Collective checked(const Rules& rules, CollectiveKind kind, const torch::Tensor& tensor) {
+  const std::string where = rules.prefix + kind_name(kind);
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(where + ": " + what); };
+  if (!tensor.defined()) fail("undefined tensor");
+  if (!tensor.is_contiguous()) fail("tensor must be contiguous");
+  if (rules.device && tensor.device() != *rules.device) {
+    fail("the tensor is on " + tensor.device().str() + ", but " + rules.device_reason);
+  }
+  const torch::ScalarType type = tensor.scalar_type();
+  if (!rules.dtypes.empty() &&
+      std::find(rules.dtypes.begin(), rules.dtypes.end(), type) == rules.dtypes.end()) {
+    std::string supported;
+    for (torch::ScalarType t : rules.dtypes) supported += (supported.empty() ? "" : ", ") + std::string(dtype_name(t));
+    fail(std::string("unsupported dtype ") + dtype_name(type) + " (" + supported + ")");
+  }
+  Collective call;
+  call.kind = kind;
+  call.dtype = static_cast<int64_t>(type);
+  call.sizes = tensor.sizes().vec();
+  return call;
+}
+
+}  // namespace
+
+Collective Collective::all_reduce(const Rules& rules, const torch::Tensor& tensor, ReduceOp op) {
+  Collective call = checked(rules, CollectiveKind::AllReduce, tensor);
+  const std::string where = rules.prefix + "all_reduce: ";
+  if (op == ReduceOp::Avg && !tensor.is_floating_point()) {
+    throw std::invalid_argument(where + "Avg needs a floating-point tensor, got " +
+                                dtype_name(tensor.scalar_type()));
+  }
+  if (rules.half_sum_only && is_16bit_float(tensor.scalar_type()) && op != ReduceOp::Sum &&
+      op != ReduceOp::Avg) {
+    throw std::invalid_argument(where + "float16/bfloat16 support Sum and Avg only");
+  }
+  call.extra = static_cast<int64_t>(op);
+  return call;
+}
+
+Collective Collective::broadcast(const Rules& rules, const torch::Tensor& tensor, int root, int size) {
+  Collective call = checked(rules, CollectiveKind::Broadcast, tensor);
+  if (root < 0 || root >= size) {
+    throw std::invalid_argument(rules.prefix + "broadcast: root " + std::to_string(root) +
+                                " is not a rank of " + std::to_string(size));
+  }
+  call.extra = root;
+  return call;
+}
+
+Collective Collective::all_gather(const Rules& rules, const torch::Tensor& tensor) {
+  return checked(rules, CollectiveKind::AllGather, tensor);
+}
+
+Collective Collective::barrier() { return Collective{}; }
+
+Collective::Fingerprint Collective::fingerprint() const {
+  Fingerprint f{};
+  f[0] = static_cast<int64_t>(kind);
+  f[1] = seq;
+  f[2] = dtype;
+  f[3] = extra;
+  if (dtype >= 0) {
+    f[4] = static_cast<int64_t>(sizes.size());
+    f[5] = 1;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      f[5] *= sizes[d];
+      if (d < kShownDims) f[6 + d] = sizes[d];
+    }
+  }
+  return f;
+}
+
+std::string Collective::describe(const Fingerprint& f) {
+  const auto kind = static_cast<CollectiveKind>(f[0]);
+  std::string text = std::string(kind_name(kind)) + " #" + std::to_string(f[1]);
+  if (f[2] >= 0) {
+    text += std::string(" ") + dtype_name(static_cast<torch::ScalarType>(f[2])) + "[";
+    for (int64_t d = 0; d < f[4]; ++d) {
+      if (d == kShownDims) {
+        text += ",...";
+        break;
+      }
+      if (d) text += ",";
+      text += std::to_string(f[6 + d]);
+    }
+    text += "]";
+  }
+  if (kind == CollectiveKind::AllReduce) {
+    text += std::string(" (") + reduce_op_name(static_cast<ReduceOp>(f[3])) + ")";
+  }
+  if (kind == CollectiveKind::Broadcast) text += " (root " + std::to_string(f[3]) + ")";
+  return text;
+}
+
+std::string Collective::describe() const { return describe(fingerprint()); }
+
+void finish_avg(const torch::Tensor& reduced, ReduceOp op, int size) {
+  if (op == ReduceOp::Avg) reduced.div_(size);
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,81 @@
+#pragma once
+// One call of a collective, as every backend (MPI, the TCP ring, NCCL, the replicas' hub)
+// describes it: its kind, its tensor's dtype and shape, its reduce op or root, and its number on
+// its communicator. A backend builds it with the factories below, which check the arguments
+// against the backend's Rules first, so a Collective exists only for a call the backend can
+// make. The same description names the call in errors, in the MPI watchdog's message and in the
+// debug mode's fingerprint ("all_reduce #12 float32[10] (sum)").
+//
+// Errors: std::invalid_argument naming the call as the backend does ("MpiCommunicator::
+// all_reduce: tensor must be contiguous").
+//
+// Avg: a backend without a native average reduces with without_avg(op) (Sum) and then calls
+// finish_avg() on the result, which divides it by the communicator's size; NCCL has ncclAvg.
+
+#include <ddp/communicator.h>
+
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::detail {
+
+// The numbers travel between ranks (fingerprints, the watchdog's answers): keep them.
+enum class CollectiveKind : int64_t { AllReduce = 1, Broadcast = 2, AllGather = 3, Barrier = 4 };
+
+const char* kind_name(CollectiveKind kind);  // "all_reduce", ...; "collective" for another number
+const char* dtype_name(torch::ScalarType type);  // "float32", "int64", ...
+const char* reduce_op_name(ReduceOp op);         // "sum", "avg", "min", "max"
+
+// What a backend accepts, and how its errors name a call.
+struct Rules {
+  // Prefix of a call's name in errors: "MpiCommunicator::" gives "MpiCommunicator::all_reduce".
+  std::string prefix;
+  // The dtypes it moves; empty: any.
+  std::vector<torch::ScalarType> dtypes;
+  // float16 and bfloat16 reduce with Sum and Avg only (MPI and the ring add them in float).
+  bool half_sum_only = false;
+  // Where tensors must live; unset: anywhere (the host backends stage a GPU tensor through host
+  // memory). `device_reason` ends "the tensor is on X, but ...".
+  std::optional<torch::Device> device;
+  std::string device_reason;
+};
+
+// MPI's and the TCP ring's: float32/64, int32/64, uint8, and float16/bfloat16 for Sum and Avg.
+Rules host_rules(std::string prefix);
+
+struct Collective {
+  // Each checks the arguments against `rules` (throws std::invalid_argument) and describes the
+  // call. `size`: the communicator's, for the root's range.
+  static Collective all_reduce(const Rules& rules, const torch::Tensor& tensor, ReduceOp op);
+  static Collective broadcast(const Rules& rules, const torch::Tensor& tensor, int root, int size);
+  static Collective all_gather(const Rules& rules, const torch::Tensor& tensor);
+  static Collective barrier();
+
+  // "all_reduce #12 float32[10] (sum)", "broadcast #3 int64[2,3] (root 0)", "barrier #4".
+  std::string describe() const;
+
+  // The fingerprint the debug mode all-gathers: kind, sequence number, dtype (-1: none), reduce
+  // op or root (-1: none), number of dimensions, elements, the first kShownDims sizes.
+  static constexpr int kShownDims = 6;
+  static constexpr int kFingerprint = 6 + kShownDims;
+  using Fingerprint = std::array<int64_t, kFingerprint>;
+  Fingerprint fingerprint() const;
+  static std::string describe(const Fingerprint& fingerprint);
+
+  CollectiveKind kind = CollectiveKind::Barrier;
+  int64_t seq = 0;     // its number on its communicator, 1 for the first (set when queued)
+  int64_t dtype = -1;  // torch::ScalarType of the tensor, -1 without one
+  std::vector<int64_t> sizes;
+  int64_t extra = -1;  // ReduceOp of an all-reduce, root of a broadcast, else -1
+};
+
+// Avg without a native average: reduce with without_avg(op), then finish_avg(result, op, size).
+inline ReduceOp without_avg(ReduceOp op) { return op == ReduceOp::Avg ? ReduceOp::Sum : op; }
+void finish_avg(const torch::Tensor& reduced, ReduceOp op, int size);
+
+}  // namespace ddp::detail

@@ -1,0 +1,108 @@
+#pragma once
+// The watchdog of a worker that runs collectives on the host (comm/mpi_worker.h: the MPI
+// backend's, and the TCP ring's, which shares it inside ProcessGroup's CPU communicator).
+//
+// A thread per worker, asleep, waking every 100 ms, making no MPI call in normal operation. It
+// ends the job when a collective is still unfinished WatchdogOptions::timeout after the worker
+// entered it: it calls WatchdogOptions::on_fatal_error (ProcessGroup passes Runtime::abort) with
+// a message naming the collective (comm/collective.h: kind, its sequence number on the
+// communicator, counting every kind, dtype and shape), this rank, and the ranks that never
+// arrived. To know those, the timed-out rank asks every other rank over a private duplicate of
+// the worker's communicator and waits 2 s; ranks whose watchdogs have fired too answer with
+// their worker's state. Limits, honestly: only ranks waiting past the timeout themselves answer,
+// so the ranks named "no answer" are those stopped, dead, hung, or alive but not in this
+// collective (an idle rank cannot be told from a stopped one: the watchdog makes no MPI call in
+// normal operation, because Open MPI 4.1.4's shared-memory transport crashed when it polled
+// beside the workers); an answering rank in another collective is named with it; the ranks are
+// those of the communicator (ProcessGroup's are duplicates of MPI_COMM_WORLD, so these are the
+// world ranks). The timeout counts from when this rank entered the collective, not from when it
+// was queued.
+//
+// Stop signals (<ddp/stop_signal.h>): a program that stops on SIGTERM stops at its next step
+// boundary, which a rank stuck in a collective whose peer is dead or hung never reaches (Slurm's
+// time limit while a rank hangs; `srun --kill-on-bad-exit`'s SIGTERM to the survivors of a
+// crash), and Slurm kills it only KillWait (30 s) later, without a word. So a collective that was
+// already running when the stop signal came and is still unfinished WatchdogOptions::stop_grace
+// after it ends the job the same way, the message saying that the signal could not be honoured.
+// The collectives of the stop itself (entered after the signal: the agreement, the snapshot)
+// keep the full timeout.
+
+#include "comm/collective.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace ddp {
+
+struct WatchdogOptions {
+  // A collective unfinished this long after this rank entered it ends the job. PyTorch's
+  // default, 10 minutes. ProcessGroup: ProcessGroupOptions::timeout, else DDP_TIMEOUT_SECONDS.
+  std::chrono::seconds timeout{600};
+  // A collective entered before a stop signal and unfinished this long after it ends the job.
+  // 0: only the timeout. 10 s: inside Slurm's default KillWait of 30 s, and far longer than one
+  // collective of a healthy job takes.
+  std::chrono::seconds stop_grace{10};
+  // Called on the watchdog thread with the message; must not return (end the process or the
+  // job). Unset: the message goes to stderr and the process calls std::abort().
+  std::function<void(const std::string&)> on_fatal_error;
+};
+
+namespace detail {
+
+// What a rank's worker is doing, for the watchdog and for the other ranks' questions.
+struct WorkerState {
+  int64_t seq = 0;  // the last collective the worker entered (0: none yet)
+  bool in_collective = false;
+  CollectiveKind kind = CollectiveKind::Barrier;  // of `seq`
+  std::shared_ptr<const Collective> call;          // the collective it is in, if any
+  std::chrono::steady_clock::time_point entered{};
+};
+
+class MpiWatchdog {
+ public:
+  // Watches what `state` returns (called every 100 ms on the watchdog thread; must be cheap and
+  // thread-safe). Collective over `comm` (MPI_Comm_dup for the questions and answers).
+  MpiWatchdog(MPI_Comm comm, WatchdogOptions options, std::function<WorkerState()> state);
+  // Stops the thread and frees the duplicate. Destroy it after the worker has stopped.
+  ~MpiWatchdog();
+  MpiWatchdog(const MpiWatchdog&) = delete;
+  MpiWatchdog& operator=(const MpiWatchdog&) = delete;
+
+ private:
+  void loop();
+  // Answers the other ranks' questions about this rank's worker (watchdog thread only).
+  void answer_questions();
+  // `after_stop`: ended by stop_grace after a stop signal, not by the timeout.
+  [[noreturn]] void timed_out(const WorkerState& state, bool after_stop);
+
+  WatchdogOptions options_;
+  std::function<WorkerState()> state_;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // the watchdogs' questions and answers
+  int rank_ = 0;
+  int size_ = 1;
+
+  // Watchdog thread only: the posted receive for questions, and the answers being sent.
+  MPI_Request question_ = MPI_REQUEST_NULL;
+  int64_t question_buffer_ = 0;
+  struct Answer {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int64_t values[3] = {0, 0, 0};
+  };
+  std::deque<std::unique_ptr<Answer>> answers_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace detail
+}  // namespace ddp

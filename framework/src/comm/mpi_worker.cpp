@@ -1,0 +1,210 @@
+#include "comm/mpi_worker.h"
+
+#include "util/mpi_check.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::detail {
+
+using Clock = std::chrono::steady_clock;
+
+struct MpiTask {
+  Collective call;             // seq set by submit()
+  std::function<void()> run;   // made on the worker thread
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::exception_ptr error;
+  Work::Span span{};
+};
+
+namespace {
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::shared_ptr<MpiTask> task, torch::Tensor target, torch::Tensor host)
+      : task_(std::move(task)), target_(std::move(target)), host_(std::move(host)) {}
+
+  void wait() override {
+    {
+      std::unique_lock<std::mutex> lock(task_->mutex);
+      task_->finished.wait(lock, [&] { return task_->done; });
+      if (task_->error) std::rethrow_exception(task_->error);
+    }
+    if (target_.defined() && !target_.is_same(host_)) target_.copy_(host_);
+    target_ = host_ = torch::Tensor();
+  }
+  std::exception_ptr error() const override {
+    std::lock_guard<std::mutex> lock(task_->mutex);
+    return task_->error;
+  }
+  std::optional<Span> host_span() const override {
+    std::lock_guard<std::mutex> lock(task_->mutex);
+    if (!task_->done) return std::nullopt;
+    return task_->span;
+  }
+
+ private:
+  std::shared_ptr<MpiTask> task_;
+  torch::Tensor target_, host_;
+};
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+}  // namespace
+
+torch::Tensor on_host(const torch::Tensor& tensor) {
+  return tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
+}
+
+MpiWorker::MpiWorker(MPI_Comm comm, WorkerOptions options) : options_(std::move(options)) {
+  int level = MPI_THREAD_SINGLE;
+  DDP_MPI_CHECK(MPI_Query_thread(&level));
+  if (level < MPI_THREAD_MULTIPLE) {
+    throw std::runtime_error(
+        "MpiCommunicator: MPI provides thread level " + std::to_string(level) +
+        ", but the communicator makes its MPI calls on a worker thread of its own and needs "
+        "MPI_THREAD_MULTIPLE (" + std::to_string(MPI_THREAD_MULTIPLE) +
+        "): initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) (ddp::Runtime does), with an "
+        "MPI built with thread support");
+  }
+  if (options_.timeout.count() <= 0) {
+    throw std::invalid_argument("MpiOptions::timeout must be > 0 seconds (got " +
+                                std::to_string(options_.timeout.count()) + ")");
+  }
+  DDP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  // Errors come back as codes, so DDP_MPI_CHECK can report them with MPI's message.
+  DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  watchdog_ = std::make_unique<MpiWatchdog>(comm_, options_, [this] { return state(); });
+  thread_ = std::thread([this] { loop(); });
+}
+
+MpiWorker::~MpiWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();     // the queued collectives finish under the watchdog
+  watchdog_.reset();  // then the watchdog stops
+  if (!mpi_finalized() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<Work> MpiWorker::submit(Collective call, std::function<void()> run,
+                                        torch::Tensor target, torch::Tensor host) {
+  auto task = std::make_shared<MpiTask>();
+  task->call = std::move(call);
+  task->run = std::move(run);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    task->call.seq = ++submitted_;
+    queue_.push_back(task);
+  }
+  wake_.notify_one();
+  return std::make_unique<MpiWork>(std::move(task), std::move(target), std::move(host));
+}
+
+void MpiWorker::wait(MPI_Request& request) const {
+  int done = 0;
+  DDP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  if (done) return;
+  // Open MPI moves a collective along only inside MPI calls: while every rank is there, testing
+  // without pause is what keeps it fast. Past `spin`, a peer is late (or stopped, or dead), and
+  // sleeping between tests frees the core; the sleep doubles so a long wait costs a few
+  // wake-ups per second per millisecond of max_sleep, while a peer arriving soon is noticed soon.
+  const auto spin_until = Clock::now() + options_.spin;
+  const bool may_sleep = options_.max_sleep.count() > 0;
+  std::chrono::microseconds sleep(20);
+  for (;;) {
+    DDP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (may_sleep && Clock::now() >= spin_until) {
+      std::this_thread::sleep_for(std::min(sleep, options_.max_sleep));
+      if (sleep < options_.max_sleep) sleep *= 2;
+    }
+  }
+}
+
+void MpiWorker::check_same_call(const Collective& call) const {
+  constexpr int n = Collective::kFingerprint;
+  const Collective::Fingerprint mine = call.fingerprint();
+  std::vector<Collective::Fingerprint> all(static_cast<size_t>(size_));
+  MPI_Request request;
+  DDP_MPI_CHECK(MPI_Iallgather(mine.data(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm_,
+                               &request));
+  wait(request);
+  std::string others;
+  for (int r = 1; r < size_; ++r) {
+    if (all[r] == all[0]) continue;
+    others += (others.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
+              " called " + Collective::describe(all[r]);
+  }
+  if (others.empty()) return;
+  // Every rank gathered the same rows, so every rank throws this same message and none runs
+  // the collective: the communicator stays usable, and the job ends from the caller's error.
+  throw std::runtime_error("DDP_DEBUG=DETAIL: the ranks call different collectives on one "
+                           "communicator: rank 0 called " + Collective::describe(all[0]) +
+                           " but " + others);
+}
+
+WorkerState MpiWorker::state() const {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  return state_;
+}
+
+void MpiWorker::loop() {
+  for (;;) {
+    std::shared_ptr<MpiTask> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // The worker sleeps on the condition variable between collectives.
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const auto start = Work::Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      state_.seq = task->call.seq;
+      state_.in_collective = true;
+      state_.kind = task->call.kind;
+      state_.call = std::shared_ptr<const Collective>(task, &task->call);  // for the watchdog
+      state_.entered = Clock::now();
+    }
+    std::exception_ptr error;
+    try {
+      if (options_.check_collectives) check_same_call(task->call);
+      task->run();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      state_.in_collective = false;
+      state_.call = nullptr;
+    }
+    {
+      std::lock_guard<std::mutex> lock(task->mutex);
+      task->error = error;
+      task->span = {start, Work::Clock::now()};
+      task->done = true;
+      task->run = nullptr;  // releases the tensors it captured
+    }
+    task->finished.notify_all();
+  }
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,119 @@
+#pragma once
+// The thread that makes a host communicator's collectives: MpiCommunicator's, and the TCP
+// ring's (comm/socket_ring.h). As c10d's ProcessGroupMPI does, the communicator queues each
+// call here and the worker runs them one at a time, in the order they were queued: an
+// all_reduce_async() returns at once and the worker reduces while the caller computes, and the
+// blocking collectives queue behind it and wait. So the order of collectives is the order of
+// the calls (communicator.h), also for two communicators that share one worker
+// (ProcessGroup's CPU communicator: MPI and the ring, comm/cpu_communicator.h).
+//
+// It owns a duplicate of the communicator it is given (MPI_ERRORS_RETURN), for the collectives
+// it runs, so their messages never match the application's own MPI traffic, nor another
+// worker's (each worker thread then has a communicator of its own, which MPI needs for
+// concurrent collectives); and the watchdog (comm/mpi_watchdog.h), which watches what the
+// worker is in. Needs MPI_THREAD_MULTIPLE (the worker and the caller's other MPI calls run at
+// once); the constructor throws std::runtime_error saying so when MPI provides less.
+//
+// Errors: what a queued call throws (a failing MPI call: MPI's message, the call and file:line,
+// util/mpi_check.h) is rethrown by Work::wait() on the caller's thread.
+//
+// Waiting (wait()): a collective is a non-blocking MPI call that the worker tests. For the first
+// WorkerOptions::spin of a wait it tests without pause (what a blocking call does, so a
+// collective whose peers are there costs the same); after that it sleeps between tests, 20 us at
+// first, doubling up to WorkerOptions::max_sleep: a rank waiting for a peer that is late,
+// stopped or dead no longer burns a core.
+//
+// Debug mode (WorkerOptions::check_collectives; ProcessGroup sets it from DDP_DEBUG=DETAIL):
+// before each collective the ranks all-gather its fingerprint (comm/collective.h). When any rank
+// differs, every rank's Work::wait() throws the same error naming both sides, e.g. "rank 0
+// called all_reduce #12 float32[10] (sum) but rank 1 called broadcast #12 int64[3] (root 0)",
+// and no rank runs the collective. It costs one small all-gather per collective.
+
+#include "comm/collective.h"
+#include "comm/mpi_watchdog.h"
+
+#include <ddp/communicator.h>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace ddp {
+
+struct WorkerOptions : WatchdogOptions {
+  // How the worker waits for a collective (see above): busy-testing for `spin`, then sleeping
+  // between tests, the sleeps doubling from 20 us up to `max_sleep`. `spin` 0: sleep at once;
+  // `max_sleep` 0: never sleep (a core per waiting rank, as a blocking MPI call). ProcessGroup
+  // reads DDP_MPI_SPIN_US and DDP_MPI_MAX_SLEEP_US.
+  std::chrono::microseconds spin{1000};
+  std::chrono::microseconds max_sleep{2000};
+  // Before each collective, check that every rank calls the same one (the debug mode, above).
+  bool check_collectives = false;
+};
+
+namespace detail {
+
+struct MpiTask;  // one queued collective: what it is, what to run, and its outcome
+
+class MpiWorker {
+ public:
+  // Collective over `comm` (two MPI_Comm_dup: the worker's, the watchdog's).
+  MpiWorker(MPI_Comm comm, WorkerOptions options);
+  // Finishes the queued collectives (still under the watchdog), joins the worker and the
+  // watchdog and frees the duplicates.
+  ~MpiWorker();
+  MpiWorker(const MpiWorker&) = delete;
+  MpiWorker& operator=(const MpiWorker&) = delete;
+
+  // The duplicate the queued calls communicate over; theirs alone, on the worker thread.
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const WorkerOptions& options() const { return options_; }
+
+  // Queues `call` (numbered here: its `seq`), whose `run` the worker makes. `host`, when given,
+  // is a host copy of `target` (a GPU tensor) that `run` writes: Work::wait() copies it back.
+  std::unique_ptr<Work> submit(Collective call, std::function<void()> run,
+                               torch::Tensor target = {}, torch::Tensor host = {});
+
+  // Waits for `request` as described above (spin, then sleeps). Worker thread only.
+  void wait(MPI_Request& request) const;
+
+ private:
+  void loop();
+  // The debug mode's check: throws naming both sides when the ranks call different collectives.
+  void check_same_call(const Collective& call) const;
+  WorkerState state() const;
+
+  WorkerOptions options_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<MpiTask>> queue_;  // submitted, not yet started; oldest first
+  int64_t submitted_ = 0;  // sequence number of the last collective submitted
+  bool stopping_ = false;
+
+  mutable std::mutex state_mutex_;
+  WorkerState state_;
+
+  std::unique_ptr<MpiWatchdog> watchdog_;  // started after the worker thread, stopped after it
+  std::thread thread_;
+};
+
+// MPI and the ring read and write host memory: a tensor elsewhere (a GPU) goes through a host
+// copy, made on the caller's thread (so it follows the caller's CUDA stream) and copied back by
+// Work::wait() (MpiWorker::submit's `target` and `host`). Slow but correct; CUDA tensors belong
+// on the NCCL backend.
+torch::Tensor on_host(const torch::Tensor& tensor);
+
+}  // namespace detail
+}  // namespace ddp

@@ -1,0 +1,45 @@
+#include "parallel/backend_options.h"
+
+#include "runtime/runtime_internals.h"
+#include "util/environment.h"
+
+#include <string>
+
+namespace ddp {
+
+CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout) {
+  const Environment env = current_environment();
+  CpuOptions options;
+  MpiOptions& mpi = options.mpi;
+  mpi.timeout = timeout.count() > 0 ? timeout : std::chrono::seconds(collective_timeout_seconds(env));
+  mpi.check_collectives = debug_detail(env);
+  const Runtime* owner = &runtime;
+  mpi.on_fatal_error = [owner](const std::string& message) { owner->abort(message); };
+  if (const auto us = read_number(env, Setting::MpiSpin)) mpi.spin = std::chrono::microseconds(*us);
+  if (const auto us = read_number(env, Setting::MpiMaxSleep)) mpi.max_sleep = std::chrono::microseconds(*us);
+  if (const auto kib = read_number(env, Setting::MpiBlocking)) mpi.blocking_bytes = std::size_t(*kib) << 10;
+  if (const auto kib = read_number(env, Setting::MpiMessage)) mpi.max_message_bytes = std::size_t(*kib) << 10;
+  if (const auto mode = read_text(env, Setting::Sockets)) options.sockets = parse_sockets(*mode, setting_info(Setting::Sockets).name);
+  if (const auto kib = read_number(env, Setting::SocketThreshold)) options.socket_bytes = std::size_t(*kib) << 10;
+  if (const auto names = read_text(env, Setting::SocketInterfaces)) options.socket_interfaces = *names;
+  return options;
+}
+
+std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime, std::chrono::seconds timeout) {
+  return make_cpu_communicator(detail::RuntimeInternals::comm(runtime),
+                               cpu_options_from_environment(runtime, timeout));
+}
+
+#if DDP_WITH_CUDA && DDP_WITH_NCCL
+NcclOptions nccl_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout) {
+  NcclOptions options;
+  options.timeout = timeout.count() > 0
+                        ? timeout
+                        : std::chrono::seconds(nccl_timeout_seconds(current_environment()));
+  const Runtime* owner = &runtime;
+  options.on_fatal_error = [owner](const std::string& message) { owner->abort(message); };
+  return options;
+}
+#endif
+
+}  // namespace ddp
