@@ -44,7 +44,7 @@ class ProcessGroup {
   /// Runtime::replicas_per_process() > 1 this throws std::logic_error (use run_replicas, which
   /// gives each replica thread its group). Reads the environment: DDP_TIMEOUT_SECONDS (unless
   /// options.timeout is set), DDP_DEBUG, and the MPI backend's tuning variables
-  /// (process_group.cpp); a bad value is an error naming the variable.
+  /// (the table in src/util/environment.cpp); a bad value is an error naming the variable.
   explicit ProcessGroup(Runtime& runtime, ProcessGroupOptions options = {});
   /// A group over `membership` (internal; run_replicas makes each replica thread's).
   ProcessGroup(Runtime& runtime, std::unique_ptr<detail::GroupMembership> membership);
