@@ -4,7 +4,6 @@
 // NCCL. Run under mpirun (one rank per GPU); every test skips on a rank without a CUDA device.
 #include <ddp/sync_batch_norm.h>
 #include <ddp/distributed_data_parallel.h>
-#include "parallel/reducer.h"
 
 #include "test_support.h"
 
@@ -38,20 +37,6 @@ torch::Tensor flat_parameters(torch::nn::Module& m) {
   std::vector<torch::Tensor> parts;
   for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten().to(torch::kDouble));
   return torch::cat(parts).cpu();
-}
-
-// DistributedDataParallel has a reducer only with more than one rank; with one, the test adds
-// its own so that a single GPU still exercises the NCCL reducer.
-std::unique_ptr<ddp::Reducer> own_reducer(torch::nn::Module& m, const ddp::DDPOptions& options) {
-  if (rt().world_size() > 1) return nullptr;
-  std::vector<torch::Tensor> params;
-  std::vector<std::string> names;
-  for (const auto& p : m.named_parameters()) {
-    names.push_back(p.key());
-    params.push_back(p.value());
-  }
-  // The reducer's data communicator is the group's NCCL one, its control one the group's MPI one.
-  return std::make_unique<ddp::Reducer>(pg().gpu(), pg().cpu(), params, names, options);
 }
 
 class GpuDdp : public ::testing::Test {
@@ -103,6 +88,7 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
       {"fp16 on the wire", GradSync::Bucketed, 25, Compression::Fp16, 2e-3}};
   for (const Config& c : configs) {
     ddp::DDPOptions options;
+    options.reducer_at_one_rank = true;  // one GPU still runs the NCCL reducer
     options.sync = c.sync;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
     options.compression = c.compression;
@@ -114,7 +100,7 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
     reference->to(rt().device());
     ddp::DistributedDataParallel model(pg(), distributed, options);
     ASSERT_EQ(model.options().backend, ddp::Backend::Nccl) << c.name;
-    const std::unique_ptr<ddp::Reducer> reducer = own_reducer(*distributed, model.options());
+    ASSERT_FALSE(model.bucket_layout().empty()) << c.name;
     const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
     torch::optim::SGD opt(distributed->parameters(), sgd);
     torch::optim::SGD ref_opt(reference->parameters(), sgd);
@@ -142,6 +128,45 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
   }
 }
 
+// The NCCL Reducer against the CPU: the same model, data and steps through DDP on the CPU (MPI)
+// and on the GPU (NCCL), with DDPOptions::reducer_at_one_rank so that one GPU runs the bucket
+// path, end within float tolerance of each other; at one rank the GPU run also equals plain GPU
+// steps bit for bit (a sum over one rank, divided by one).
+TEST_F(GpuDdp, NcclReducerMatchesTheCpuResult) {
+  const int64_t b = 4, steps = 4;
+  auto train = [&](torch::Device device, bool wrap) {
+    torch::manual_seed(13);
+    auto net = std::make_shared<Net>();
+    net->to(device);
+    std::unique_ptr<ddp::DistributedDataParallel> model;
+    if (wrap) {
+      ddp::DDPOptions options;
+      options.reducer_at_one_rank = true;
+      model = std::make_unique<ddp::DistributedDataParallel>(pg(), net, options);
+      EXPECT_EQ(model->options().backend, device.is_cuda() ? ddp::Backend::Nccl : ddp::Backend::Mpi);
+      EXPECT_FALSE(model->bucket_layout().empty());
+    }
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::manual_seed(14 + rt().rank());
+    const torch::Tensor x = torch::randn({steps, b, 10}).to(device);
+    const torch::Tensor y = torch::randint(0, 3, {steps, b}, torch::kLong).to(device);
+    for (int64_t s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(net->forward(x[s]), y[s]).backward();
+      opt.step();
+    }
+    if (model) EXPECT_GT(model->sync_bytes(), 0);
+    return flat_parameters(*net);
+  };
+  const torch::Tensor cpu = train(torch::kCPU, true), gpu = train(rt().device(), true);
+  EXPECT_TRUE(torch::allclose(gpu, cpu, 1e-5, 1e-5))
+      << "max diff " << (gpu - cpu).abs().max().item<double>();
+  if (rt().world_size() == 1) {
+    const torch::Tensor plain = train(rt().device(), false);
+    EXPECT_TRUE(torch::equal(gpu, plain)) << "max diff " << (gpu - plain).abs().max().item<double>();
+  }
+}
+
 // backward() returns while the GPU is still busy: the reducer queued the all-reduces and the
 // copies into grad() behind the computation instead of waiting for them on the host. The
 // gradients read afterwards are nevertheless the averaged ones.
@@ -149,8 +174,9 @@ TEST_F(GpuDdp, BackwardDoesNotMakeTheHostWaitForTheGpu) {
   torch::manual_seed(5);
   auto net = std::make_shared<Net>();
   net->to(rt().device());
-  ddp::DistributedDataParallel model(pg(), net);
-  const std::unique_ptr<ddp::Reducer> reducer = own_reducer(*net, model.options());
+  ddp::DDPOptions options;
+  options.reducer_at_one_rank = true;  // one GPU still runs the NCCL reducer
+  ddp::DistributedDataParallel model(pg(), net, options);
   // Every rank feeds the same batch, so the average gradient is the local one.
   torch::manual_seed(6);
   const torch::Tensor x = torch::randn({8, 10}).to(rt().device());

@@ -22,8 +22,8 @@
 /// (names, shapes, dtypes; the first mismatch is reported on every rank), picks the backend
 /// (DDPOptions::backend; Auto: NCCL for a model on the rank's GPU, MPI otherwise; the same on
 /// every rank), broadcasts parameters and buffers from rank 0 with it so all replicas start
-/// identical, and, with more than one rank, sets up the Reducer (reducer.h) that all-reduces
-/// gradients in buckets while backward runs.
+/// identical, and, with more than one rank (or with DDPOptions::reducer_at_one_rank), sets up the
+/// Reducer (reducer.h) that all-reduces gradients in buckets while backward runs.
 ///
 /// Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
 /// used identically on every rank.
@@ -88,6 +88,14 @@ struct DDPOptions {
   /// all-reduce overlaps less of backward. Bucketed sync only (per-parameter buckets gain nothing).
   bool rebuild_buckets = true;
   Timeline* timeline = nullptr;  ///< records each bucket's all-reduce when set
+  /// true: build the Reducer at one rank too, as PyTorch's DDP always does, so that a single
+  /// process runs the whole bucket path (hooks, buckets, the backend's all-reduce on its stream
+  /// or thread, rebuild_buckets, no_sync(), find_unused_parameters): how one GPU proves the NCCL
+  /// gradient path. Gradients equal a plain step's bit for bit (a sum over one rank, divided by
+  /// one) unless `compression` casts them; a parameter without a gradient is then an error unless
+  /// find_unused_parameters, as with more ranks. false (default): at one rank there is nothing to
+  /// average and no Reducer is built. No effect with more than one rank.
+  bool reducer_at_one_rank = false;
 };
 
 /// Parses "bucketed" / "per-parameter", "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl";
@@ -198,13 +206,15 @@ class DistributedDataParallel {
   void prepare_forward();
 
   /// Wall time the training thread spent on gradient sync that backward did not hide, and the
-  /// bytes all-reduced, since construction (0 with one rank: nothing to synchronise).
+  /// bytes all-reduced, since construction (0 with one rank and no Reducer: nothing to
+  /// synchronise).
   ///@{
   double sync_seconds() const;
   int64_t sync_bytes() const;
   ///@}
 
-  /// The reducer's buckets (parameter indices in registration order); empty with one rank.
+  /// The reducer's buckets (parameter indices in registration order); empty with one rank
+  /// unless DDPOptions::reducer_at_one_rank.
   std::vector<std::vector<size_t>> bucket_layout() const;
 
  private:

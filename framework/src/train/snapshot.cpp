@@ -3,20 +3,25 @@
 #include <ddp/checkpoint_file.h>
 #include <ddp/replicas.h>
 
+#include "train/snapshot_cuda.h"
 #include "train/snapshot_format.h"
 #include "util/hash.h"
 #include "util/tensor_description.h"
 
+#include <ATen/Context.h>
 #include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <dirent.h>
 #include <sys/stat.h>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <typeinfo>
@@ -59,6 +64,40 @@ std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
 
 torch::Tensor cpu_generator_state() {
   return cpu_generator().get_state();  // the replica's own (util/generator.h)
+}
+
+// The CUDA device the model computes on (its first parameter's or buffer's), if any.
+std::optional<torch::Device> cuda_device_of(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> tensors = model.parameters();
+  if (tensors.empty()) tensors = model.buffers();
+  if (tensors.empty() || !tensors.front().is_cuda()) return std::nullopt;
+  return tensors.front().device();
+}
+
+// The default generator of that device: what dropout and torch::rand on it draw from. Reached
+// through ATen's context (its CUDA hooks), so this source builds against a CPU LibTorch too.
+at::Generator cuda_generator(torch::Device device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
+// Every rank's CUDA generator state as rows, or undefined when every rank computes on the CPU.
+// A run whose ranks disagree gets an error on every rank: the rows could not be told apart.
+torch::Tensor gather_cuda_generator_states(Communicator& comm, const torch::Tensor& mine) {
+  const torch::Tensor sizes =
+      comm.all_gather(torch::tensor({mine.defined() ? mine.numel() : int64_t{0}}, torch::kLong))
+          .reshape({-1});
+  if (sizes.eq(0).all().item<bool>()) return {};
+  if (!sizes.eq(sizes[0]).all().item<bool>()) {
+    std::string list;
+    for (int64_t r = 0; r < sizes.numel(); ++r) {
+      list += (r ? ", " : "") + std::string("rank ") + std::to_string(r) +
+              (sizes[r].item<int64_t>() ? " on CUDA" : " on the CPU");
+    }
+    throw std::runtime_error("save_snapshot: the ranks do not all compute on CUDA (" + list +
+                             "), so their CUDA generator states cannot be saved together: put "
+                             "every rank's model on its GPU, or every rank's on the CPU");
+  }
+  return comm.all_gather(mine.to(torch::kByte).contiguous().reshape({-1}));
 }
 
 // Rank 0's bytes of `path` on every rank; a failure to read is thrown on every rank. Rank 0
@@ -156,7 +195,23 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
                    const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
                    const RankState& rank_state, const TrainingExtras& extras) {
+  torch::Tensor cuda_state;
+  if (const auto device = cuda_device_of(model)) {
+    at::Generator generator = cuda_generator(*device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    cuda_state = generator.get_state();
+  }
+  detail::save_snapshot_with(path, comm, model, optimizer, progress, rank_state, extras, cuda_state);
+}
+
+void detail::save_snapshot_with(const std::string& path, Communicator& comm,
+                                const torch::nn::Module& model,
+                                const torch::optim::Optimizer& optimizer,
+                                const TrainingProgress& progress, const RankState& rank_state,
+                                const TrainingExtras& extras,
+                                const torch::Tensor& cuda_generator_state) {
   const torch::Tensor generators = comm.all_gather(cpu_generator_state());
+  const torch::Tensor cuda_generators = gather_cuda_generator_states(comm, cuda_generator_state);
   // Every rank hands in the same kinds (the same code runs everywhere), so every rank takes part
   // in the same gathers.
   const torch::Tensor rank_generators =
@@ -183,6 +238,8 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
   // Empty tensors stand for "none": an archive has no optional entries.
   archive.write("rank_generator_states", rank_generators.defined() ? rank_generators : torch::empty({0}, torch::kByte));
   archive.write("rank_values", rank_values.defined() ? rank_values : torch::empty({0}, torch::kDouble));
+  // Only when the ranks compute on CUDA: files from CPU runs (and from before the entry) lack it.
+  if (cuda_generators.defined()) archive.write("cuda_generator_states", cuda_generators);
   // Entries only when the run has them (load_snapshot checks both ways).
   if (extras.lr_schedule) {
     torch::serialize::OutputArchive schedule_archive;
@@ -210,6 +267,41 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                torch::optim::LRScheduler* scheduler, RankState* rank_state,
                                const TrainingExtras& extras) {
+  detail::SavedCudaGenerator saved;
+  const TrainingProgress progress = detail::load_snapshot_with(
+      path, comm, model, optimizer, scheduler, rank_state, extras, saved);
+  const auto device = cuda_device_of(model);
+  if (device && saved.state.defined()) {
+    at::Generator generator = cuda_generator(*device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved.state);
+    return progress;
+  }
+  // At another world size no generator is restored (the Checkpointer warns about that).
+  if (progress.world_size != comm.size() || comm.rank() != 0) return progress;
+  if (saved.in_file && !device) {
+    std::fprintf(stderr,
+                 "Warning: %s holds the CUDA generator states of a run on GPUs; this run computes "
+                 "on the CPU, so they are not restored (the CPU generators are): random draws "
+                 "differ from a run that continued on the GPUs\n",
+                 path.c_str());
+  } else if (!saved.in_file && device) {
+    std::fprintf(stderr,
+                 "Warning: %s holds no CUDA generator states (written by a run on the CPU, or by "
+                 "an older ddp); the CUDA generator of %s keeps its state, so dropout on the GPU "
+                 "draws differently from an uninterrupted run\n",
+                 path.c_str(), device->str().c_str());
+  }
+  return progress;
+}
+
+TrainingProgress detail::load_snapshot_with(const std::string& path, Communicator& comm,
+                                            torch::nn::Module& model,
+                                            torch::optim::Optimizer& optimizer,
+                                            torch::optim::LRScheduler* scheduler,
+                                            RankState* rank_state, const TrainingExtras& extras,
+                                            SavedCudaGenerator& cuda) {
+  cuda = SavedCudaGenerator{};
   const std::string bytes = broadcast_file(path, comm);
   auto fail = [&](const std::string& why) -> std::runtime_error {
     return std::runtime_error(path + ": " + why);
@@ -224,7 +316,7 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
       scaler_archive;
   bool has_schedule = false, has_scaler = false;
   c10::IValue description, optimizer_type;
-  torch::Tensor progress_values, generators, rank_generators, rank_values;
+  torch::Tensor progress_values, generators, rank_generators, rank_values, cuda_generators;
   try {
     archive.load_from(payload, size);
     archive.read("model", model_archive);
@@ -237,6 +329,7 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     archive.read("rank_values", rank_values);
     has_schedule = archive.try_read("lr_schedule", schedule_archive);
     has_scaler = archive.try_read("grad_scaler", scaler_archive);
+    cuda.in_file = archive.try_read("cuda_generator_states", cuda_generators);
   } catch (const c10::Error& e) {
     throw fail(std::string("unreadable snapshot: ") + e.what_without_backtrace());
   }
@@ -293,6 +386,11 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     throw fail("unreadable snapshot: cpu_generator_states has " + std::to_string(generators.size(0)) +
                " rows for the " + std::to_string(comm.size()) + " ranks that wrote it");
   }
+  if (cuda.in_file && (cuda_generators.dim() != 2 || cuda_generators.scalar_type() != torch::kByte ||
+                       cuda_generators.size(0) != progress.world_size)) {
+    throw fail("unreadable snapshot: cuda_generator_states is not uint8 rows, one for each of the " +
+               std::to_string(progress.world_size) + " ranks that wrote it");
+  }
   try {
     load_module(model, model_archive);  // copies: the DDP hooks stay attached
     if (scheduler) {
@@ -312,6 +410,7 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
     // A tensor of its own: given a row view of the gathered states (storage offset > 0 on every
     // rank but 0), LibTorch 2.15's set_state crashed on rank 1; a clone starts at offset 0.
     generator.set_state(generators[comm.rank()].clone());
+    if (cuda.in_file) cuda.state = cuda_generators[comm.rank()].clone();
     if (rank_state) {
       *rank_state = RankState{};
       if (rank_generators.numel() > 0) rank_state->generator = rank_generators[comm.rank()].clone();

@@ -17,6 +17,17 @@
 // a file without them is still format 3, and loading refuses a file that lacks one the run has,
 // or has one the run lacks, naming it, rather than silently restart or drop it.
 //
+// CUDA generators: when the ranks compute on CUDA (the model's first parameter is on a GPU),
+// every rank's state of that device's default generator (what dropout on the GPU draws from) is
+// saved too, as the entry "cuda_generator_states", and restored on resume, so a mid-epoch resume
+// on a GPU is bit-identical as on the CPU. Runs on the CPU write no such entry, and files without
+// it (from CPU runs, or from an older ddp) still load. A device change on resume is allowed,
+// since the model and optimizer state do not depend on the device: a snapshot with the entry
+// loads on ranks that compute on the CPU (the CUDA states are ignored), and one without it on
+// ranks that compute on CUDA (their CUDA generators keep their state); rank 0 then prints a
+// warning naming the file, as the random draws can no longer match an uninterrupted run.
+// Saving fails on every rank when some ranks compute on CUDA and others on the CPU.
+//
 // File format 3: "DDPSNAP3", the payload's byte count and XXH64 hash (little-endian uint64
 // each), then the payload, a LibTorch archive. The hash catches truncated and corrupted files,
 // which LibTorch's zip reader may not. Files are written atomically (write_atomically). Formats
@@ -79,16 +90,17 @@ std::string snapshot_path(const std::string& dir, int64_t epoch, int64_t batches
 // the directory does not exist.
 std::vector<std::string> list_snapshots(const std::string& dir);
 
-// Collective over `comm` (gathers every rank's random generator state and `rank_state`); rank 0
-// writes `path`.
+// Collective over `comm` (gathers every rank's random generator states, CPU and, on a GPU,
+// CUDA, and `rank_state`); rank 0 writes `path`.
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
                    const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
                    const RankState& rank_state = {}, const TrainingExtras& extras = {});
 
 // Collective: rank 0 reads `path` and broadcasts it, so the other ranks need not see the file.
 // Restores the model, replays `scheduler` (may be null), loads the optimizer state and `extras`, and
-// restores this rank's random generator state and `rank_state` (may be null; left empty when
-// the snapshot has none) when the world size is the same. Throws std::runtime_error naming the
+// restores this rank's random generator states (CPU, and CUDA where both the snapshot and the
+// rank have one) and `rank_state` (may be null; left empty when the snapshot has none) when the
+// world size is the same. Throws std::runtime_error naming the
 // file on every rank when it is missing, truncated, corrupted, of an older format, written for
 // another model or optimizer, or taken inside an epoch by another number of ranks; nothing is
 // modified then.
