@@ -7,12 +7,33 @@
 # in this checkout: NVIDIA's wheels in .venv/cuda, from scripts/setup.sh).
 #
 # Usage: without_system_cuda.sh COMMAND [ARG...]
-# Needs root (mount namespaces); prints why and exits 77 (ctest: skipped) otherwise.
+# On a machine that has no system toolkit (a fresh Debian 12 itself) there is nothing to hide:
+# the command runs with those variables unset. Otherwise hiding needs root and a mount namespace;
+# where either is missing it prints why and exits 77 (ctest: skipped).
+unset CUDA_HOME CUDA_PATH CUDACXX CUDAToolkit_ROOT
+nothing_to_hide=1
+[ "${DDP_IN_PRIVATE_MOUNTS:-}" = 1 ] && nothing_to_hide=0  # looked already, before the namespace
+for dir in /usr/local/cuda*; do
+  if [ -d "$dir" ] && [ ! -L "$dir" ]; then nothing_to_hide=0; fi
+done
+if [ "$nothing_to_hide" = 1 ] && { command -v nvcc > /dev/null || [ -x /usr/local/bin/nvcc ] ||
+   [ -x /usr/bin/nvcc ] || [ -x /opt/cuda/bin/nvcc ]; }; then
+  nothing_to_hide=0
+fi
+if [ "$nothing_to_hide" = 1 ]; then
+  echo "without_system_cuda: this machine has no system CUDA toolkit; nothing to hide"
+  exec "$@"
+fi
 if [ "$(id -u)" != 0 ]; then
   echo "skipped: hiding the system CUDA toolkit needs root (a private mount namespace)"
   exit 77
 fi
 if [ "${DDP_IN_PRIVATE_MOUNTS:-}" != 1 ]; then
+  if ! unshare --mount --propagation private true 2> /dev/null; then
+    echo "skipped: no private mount namespace here (unshare --mount fails, e.g. in a chroot)," \
+      "so the system CUDA toolkit cannot be hidden"
+    exit 77
+  fi
   DDP_IN_PRIVATE_MOUNTS=1 exec unshare --mount --propagation private "$0" "$@"
 fi
 for dir in /usr/local/cuda*; do
@@ -34,7 +55,8 @@ for dir in $PATH /usr/local/bin /usr/bin /opt/cuda/bin; do
 done
 IFS=$old_ifs
 rm -f "$blank"  # the mounts keep it
-unset CUDA_HOME CUDA_PATH CUDACXX CUDAToolkit_ROOT DDP_IN_PRIVATE_MOUNTS
+unset DDP_IN_PRIVATE_MOUNTS
+hash -r  # forget any nvcc looked up before the mounts
 if command -v nvcc > /dev/null; then
   echo "without_system_cuda: nvcc is still visible: $(command -v nvcc)" >&2
   exit 1
