@@ -29,6 +29,9 @@ dataset("absurd", 4, 2, train_images=idx([60000, 512, 512], bytes(29)))  # the i
 dataset("directory", 4, 2)
 os.remove(f"{tmp}/directory/train-images-idx3-ubyte")
 os.makedirs(f"{tmp}/directory/train-images-idx3-ubyte")
+dataset("fifo", 4, 2)
+os.remove(f"{tmp}/fifo/train-images-idx3-ubyte")
+os.mkfifo(f"{tmp}/fifo/train-images-idx3-ubyte")  # no writer: an open() for reading would wait
 PY
 
 # A CIFAR-format set of CIFAR-10's size (random pixels), for the memory check.
@@ -82,6 +85,10 @@ check idx_absurd_header "absurd/train-images-idx3-ubyte: truncated: the header p
   "$mnist" --no-cuda --data-dir "$tmp/absurd"
 check idx_is_a_directory "directory/train-images-idx3-ubyte: not a regular file: it is a directory" \
   "$mnist" --no-cuda --data-dir "$tmp/directory"
+check idx_is_a_fifo "fifo/train-images-idx3-ubyte: not a regular file" \
+  timeout 60 "$mnist" --no-cuda --data-dir "$tmp/fifo"
+check checkpoint_dir_empty '--checkpoint-dir must name a folder \(got an empty string\)' \
+  "$mnist" --no-cuda --checkpoint-dir ""
 check resume_from_directory "$tmp: cannot read the snapshot: not a regular file: it is a directory" \
   "$mnist" "${data[@]}" --resume="$tmp"
 # ResNet-18 keeps about 10 MB per CIFAR sample for backward: a batch of a rank's whole shard of

@@ -11,12 +11,28 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
 namespace po = boost::program_options;
 
 namespace ddp::cli {
+
+namespace {
+
+// A notifier for a folder flag: given, it must name one. Without it `--checkpoint-dir ""` (an
+// unset shell variable) would silently mean "no checkpoints", and a long run would save nothing.
+std::function<void(const std::string&)> require_folder_name(const std::string& flag) {
+  return [flag](const std::string& value) {
+    if (value.empty()) {
+      throw std::invalid_argument(flag + " must name a folder (got an empty string); leave the "
+                                  "flag out for none");
+    }
+  };
+}
+
+}  // namespace
 
 void check_training_flags(const TrainingFlags& f) {
   require_at_least("--batch-size", f.batch_size, 1);
@@ -104,7 +120,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
   po::options_description checkpoints("Checkpoints");
   checkpoints.add_options()
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
-    ("checkpoint-dir", po::value(&f.checkpoint_dir)->default_value(""), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
+    ("checkpoint-dir", po::value(&f.checkpoint_dir)->notifier(require_folder_name("--checkpoint-dir")), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
     ("keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3), "keep the newest N epochs of checkpoints (0: all)")
     ("checkpoint-every-steps", po::value(&f.checkpoint_every_steps)->default_value(0), "also write a training snapshot every N steps inside an epoch, keeping the newest (0: epoch ends only)")
     ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")

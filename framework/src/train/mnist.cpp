@@ -66,7 +66,9 @@ std::string resolve(const std::string& path) {
 
 torch::Tensor read_idx(const std::string& requested) {
   const std::string path = resolve(requested);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; the
+  // fstat below then refuses it. Reads of a regular file ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
