@@ -86,7 +86,10 @@ stop() {
   [ -n "$(ls "$dir"/snapshot_epoch*_batch*.pt 2> /dev/null)" ] || fail "$name: no snapshot inside an epoch"
   [ ! -f "$dir/model_with_epoch2.pt" ] || fail "$name: epoch 2 must not have ended"
   "${train[@]}" --checkpoint-dir "$dir" --resume > "$work/$name-resumed.log"
-  expect "$work/$name-resumed.log" "^Resumed from $dir/snapshot_epoch[12]_batch[0-9]+.pt: epoch [01] done, [0-9]+ batches of epoch [12], step [0-9]+$"
+  # An epoch here lasts about 0.35 s: a signal that mpirun forwards late may land at the step
+  # boundary that starts epoch 2 (snapshot_epoch2_batch0.pt, "epoch 1 done, step 50"), which is
+  # as correct a stop as one inside epoch 1.
+  expect "$work/$name-resumed.log" "^Resumed from $dir/snapshot_epoch[12]_batch[0-9]+.pt: epoch [01] done(, [0-9]+ batches of epoch [12])?, step [0-9]+$"
   "$compare" "$work/full/model_with_epoch2.pt" "$dir/model_with_epoch2.pt"
 }
 stop term_ranks ranks TERM
