@@ -273,7 +273,7 @@ TEST(YieldWhenIdle, OnlyWhenTheCommunicationThreadsOversubscribeTheNode) {
 namespace {
 
 // The table of every DDP_* variable the core reads (util/environment.h).
-constexpr int kSettings = static_cast<int>(ddp::Setting::SocketInterfaces) + 1;
+constexpr int kSettings = static_cast<int>(ddp::Setting::TestStopInPhase) + 1;
 
 std::string setting_error(const ddp::Environment& env, ddp::Setting setting) {
   try {
@@ -295,7 +295,7 @@ TEST(Settings, OneRowPerVariableInTheOrderOfTheEnum) {
     EXPECT_EQ(std::string(info.name).rfind("DDP_", 0), 0u) << info.name;
     EXPECT_NE(std::string(info.meaning), "") << info.name;
   }
-  EXPECT_STREQ(ddp::setting_info(ddp::Setting::SocketInterfaces).name, "DDP_SOCKET_IFNAME");
+  EXPECT_STREQ(ddp::setting_info(ddp::Setting::TestStopInPhase).name, "DDP_TEST_STOP_IN_PHASE");
 }
 
 TEST(Settings, ABadValueNamesTheVariable) {
@@ -310,13 +310,17 @@ TEST(Settings, ABadValueNamesTheVariable) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 9 * 7);  // every variable with a range
+  EXPECT_EQ(checked, 10 * 7);  // every variable with a range
   EXPECT_EQ(setting_error({{"DDP_MPI_SPIN_US", "1000001"}}, ddp::Setting::MpiSpin),
             "DDP_MPI_SPIN_US='1000001': expected an integer from 0 to 1000000");
   EXPECT_EQ(setting_error({{"DDP_MPI_SOCKET_KIB", "1073741825"}}, ddp::Setting::SocketThreshold),
             "DDP_MPI_SOCKET_KIB='1073741825': expected an integer from 0 to 1073741824");
   EXPECT_EQ(setting_error({{"DDP_TIMEOUT_SECONDS", "0"}}, ddp::Setting::Timeout),
             "DDP_TIMEOUT_SECONDS='0' is not a positive whole number of seconds");
+  EXPECT_EQ(setting_error({{"DDP_STARTUP_TIMEOUT_SECONDS", "0"}}, ddp::Setting::StartupTimeout),
+            "DDP_STARTUP_TIMEOUT_SECONDS='0' is not a positive whole number of seconds");
+  EXPECT_EQ(ddp::startup_timeout_seconds({}), 600);
+  EXPECT_EQ(ddp::startup_timeout_seconds({{"DDP_STARTUP_TIMEOUT_SECONDS", "30"}}), 30);
   EXPECT_EQ(setting_error({{"DDP_DEBUG", "INFO"}}, ddp::Setting::Debug),
             "DDP_DEBUG='INFO': expected DETAIL (check that every rank calls the same collectives) "
             "or OFF");

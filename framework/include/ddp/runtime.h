@@ -25,6 +25,8 @@
 
 #include <torch/types.h>
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -111,6 +113,45 @@ class Runtime {
   int visible_gpus_ = 0;  ///< CUDA devices this rank sees (0 without CUDA or with use_cuda off)
   bool own_gpu_ = false;  ///< every rank of the node sees one GPU, its own
 };
+
+/// A phase of this rank's life that can block on other ranks or on a file system where no
+/// collective watchdog runs (process_group.h): MPI start-up, building a communicator, the
+/// DistributedDataParallel constructor, loading data, an evaluation, writing a snapshot. While
+/// one lives, the process's phase watchdog (a thread, started with the first phase, asleep when
+/// none lives) ends the whole job once the phase has made no progress for its timeout:
+///   ddp: rank 0 (host): watchdog: loading data (...) unfinished after 605 s (limit 600 s:
+///   ProcessGroupOptions::timeout, --timeout, DDP_TIMEOUT_SECONDS). Ending the job.
+/// then MPI_Abort; before MPI is up, this process exits with status 1 and the launcher ends the
+/// others. So a rank that is stopped, or stuck on a file system, cannot leave the others
+/// waiting forever in MPI_Init or MPI_Comm_dup.
+///
+/// Who marks what: the Runtime its MPI start-up (DDP_STARTUP_TIMEOUT_SECONDS, default 600 s),
+/// ProcessGroup the communicators it builds, DistributedDataParallel its constructor, the
+/// training kit data loading, evaluation (progress after each batch) and snapshot writes.
+///
+/// Invariants: phases nest per thread and only the innermost phase of each thread is watched
+/// (when it ends, the enclosing one's clock restarts); phases of several threads (replicas) are
+/// watched independently. A phase fires 5 s after its timeout, so that a collective inside it,
+/// whose own watchdog names the ranks that never arrived, is reported by that watchdog first.
+class WatchedPhase {
+ public:
+  /// `what` names the phase in the message, e.g. "loading data (train-images-idx3-ubyte)".
+  /// `timeout` 0: the phase timeout (set_phase_timeout; a ProcessGroup sets its
+  /// ProcessGroupOptions::timeout, --timeout in ddp::cli; else DDP_TIMEOUT_SECONDS, else 600 s).
+  explicit WatchedPhase(const std::string& what,
+                        std::chrono::seconds timeout = std::chrono::seconds(0));
+  ~WatchedPhase();
+  WatchedPhase(const WatchedPhase&) = delete;
+  WatchedPhase& operator=(const WatchedPhase&) = delete;
+  /// The phase goes on: its timeout counts again from now.
+  void progress();
+
+ private:
+  uint64_t id_;
+};
+
+/// The timeout of the phases that name none (> 0). ProcessGroup's constructor sets it.
+void set_phase_timeout(std::chrono::seconds timeout);
 
 /// Runs `body`; an exception escaping it is printed with the rank and host and the whole job is
 /// aborted, so one failing rank ends the job quickly instead of leaving the others in a

@@ -1,5 +1,6 @@
 #include "parallel/backend_options.h"
 
+#include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #include "util/environment.h"
 
@@ -7,11 +8,20 @@
 
 namespace ddp {
 
+const char* const kSetupWhy =
+    "every rank of the job must call it; a rank that has not got here is stopped, hung, or still "
+    "loading its data";
+
+std::chrono::seconds collective_timeout(std::chrono::seconds timeout) {
+  if (timeout.count() > 0) return timeout;
+  return std::chrono::seconds(collective_timeout_seconds(current_environment()));
+}
+
 CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout) {
   const Environment env = current_environment();
   CpuOptions options;
   MpiOptions& mpi = options.mpi;
-  mpi.timeout = timeout.count() > 0 ? timeout : std::chrono::seconds(collective_timeout_seconds(env));
+  mpi.timeout = collective_timeout(timeout);
   mpi.check_collectives = debug_detail(env);
   const Runtime* owner = &runtime;
   mpi.on_fatal_error = [owner](const std::string& message) { owner->abort(message); };
@@ -26,8 +36,9 @@ CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::sec
 }
 
 std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime, std::chrono::seconds timeout) {
-  return make_cpu_communicator(detail::RuntimeInternals::comm(runtime),
-                               cpu_options_from_environment(runtime, timeout));
+  CpuOptions options = cpu_options_from_environment(runtime, timeout);
+  const auto phase = detail::setup_phase("creating a CPU communicator (MPI_Comm_dup)", kSetupWhy);
+  return make_cpu_communicator(detail::RuntimeInternals::comm(runtime), options);
 }
 
 #if DDP_WITH_CUDA && DDP_WITH_NCCL

@@ -30,6 +30,14 @@ namespace ddp {
 // A bad value throws std::invalid_argument naming the variable.
 CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout);
 
+// A collective's timeout: `timeout` (ProcessGroupOptions::timeout) when > 0, else
+// DDP_TIMEOUT_SECONDS, else 600 s. ProcessGroup also makes it the phase timeout
+// (<ddp/runtime.h>: set_phase_timeout), so the waits outside collectives are as long.
+std::chrono::seconds collective_timeout(std::chrono::seconds timeout);
+
+// Why a communicator's creation waits, for the phase watchdog's message.
+extern const char* const kSetupWhy;
+
 // A new communicator for CPU tensors over every rank of `runtime` (comm/cpu_communicator.h:
 // MPI, with the TCP ring for large all-reduces where that policy says). Collective.
 std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime, std::chrono::seconds timeout);

@@ -119,8 +119,10 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     : module_(std::move(module)),
       forward_(std::move(forward)),
       options_(options),
-      world_size_(group.size()),
-      control_comm_(group.new_cpu_communicator()) {
+      world_size_(group.size()) {
+  // Its first collectives wait for every rank to have built its model and got here.
+  WatchedPhase phase("the DistributedDataParallel constructor");
+  control_comm_ = group.new_cpu_communicator();
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
   verify_same_structure(*control_comm_, *module_);
   options_.backend = choose_backend(group, *module_, options_.backend);

@@ -4,6 +4,7 @@
 
 #include "parallel/backend_options.h"
 #include "parallel/group_membership.h"
+#include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 #include "comm/nccl_communicator.h"
@@ -31,9 +32,12 @@ class ProcessMembership final : public detail::GroupMembership {
   }
   std::shared_ptr<Communicator> gpu_communicator() override {
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
+    const NcclOptions options = nccl_options_from_environment(runtime_, options_.timeout);
+    const auto phase = detail::setup_phase("creating the NCCL communicator (ncclCommInitRank)",
+                                           kSetupWhy);
     return std::make_shared<NcclCommunicator>(
         detail::RuntimeInternals::comm(runtime_), runtime_.rank(), runtime_.world_size(),
-        runtime_.device(), nccl_options_from_environment(runtime_, options_.timeout));
+        runtime_.device(), options);
 #else
     return nullptr;  // not reached: ProcessGroup::gpu() checks has_gpu() first
 #endif
@@ -60,6 +64,8 @@ ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options) : runt
         "run the training body with ddp::run_replicas (<ddp/replicas.h>), which gives each "
         "replica thread its group");
   }
+  // The phases outside collectives (WatchedPhase) wait as long as a collective may.
+  set_phase_timeout(collective_timeout(options.timeout));
   membership_ = std::make_unique<ProcessMembership>(runtime, options);
   cpu_ = membership_->new_cpu_communicator();
 }

@@ -43,6 +43,7 @@ class ReplicaSet {
  public:
   ReplicaSet(Runtime& runtime, ProcessGroupOptions options)
       : runtime_(runtime), options_(options), replicas_(runtime.replicas_per_process()) {
+    set_phase_timeout(collective_timeout(options.timeout));  // as ProcessGroup's constructor
     const Runtime* owner = &runtime;
     const std::chrono::seconds timeout = options.timeout;
     // Each channel's communicator over the processes is what ProcessGroup's would be.

@@ -2,6 +2,7 @@
 
 #include <ddp/config.h>
 
+#include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #include "util/hash.h"
 #include "util/mpi_check.h"
@@ -148,8 +149,22 @@ Runtime::Runtime(RuntimeOptions options)
 
 void Runtime::start(int* argc, char*** argv, RuntimeOptions options) {
   impl_->launch = check_launch_before_mpi_init();
-  owns_mpi_ = init_mpi(argc, argv, &thread_level_, yield_before_init(impl_->launch));
-  init_topology(options);
+  detail::set_phase_identity(impl_->launch.rank, impl_->launch.slurm_node);
+  {
+    const auto phase = detail::startup_phase(
+        "MPI start-up (MPI_Init)",
+        "MPI_Init returns once every rank of the job has started; a rank is stopped, dead, or "
+        "still starting (its node's file system loading the program or its libraries)");
+    owns_mpi_ = init_mpi(argc, argv, &thread_level_, yield_before_init(impl_->launch));
+  }
+  detail::set_phase_mpi_ready(true);
+  {
+    const auto phase = detail::startup_phase(
+        "the Runtime's start-up collectives (topology, GPUs, replicas)",
+        "every rank must reach them; one is stopped, or hangs before its Runtime");
+    init_topology(options);
+  }
+  detail::set_phase_identity(rank_, hostname_);
 }
 
 void Runtime::init_topology(RuntimeOptions options) {
@@ -286,7 +301,10 @@ Runtime::~Runtime() {
           "ddp::run_or_abort to print it first)");
   }
   if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
-  if (owns_mpi_) MPI_Finalize();
+  if (owns_mpi_) {
+    detail::set_phase_mpi_ready(false);
+    MPI_Finalize();
+  }
 }
 
 torch::Device Runtime::replica_device(int replica) const {

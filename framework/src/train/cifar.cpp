@@ -1,5 +1,7 @@
 #include <ddp/train/cifar.h>
 
+#include <ddp/runtime.h>
+
 #include <ddp/checkpoint_file.h>
 
 #include "train/cifar_format.h"
@@ -66,6 +68,7 @@ ImageDataset read_cifar10_file(const std::string& path) {
 }
 
 ImageDataset load_cifar10(const std::string& dir, CifarSplit split) {
+  WatchedPhase phase("loading data (CIFAR-10 in " + dir + ")");  // a file system can stall
   std::vector<std::string> paths;
   if (split == CifarSplit::Train) {
     for (int i = 1; i <= 5; ++i) paths.push_back(dir + "/data_batch_" + std::to_string(i) + ".bin");

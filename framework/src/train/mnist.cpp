@@ -1,5 +1,7 @@
 #include <ddp/train/mnist.h>
 
+#include <ddp/runtime.h>
+
 #include "train/idx_format.h"
 
 #include <torch/torch.h>
@@ -115,6 +117,7 @@ torch::Tensor read_idx(const std::string& requested) {
 
 ImageDataset load_mnist(const std::string& dir, MnistSplit split) {
   const std::string prefix = dir + "/" + (split == MnistSplit::Train ? "train" : "t10k");
+  WatchedPhase phase("loading data (" + prefix + "-*-ubyte)");  // a file system can stall
   const std::string images_path = resolve(prefix + "-images-idx3-ubyte");
   const std::string labels_path = resolve(prefix + "-labels-idx1-ubyte");
   torch::Tensor images = read_idx(images_path);

@@ -1,5 +1,7 @@
 #include <ddp/train/snapshot.h>
 
+#include <ddp/runtime.h>
+
 #include <ddp/checkpoint_file.h>
 #include <ddp/replicas.h>
 
@@ -260,6 +262,7 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
   put_u64(file, hash64(payload.data(), payload.size()));
   file += payload;
   // The bytes go through write(2) ourselves, so a full disk is reported as such.
+  WatchedPhase phase("writing the snapshot " + path);  // a file system can stall
   write_atomically(path, file);
 }
 

@@ -1,5 +1,6 @@
 // The Trainer's work on one batch, its optimizer step, and evaluation (trainer.h).
 #include <ddp/train/trainer.h>
+#include <ddp/runtime.h>
 
 #include <ddp/train/grad_clip.h>
 #include <ddp/train/replica_check.h>
@@ -131,7 +132,10 @@ Evaluation Trainer::evaluate() {
   std::vector<torch::Tensor> metric_sums(names.size());
   for (auto& m : metric_sums) m = torch::zeros({}, doubles);
   int64_t samples = 0;
+  // A rank that hangs in its own computation never reaches the collective below.
+  WatchedPhase phase("evaluation");
   for (int64_t begin = 0; begin < n; begin += options_.test_batch_size) {
+    phase.progress();
     const int64_t end = std::min(n, begin + options_.test_batch_size);
     std::any batch = task_.test_batch_any(
         std::vector<int64_t>(shard.begin() + begin, shard.begin() + end), device);

@@ -15,7 +15,7 @@ using Kind = SettingInfo::Kind;
 constexpr long kMaxKiB = 1L << 30;  // the largest size in KiB (1 TiB)
 
 // Every DDP_* variable the core reads, in the order of `Setting`.
-constexpr std::array<SettingInfo, 11> kSettings{{
+constexpr std::array<SettingInfo, 13> kSettings{{
     {Setting::Timeout, "DDP_TIMEOUT_SECONDS", Kind::Seconds, 0, nullptr, nullptr,
      "seconds a collective of either backend may take before its watchdog ends the job "
      "(ProcessGroupOptions::timeout wins; default 600)"},
@@ -43,6 +43,12 @@ constexpr std::array<SettingInfo, 11> kSettings{{
     {Setting::SocketInterfaces, "DDP_SOCKET_IFNAME", Kind::Text, 0, nullptr, nullptr,
      "the interfaces the ring listens on, comma-separated, the first present wins "
      "(CpuOptions::socket_interfaces)"},
+    {Setting::StartupTimeout, "DDP_STARTUP_TIMEOUT_SECONDS", Kind::Seconds, 0, nullptr, nullptr,
+     "seconds MPI start-up (MPI_Init and the Runtime's first collectives) may take before the "
+     "phase watchdog ends the job (default 600)"},
+    {Setting::TestStopInPhase, "DDP_TEST_STOP_IN_PHASE", Kind::Text, 0, nullptr, nullptr,
+     "tests only: RANK:TEXT stops (SIGSTOP) that rank when it enters a watched phase whose name "
+     "starts with TEXT"},
 }};
 
 constexpr bool in_setting_order() {
@@ -134,6 +140,10 @@ bool read_flag(const Environment& env, Setting setting) {
 
 int collective_timeout_seconds(const Environment& env) {
   return static_cast<int>(read_number(env, Setting::Timeout).value_or(600));
+}
+
+int startup_timeout_seconds(const Environment& env) {
+  return static_cast<int>(read_number(env, Setting::StartupTimeout).value_or(600));
 }
 
 int nccl_timeout_seconds(const Environment& env) {

@@ -36,6 +36,8 @@ enum class Setting {
   Sockets,           // DDP_MPI_SOCKETS
   SocketThreshold,   // DDP_MPI_SOCKET_KIB
   SocketInterfaces,  // DDP_SOCKET_IFNAME
+  StartupTimeout,    // DDP_STARTUP_TIMEOUT_SECONDS
+  TestStopInPhase,   // DDP_TEST_STOP_IN_PHASE (tests: stop a rank in a watched phase)
 };
 
 // One row of the table.
@@ -70,6 +72,10 @@ bool read_flag(const Environment& env, Setting setting);
 // Seconds a collective of either backend may take before the communicator's watchdog ends the
 // job: DDP_TIMEOUT_SECONDS, or 600 (PyTorch's default) when it is unset or empty.
 int collective_timeout_seconds(const Environment& env);
+
+// Seconds MPI start-up may take before the phase watchdog ends the job (<ddp/runtime.h>:
+// WatchedPhase): DDP_STARTUP_TIMEOUT_SECONDS, or 600 when it is unset or empty.
+int startup_timeout_seconds(const Environment& env);
 
 // The same for NCCL alone: DDP_NCCL_TIMEOUT_SECONDS when it is set (the older, NCCL-only name),
 // else collective_timeout_seconds(env).
