@@ -108,10 +108,10 @@ std::string flags_fingerprint_text(const std::string& program, const po::variabl
                            !boost::any_cast<bool>(&variable.value());
     std::optional<std::string> value = valueless ? std::string("given") : value_text(variable.value());
     if (!value) {
-      for (const auto& option : parsed.options) {
-        if (option.string_key != name) continue;
+      for (const auto& given : parsed.options) {
+        if (given.string_key != name) continue;
         std::string tokens;
-        for (const auto& token : option.original_tokens) tokens += (tokens.empty() ? "" : " ") + token;
+        for (const auto& token : given.original_tokens) tokens += (tokens.empty() ? "" : " ") + token;
         value = tokens;
       }
     }

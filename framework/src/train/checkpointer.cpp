@@ -46,11 +46,8 @@ Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
   // Now, not after the first epoch: an unwritable directory would waste the epoch.
   try {
     check_writable_directory(o.dir, "checkpoint directory");
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error("CheckpointerOptions::dir: " + std::string(e.what()));
-  }
-  // One job per directory (directory_lock.h), before anything in it is touched.
-  try {
+    // One job per directory (directory_lock.h); before the temporaries are removed, which
+    // could be another live job's.
     detail::DirectoryLockResult taken = detail::DirectoryLock::take(o.dir);
     lock_ = std::move(taken.lock);
     if (!taken.unsupported.empty()) std::fprintf(stderr, "Warning: %s\n", taken.unsupported.c_str());
