@@ -39,7 +39,8 @@ cifar_data=$tmp/cifar
 "$make_cifar" "$cifar_data" --train 50000 --test 16 > /dev/null || exit 1
 
 failures=0
-# check NAME REGEX COMMAND...: non-zero, not a signal, the output matches REGEX.
+# check NAME REGEX COMMAND...: non-zero, not a signal, the output matches REGEX; with
+# want_status=N set for the call, the status must be N.
 check() {
   local name=$1 regex=$2
   shift 2
@@ -52,6 +53,8 @@ check() {
   local verdict=ok
   if [ "$status" -eq 0 ]; then
     verdict="FAIL: exit status 0"
+  elif [ -n "${want_status:-}" ] && [ "$status" -ne "$want_status" ]; then
+    verdict="FAIL: exit status $status, not $want_status"
   elif [ "$status" -gt 128 ] || printf '%s' "$output" | grep -Eq 'signal 6|SIGABRT|Aborted|core dumped|terminate called'; then
     verdict="FAIL: exit status $status, killed or aborted"
   elif ! printf '%s\n' "$output" | grep -Eq -- "$regex"; then
@@ -91,6 +94,18 @@ check checkpoint_dir_empty '--checkpoint-dir must name a folder \(got an empty s
   "$mnist" --no-cuda --checkpoint-dir ""
 check resume_from_directory "$tmp: cannot read the snapshot: not a regular file: it is a directory" \
   "$mnist" "${data[@]}" --resume="$tmp"
+# Ranks started with different flags (mpirun's MPMD syntax: one command line per rank), or a bad
+# flag on one rank only: refused with status 2 before training, naming the flag and the ranks
+# (issue 26: before, Open MPI's MPI_ERR_TRUNCATE in the first step, status 15; a hang).
+want_status=2 check flags_differ_between_ranks \
+  'ddp_mnist: the ranks were started with different flags: --limit-train-batches is 3 on rank 0 and 5 on rank 1' \
+  timeout 60 "$mpiexec" -np 1 "$mnist" "${data[@]}" --limit-train-batches 3 : -np 1 "$mnist" "${data[@]}" --limit-train-batches 5
+want_status=2 check bad_flag_on_one_rank \
+  'ddp_mnist: the ranks were started with different flags, refused on rank 1: --epochs must be >= 1 \(got 0\) \(see --help\)' \
+  timeout 60 "$mpiexec" -np 1 "$mnist" "${data[@]}" : -np 1 "$mnist" "${data[@]}" --epochs 0
+want_status=2 check programs_differ_between_ranks \
+  'the ranks run different programs: ddp_mnist on rank 0 and ddp_cifar on rank 1' \
+  timeout 60 "$mpiexec" -np 1 "$mnist" --no-cuda : -np 1 "$cifar" --no-cuda
 # ResNet-18 keeps about 10 MB per CIFAR sample for backward: a batch of a rank's whole shard of
 # the synthetic training set (25000 of 50000) needs some 250 GB per rank, more than any machine
 # this runs on has.

@@ -4,6 +4,8 @@
 #include <ddp/replicas.h>
 #include <ddp/runtime.h>
 
+#include "cli/flag_agreement.h"
+
 #include <boost/program_options.hpp>
 
 #include <chrono>
@@ -35,8 +37,10 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
   // before any data is read, so a bad value costs no time.
   po::variables_map vm;
   std::string flag_error;
+  po::parsed_options parsed(&options);
   try {
-    po::store(po::parse_command_line(argc, argv, options), vm);
+    parsed = po::parse_command_line(argc, argv, options);
+    po::store(parsed, vm);
     po::notify(vm);
     if (!vm.count("help")) {
       check_training_flags(flags);
@@ -52,33 +56,44 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
   runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message
   if (flag_error.empty()) runtime_options.replicas_per_process = static_cast<int>(flags.replicas_per_process);
   ddp::Runtime runtime(argc, argv, runtime_options);
-  if (!flag_error.empty()) {
-    // Every rank sees the same flags, so every rank stops here; rank 0 explains.
-    if (runtime.is_main()) std::cerr << name << ": " << flag_error << " (see --help)\n";
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (runtime.is_main()) {
-      std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
-                << name << " [options]\n" << program.description << "\n\n" << options << "\n";
-    }
-    return 0;
-  }
+  const bool help = flag_error.empty() && vm.count("help");
+  // What the ranks compare first (flag_agreement.h): a rank with a bad flag sends its error.
+  const std::string fingerprint = flag_error.empty()
+                                      ? flags_fingerprint_text(name, vm, parsed)
+                                      : flags_error_text(name, flag_error + " (see --help)");
   int status = 0;
   const int aborted = ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroupOptions group_options;
-    if (flags.timeout) {
+    if (flag_error.empty() && flags.timeout) {
       group_options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
     }
-    if (parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
+    const bool checked = flag_error.empty() && !help;
+    if (checked && parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
                                std::to_string(runtime.world_size()) + " ranks" + instead(program));
     }
-    if (parallelism == Parallelism::SingleProcess && runtime.replicas_per_process() > 1) {
+    if (checked && parallelism == Parallelism::SingleProcess && runtime.replicas_per_process() > 1) {
       throw std::runtime_error(name + " trains one replica but --replicas-per-process is " +
                                std::to_string(runtime.replicas_per_process()) + instead(program));
     }
     status = ddp::run_replicas(runtime, [&](ddp::ProcessGroup& group) {
+      // Before anything that depends on the flags, so that ranks started with different ones
+      // (or a bad one on some ranks only) stop here instead of failing later in a collective.
+      const std::string differ = agree_on_flags(group.cpu(), fingerprint, group.replicas_per_process());
+      if (!differ.empty() || !flag_error.empty()) {
+        // Every rank stops here; rank 0 explains.
+        if (group.is_main()) {
+          std::cerr << name << ": " << (differ.empty() ? flag_error + " (see --help)" : differ) << "\n";
+        }
+        return 2;
+      }
+      if (help) {
+        if (group.is_main()) {
+          std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
+                    << name << " [options]\n" << program.description << "\n\n" << options << "\n";
+        }
+        return 0;
+      }
       if (flags.show_topology) {
         std::string place = runtime.summary();
         if (group.replicas_per_process() > 1) {

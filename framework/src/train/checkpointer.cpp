@@ -3,6 +3,8 @@
 #include <ddp/checkpoint_file.h>
 #include <ddp/communicator.h>
 
+#include "train/directory_lock.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -44,6 +46,15 @@ Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
   // Now, not after the first epoch: an unwritable directory would waste the epoch.
   try {
     check_writable_directory(o.dir, "checkpoint directory");
+    // One job per directory (directory_lock.h); before the temporaries are removed, which
+    // could be another live job's.
+    detail::DirectoryLockResult taken = detail::DirectoryLock::take(o.dir);
+    lock_ = std::move(taken.lock);
+    if (!taken.unsupported.empty()) std::fprintf(stderr, "Warning: %s\n", taken.unsupported.c_str());
+    if (!taken.previous_holder.empty()) {
+      std::printf("Took over %s, left by a job that is gone (%s)\n", lock_->path().c_str(),
+                  taken.previous_holder.c_str());
+    }
   } catch (const std::runtime_error& e) {
     throw std::runtime_error("CheckpointerOptions::dir: " + std::string(e.what()));
   }

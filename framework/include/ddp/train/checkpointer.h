@@ -37,8 +37,12 @@
 // snapshot removes those before it; `keep` epochs of epoch-end files are kept.
 //
 // At construction (rank 0): the directory is created if missing and checked writable, so that
-// a read-only or uncreatable directory is reported before any training, and temporary files of
+// a read-only or uncreatable directory is reported before any training; rank 0 takes the
+// directory's lock (<dir>/.ddp.lock, flock; held until the Checkpointer goes), so that a second
+// job on the same directory is refused naming the first (its host, pid, start, Slurm job), and a
+// lock left by a job that is gone is taken over, saying whose it was; then temporary files of
 // writes that a killed run left behind are removed (remove_stale_temporaries), each named.
+// docs/reliability.md says what flock does not cover (NFS and Lustre mounts without it).
 
 #include <ddp/process_group.h>
 #include <ddp/train/snapshot.h>
@@ -50,9 +54,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace ddp {
+
+namespace detail {
+class DirectoryLock;  // internal (src/train/directory_lock.h): the directory's lock, rank 0's
+}
 
 struct CheckpointerOptions {
   // Where snapshots and model_with_epoch<N>.pt go (rank 0 writes). Empty: nothing is written,
@@ -93,7 +102,8 @@ class Checkpointer {
   // Collective only through its checks' failure (rank 0 checks the directory). Throws
   // std::invalid_argument naming the CheckpointerOptions field for an option out of range or
   // one that needs `dir`, and std::runtime_error naming CheckpointerOptions::dir when the
-  // directory cannot be created or written.
+  // directory cannot be created or written, or another job holds its lock ("CheckpointerOptions::
+  // dir: <dir> is in use by another job (host n1, pid 1234, since ... holds <dir>/.ddp.lock)").
   Checkpointer(ProcessGroup& group, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options, TrainingExtras extras = {});
 
@@ -130,6 +140,7 @@ class Checkpointer {
   CheckpointerOptions options_;
   TrainingExtras extras_;
   int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
+  std::shared_ptr<detail::DirectoryLock> lock_;  // rank 0 with a dir, where flock works
 
   void create_directory() const;
   void remove_older_step_snapshots(const std::string& newest) const;

@@ -1,0 +1,53 @@
+#pragma once
+// Flags agreed at start: every rank must run the same program with the same effective flags.
+// mpirun can start ranks with different arguments (its MPMD syntax `-np 1 prog --x 3 : -np 1
+// prog --x 5`, a wrapper script that varies them, a stale copy of the program on one node);
+// such ranks would compute different batch counts, shapes or schedules and fail later in a
+// collective with an MPI error that names nothing (Open MPI's MPI_ERR_TRUNCATE), or silently
+// train something else.
+//
+// The fingerprint is generic: the program's name, then every option in Boost's variables_map,
+// defaults included, as "name=value", sorted by name. A new flag is covered with no code here.
+// No flag is expected to differ between ranks: paths are compared as given (a relative
+// --data-dir is the same text on every rank even if the ranks' working directories differ;
+// what it names is checked where it is read). The ranks exchange a 64-bit hash of the text
+// (one all_gather of 8 bytes); only when the hashes differ are the texts gathered, to name the
+// first differing setting (in name order, the program first) and which ranks hold which value.
+
+#include <ddp/communicator.h>
+
+#include <boost/program_options/parsers.hpp>
+#include <boost/program_options/variables_map.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ddp::cli {
+
+// The fingerprint's text: "program=<program>" and then one "name=value" line per option of
+// `vm`, sorted by name ("given" for an option without a value, such as --help). A value of a type the text cannot print is taken from `parsed` (the
+// command line's tokens) when given there, else it is "(default)". Newlines in values are
+// written as "\n".
+std::string flags_fingerprint_text(const std::string& program,
+                                   const boost::program_options::variables_map& vm,
+                                   const boost::program_options::parsed_options& parsed);
+
+// The text of a rank whose flags were refused: the program and `error` (the refusal's message),
+// so that ranks refused alike agree, and a rank refused alone is named.
+std::string flags_error_text(const std::string& program, const std::string& error);
+
+// "" when every text is the same, else the message naming the first differing setting:
+// "the ranks were started with different flags: --limit-train-batches is 3 on ranks 0,2 and 5
+// on rank 1" (ranks as ranges: "ranks 0-3,5"), "--timeout is not given on rank 1",
+// "the ranks run different programs: ...", "the ranks were started with different flags,
+// refused on rank 1: --epochs must be >= 1 (got 0) (see --help)". `texts` holds one text per replica of the job, in
+// replica order, `replicas_per_process` per rank: the ranks named are processes.
+std::string describe_flag_difference(const std::vector<std::string>& texts,
+                                     int replicas_per_process = 1);
+
+// Collective over `comm` (every replica of the job): compares the hashes of every replica's
+// `text`, and gathers the texts only when they differ. Returns "" when all agree, else
+// describe_flag_difference's message, on every replica.
+std::string agree_on_flags(Communicator& comm, const std::string& text, int replicas_per_process);
+
+}  // namespace ddp::cli
