@@ -76,6 +76,9 @@ data=(--data-dir "$tmp/good" --no-cuda)
 check epochs_0 '--epochs must be >= 1 \(got 0\)' "$mnist" "${data[@]}" --epochs 0
 check epochs_negative '--epochs must be >= 1 \(got -2\)' "$mnist" "${data[@]}" --epochs -2
 check lr_nan '--lr must be a finite number > 0 \(got nan\)' "$mnist" "${data[@]}" --lr nan
+check lr_beyond_float '--lr must be at most 3.40282e\+38, the largest float the optimizer holds \(got 1e\+39\)' "$mnist" "${data[@]}" --lr 1e39
+check clip_beyond_float '--clip-grad-norm must be at most 3.40282e\+38' "$mnist" "${data[@]}" --clip-grad-norm 1e39
+check on_nonfinite_unknown "--on-nonfinite: 'ignore' is not one of: stop, skip" "$mnist" "${data[@]}" --on-nonfinite ignore
 check gamma_nan '--gamma must be a finite number >= 0 \(got nan\)' "$mnist" "${data[@]}" --gamma nan
 check log_interval_negative '--log-interval must be >= 0 \(got -1\)' "$mnist" "${data[@]}" --log-interval -1
 check resume_fallback_alone '--resume-fallback needs --resume' "$mnist" "${data[@]}" --resume-fallback

@@ -9,17 +9,20 @@
 #                    fails with "No space left on device" naming the file, leaves no temporary
 #                    file, and epoch 1's files are unchanged.
 #   read-only        a read-only checkpoint directory is refused before any training.
+#   metrics-full-disk  --metrics-file on a full file system (issue 26): the job fails at the
+#                    epoch's line naming the file and "No space left on device" (it said only
+#                    "write failed").
 #   kill-mid-write   rank 0 is killed (kill -9) half-way through writing the epoch-2 snapshot
 #                    (held there by STALL_WRITE_LIB): the epoch-1 snapshot is unchanged, and
 #                    the next run removes the stale temporary file and resumes from epoch 1.
-# full-disk and read-only mount a tmpfs, so they need root; they run in a private mount
+# full-disk, metrics-full-disk and read-only mount a tmpfs, so they need root; they run in a private mount
 # namespace (unshare -m), so nothing stays mounted, even if the test dies. Without root, or
 # where unshare is not permitted, they are skipped (exit 77).
 set -euo pipefail
 case_=$1 mpiexec=$2 ddp_cifar=$3 make_data=$4 stall=$5 base=$6
 work=$base/$case_
 
-if [[ $case_ == full-disk || $case_ == read-only ]] && [ -z "${DDP_FAULTS_IN_NAMESPACE:-}" ]; then
+if [[ $case_ == full-disk || $case_ == metrics-full-disk || $case_ == read-only ]] && [ -z "${DDP_FAULTS_IN_NAMESPACE:-}" ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "SKIP: $case_ mounts a tmpfs, which needs root (this is uid $(id -u))"; exit 77
   fi
@@ -85,6 +88,16 @@ full-disk)
     unchanged "$disk"
     umount "$disk"
   done
+  ;;
+metrics-full-disk)
+  disk=$work/metrics_disk
+  mkdir -p "$disk" && mount -t tmpfs -o size=4k tmpfs "$disk"
+  head -c 4096 /dev/zero > "$disk/filler" 2> /dev/null || true  # every page of the tmpfs
+  expect_failure metrics_full --epochs 1 --metrics-file "$disk/metrics.jsonl"
+  grep -q "ddp: rank 0 (.*): $disk/metrics.jsonl: cannot write the metrics file: No space left on device" \
+    "$work/metrics_full.log" || fail "the message does not name the metrics file and the reason"
+  grep -q "Train set:\|Test set:" "$work/metrics_full.log" || fail "it failed before the epoch's end"
+  umount "$disk"
   ;;
 read-only)
   disk=$work/read_only

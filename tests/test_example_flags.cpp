@@ -78,6 +78,16 @@ TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
             "--scale-lr-with-batch must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.clip_grad_norm = nan; }),
             "--clip-grad-norm must be a finite number >= 0 (got nan)");
+  // Issue 26: beyond a float, LibTorch failed at the first step naming no flag.
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = 1e39; }),
+            "--lr must be at most 3.40282e+38, the largest float the optimizer holds (got 1e+39)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.clip_grad_norm = 1e39; }),
+            "--clip-grad-norm must be at most 3.40282e+38, the largest float the optimizer holds (got 1e+39)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = 3e38; }), "");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.on_nonfinite = "ignore"; }),
+            "--on-nonfinite: 'ignore' is not one of: stop, skip");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.max_skipped_steps = 0; }),
+            "--max-skipped-steps must be >= 1 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.amp = "fp8"; }),
             "--amp: mixed precision 'fp8': expected off, bf16 or fp16");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.schedule = "linear"; }),

@@ -1,5 +1,7 @@
 #include <ddp/cli/app.h>
 
+#include <ddp/cli/finish.h>
+
 #include <ddp/communicator.h>
 #include <ddp/replicas.h>
 #include <ddp/runtime.h>
@@ -105,7 +107,7 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
           for (const auto& line : lines) std::cout << line << "\n";
         }
       }
-      return train(group);
+      return run_training(group, train);  // finish.h: a diverged run's status
     }, group_options);
   });
   return aborted ? aborted : status;

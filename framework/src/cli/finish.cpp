@@ -33,4 +33,19 @@ int finish(ddp::ProcessGroup& group, const TrainingFlags& flags, const TrainingD
   return 0;
 }
 
+int run_training(ddp::ProcessGroup& group, const std::function<int(ddp::ProcessGroup&)>& train) {
+  try {
+    return train(group);
+  } catch (const ddp::TrainingDiverged& e) {
+    if (group.is_main()) {
+      std::cout << std::flush;
+      std::cerr << e.what() << "\nExit status " << ddp::kDivergedExitCode
+                << ": training diverged (try a lower --lr, --clip-grad-norm, or --on-nonfinite "
+                   "skip to drop such steps)"
+                << std::endl;
+    }
+    return ddp::kDivergedExitCode;
+  }
+}
+
 }  // namespace ddp::cli

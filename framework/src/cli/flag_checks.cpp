@@ -3,6 +3,7 @@
 #include "cli/number_text.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +21,13 @@ void require_finite(const char* flag, double value, double least, bool least_all
   throw std::invalid_argument(std::string(flag) + " must be a finite number " +
                               (least_allowed ? ">= " : "> ") + short_text(least) + " (got " +
                               short_text(value) + ")");
+}
+
+void require_float_range(const char* flag, double value) {
+  if (std::fabs(value) <= std::numeric_limits<float>::max()) return;
+  throw std::invalid_argument(std::string(flag) + " must be at most " +
+                              short_text(std::numeric_limits<float>::max()) +
+                              ", the largest float the optimizer holds (got " + short_text(value) + ")");
 }
 
 }  // namespace ddp::cli

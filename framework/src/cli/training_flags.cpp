@@ -39,6 +39,7 @@ void check_training_flags(const TrainingFlags& f) {
   require_at_least("--test-batch-size", f.test_batch_size, 1);
   require_at_least("--epochs", f.epochs, 1);
   require_finite("--lr", f.lr, 0, /*least_allowed=*/false);
+  require_float_range("--lr", f.lr);
   require_at_least("--seed", f.seed, 0);
   require_at_least("--limit-train-batches", f.limit_train_batches, 0);
   require_finite("--bucket-mb", f.bucket_mb, 0, false);
@@ -51,6 +52,13 @@ void check_training_flags(const TrainingFlags& f) {
   require_at_least("--warmup-steps", f.warmup_steps, 0);
   require_at_least("--scale-lr-with-batch", f.scale_lr_with_batch, 0);
   require_finite("--clip-grad-norm", f.clip_grad_norm, 0, /*least_allowed=*/true);
+  require_float_range("--clip-grad-norm", f.clip_grad_norm);
+  try {
+    ddp::parse_on_nonfinite(f.on_nonfinite);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--on-nonfinite: ") + e.what());
+  }
+  require_at_least("--max-skipped-steps", f.max_skipped_steps, 1);
   try {
     ddp::parse_amp_mode(f.amp);
   } catch (const std::invalid_argument& e) {
@@ -101,7 +109,9 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("scale-lr-with-batch", po::value(&f.scale_lr_with_batch)->value_name("REFERENCE")->default_value(0), "linear scaling rule: --lr is for a global batch of REFERENCE samples; use --lr x (batch-size x ranks x accumulate) / REFERENCE (0: off)")
     ("accumulate", po::value(&f.accumulate)->default_value(1), "micro-batches of --batch-size per optimizer step, accumulated without gradient sync (no_sync)")
     ("clip-grad-norm", po::value(&f.clip_grad_norm)->default_value(0.0, "0"), "clip the gradients to this global 2-norm before each step (0: no clipping)")
-    ("amp", po::value(&f.amp)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and loss scaling)");
+    ("amp", po::value(&f.amp)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and loss scaling)")
+    ("on-nonfinite", po::value(&f.on_nonfinite)->default_value("stop"), "a step whose gradients are NaN or inf: stop (exit status 3, nothing non-finite saved) or skip (drop the step, as fp16 loss scaling does; a NaN loss still stops)")
+    ("max-skipped-steps", po::value(&f.max_skipped_steps)->default_value(10), "with --on-nonfinite skip: stop after this many dropped steps in a row");
   po::options_description data("Data");
   data.add_options()
     ("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir), defaults.data_help.c_str());
@@ -178,6 +188,8 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   options.accumulate = flags.accumulate;
   options.clip_grad_norm = flags.clip_grad_norm;
   options.amp = ddp::parse_amp_mode(flags.amp);
+  options.on_nonfinite = ddp::parse_on_nonfinite(flags.on_nonfinite);
+  options.max_skipped_steps = flags.max_skipped_steps;
   options.report.log_interval = flags.log_interval;
   try {
     options.report.progress = ddp::parse_progress_mode(flags.progress);

@@ -2,6 +2,7 @@
 
 #include <ddp/checkpoint_file.h>
 #include <ddp/communicator.h>
+#include <ddp/train/divergence.h>
 
 #include "train/directory_lock.h"
 
@@ -144,6 +145,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   progress.seed = options_.seed;
   progress.world_size = group_.size();
   const std::string path = snapshot_path(options_.dir, at.epoch, at.batch);
+  refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
   save_snapshot(path, group_.cpu(), model_, optimizer_, progress, rank_state, extras_);
   if (group_.is_main()) remove_older_step_snapshots(path);
@@ -154,6 +156,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
 void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   const CheckpointerOptions& o = options_;
   if (o.dir.empty()) return;
+  refuse_nonfinite(model_path(o.dir, epoch), epoch, step);  // so nothing is rotated out either
   create_directory();
   if (group_.is_main()) save_module(model_, model_path(o.dir, epoch));
   TrainingProgress progress;
@@ -171,6 +174,17 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
     std::remove(snapshot_path(o.dir, epoch - o.keep).c_str());
     std::remove(model_path(o.dir, epoch - o.keep).c_str());
   }
+}
+
+void Checkpointer::refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const {
+  // The replicas are identical, so every rank refuses alike (before any collective of the save).
+  const std::string tensor = first_nonfinite_tensor(model_);
+  if (tensor.empty()) return;
+  throw TrainingDiverged("Checkpointer: refusing to write " + path + " at step " +
+                             std::to_string(step) + ": the model's " + tensor +
+                             " is not finite (NaN or inf), so training diverged; the earlier "
+                             "checkpoints are kept",
+                         step, epoch);
 }
 
 void Checkpointer::create_directory() const {

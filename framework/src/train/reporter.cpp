@@ -9,7 +9,9 @@
 
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <utility>
 
@@ -158,8 +160,14 @@ void Reporter::write_metrics(const EpochResult& r) {
   line["forward_backward_seconds"] = r.phases.forward_backward;
   line["sync_seconds"] = r.phases.sync;
   line["optimizer_seconds"] = r.phases.optimizer;
+  errno = 0;
   metrics_ << line.dump() << "\n" << std::flush;
-  if (!metrics_) throw std::runtime_error(options_.metrics_file + ": write failed");
+  if (!metrics_) {
+    // The stream keeps no reason; the failed write(2) left it in errno (ENOSPC for a full disk).
+    const int error = errno;
+    throw std::runtime_error(options_.metrics_file + ": cannot write the metrics file: " +
+                             (error ? std::strerror(error) : "the write failed"));
+  }
 }
 
 }  // namespace ddp

@@ -33,6 +33,7 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
   at_least("check_sync_every", options.check_sync_every, 0);
   at_least("stop_check_every", options.stop_check_every, 0);
   at_least("accumulate", options.accumulate, 1);
+  at_least("max_skipped_steps", options.max_skipped_steps, 1);
   if (!(options.clip_grad_norm >= 0) || !std::isfinite(options.clip_grad_norm)) {
     throw std::invalid_argument("TrainerOptions::clip_grad_norm must be finite and >= 0 (got " +
                                 std::to_string(options.clip_grad_norm) + ")");
@@ -130,6 +131,19 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
   for (int64_t epoch = start_.position.epoch; epoch <= epochs; ++epoch) {
     EpochResult r = train_epoch(epoch);
     if (stopped_by()) break;
+    // The epoch's loss is agreed (reduced over ranks): before evaluation and its snapshot.
+    if (!std::isfinite(r.train_loss)) {
+      diverged("the epoch's training loss over all ranks is " +
+                   std::string(std::isnan(r.train_loss) ? "nan" : "inf"),
+               global_step_, epoch);
+    }
+    // An update of finite gradients can still overflow (a huge rate): the next step's gradients
+    // would say so, but the epoch ends here. One read of the model per epoch.
+    const std::string tensor = first_nonfinite_tensor(model_);
+    if (!tensor.empty()) {
+      diverged("the model's " + tensor + " is not finite after the epoch's last update (its "
+               "gradients were finite: the update overflowed)", global_step_, epoch);
+    }
     if (task_.test_size() > 0) {
       const Evaluation eval = evaluate();
       r.test_loss = eval.loss;
@@ -191,7 +205,12 @@ int64_t Trainer::continue_epoch(int64_t epoch, at::Generator& generator, EpochMe
 
 bool Trainer::stop_at(const TrainingPosition& at, at::Generator& generator, const EpochMeter& meter,
                       double sync_at_start) {
-  const bool stopping = stop_.should_stop(at.step);
+  const bool stopping = stop_.should_stop(at.step, nonfinite_loss_step_);
+  if (stop_.nonfinite_loss_step() >= 0) {
+    diverged("the loss of rank " + std::to_string(stop_.nonfinite_loss_rank()) +
+                 " was not finite (first at step " + std::to_string(stop_.nonfinite_loss_step()) + ")",
+             stop_.nonfinite_loss_step(), at.epoch);
+  }
   // Only here does the step read this epoch's sums from the device.
   const std::string saved = checkpointer_.at_boundary(stopping, at, [&] {
     return RankState{generator.get_state(), meter.state(sync_seconds() - sync_at_start)};

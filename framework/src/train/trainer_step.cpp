@@ -10,6 +10,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -32,6 +34,14 @@ void check_sums(const StepOutput& out, size_t metrics, const char* method, const
                                std::to_string(i) + " that is not a scalar tensor");
     }
   }
+}
+
+// A number as %g writes it: "nan", "inf", "1e+30", "0.5".
+std::string number_text(double value) {
+  if (std::isnan(value)) return "nan";  // not glibc's "-nan"
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
 }
 
 }  // namespace
@@ -97,20 +107,69 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
   // prepare() stays in its step, so the generator's draws keep their order and training is
   // bit-identical to gathering at the start of each step.
   if (b + 1 < batches) phase("data", phases.data, [&] { source_->ahead(); });
+  // The meter counts a group's micro-batches once its step is kept (the same additions in the
+  // same order as adding each at once): a dropped step's NaN stays out of the epoch's sums.
+  pending_.push_back(PendingBatch{loss.detach(), out.samples, out.sums});
   if (group_end) {
-    phase("optimizer", phases.optimizer, [&] { optimizer_step(); });
+    bool dropped = false;
+    phase("optimizer", phases.optimizer, [&] { dropped = optimizer_step(epoch); });
     ++global_step_;
+    if (!dropped) {
+      std::vector<torch::Tensor> losses;
+      for (const PendingBatch& p : pending_) {
+        meter.add(p.loss, p.samples, p.sums);
+        losses.push_back(p.loss.reshape({}));
+      }
+      // Read here, where the step has waited for the device already (the gradient check or the
+      // GradScaler); agreed at the next stop check (stop_at) or the epoch's end (fit).
+      if (nonfinite_loss_step_ < 0 && !torch::isfinite(torch::stack(losses)).all().item<bool>()) {
+        nonfinite_loss_step_ = global_step_;
+      }
+    }
+    pending_.clear();
     if (options_.on_step) options_.on_step(global_step_, group_.rank());
   }
-  meter.add(loss, out.samples, out.sums);
   out.loss = loss.detach();
   return out;
 }
 
-void Trainer::optimizer_step() {
-  // The gradients are averaged (DDP's backward): every rank clips, skips and steps alike.
+bool Trainer::optimizer_step(int64_t epoch) {
+  // The gradients are averaged (DDP's backward): every rank clips, checks, skips and steps alike.
   if (scaler_ && options_.clip_grad_norm > 0) scaler_->unscale_(optimizer_);
-  if (options_.clip_grad_norm > 0) clip_grad_norm(model_.parameters(), options_.clip_grad_norm);
+  double norm = 0;
+  std::string norm_name = "largest |gradient|";
+  if (options_.clip_grad_norm > 0) {
+    norm = clip_grad_norm(model_.parameters(), options_.clip_grad_norm);
+    norm_name = "gradient 2-norm";
+  } else if (!scaler_) {
+    norm = largest_abs_gradient(model_.parameters());
+  }
+  // Under fp16 the GradScaler skips non-finite steps itself (TrainerOptions::on_nonfinite).
+  if (!scaler_ && !std::isfinite(norm)) {
+    const int64_t step = global_step_ + 1;
+    std::string what = "the gradients are not finite (" + norm_name + " " + number_text(norm) + ")";
+    if (options_.on_nonfinite == OnNonFinite::Stop) diverged(what, step, epoch);
+    if (skipped_in_a_row_ >= options_.max_skipped_steps) {
+      diverged(what + ", after " + std::to_string(skipped_in_a_row_) +
+                   " dropped step(s) in a row (TrainerOptions::max_skipped_steps)",
+               step, epoch);
+    }
+    ++skipped_in_a_row_;
+    ++skipped_total_;
+    reporter_.end_epoch();  // ends a progress bar's line
+    if (group_.is_main()) {
+      std::printf("Skipped step %lld (epoch %lld): %s; %lld in a row (at most %lld), "
+                  "%lld in this run\n",
+                  static_cast<long long>(step), static_cast<long long>(epoch), what.c_str(),
+                  static_cast<long long>(skipped_in_a_row_),
+                  static_cast<long long>(options_.max_skipped_steps),
+                  static_cast<long long>(skipped_total_));
+      std::fflush(stdout);
+    }
+    if (options_.lr_schedule) options_.lr_schedule->step();  // counts steps, as with GradScaler
+    return true;
+  }
+  if (!scaler_) skipped_in_a_row_ = 0;
   if (scaler_) {
     scaler_->step(optimizer_);
     scaler_->update();
@@ -118,6 +177,18 @@ void Trainer::optimizer_step() {
     optimizer_.step();
   }
   if (options_.lr_schedule) options_.lr_schedule->step();
+  return false;
+}
+
+void Trainer::diverged(const std::string& what, int64_t step, int64_t epoch) {
+  reporter_.end_epoch();
+  const auto& groups = optimizer_.param_groups();
+  const std::string lr = groups.empty() ? "?" : number_text(groups.front().options().get_lr());
+  throw TrainingDiverged("Training diverged at step " + std::to_string(step) + " (epoch " +
+                             std::to_string(epoch) + "): " + what + ", learning rate " + lr +
+                             ". Stopped before any non-finite snapshot; try a lower learning "
+                             "rate or gradient clipping (TrainerOptions::clip_grad_norm)",
+                         step, epoch);
 }
 
 Evaluation Trainer::evaluate() {

@@ -1,7 +1,7 @@
 #pragma once
 // The end of a ddp::cli program's training body: the collective work that every rank must do
 // (the Timeline's write: skip it on one rank and the job hangs), the exit status of a run that a
-// stop signal ended, and --save-model.
+// stop signal ended or that diverged, and --save-model.
 
 #include <ddp/cli/training_flags.h>
 #include <ddp/process_group.h>
@@ -9,6 +9,8 @@
 #include <ddp/train/trainer.h>
 
 #include <torch/torch.h>
+
+#include <functional>
 
 namespace ddp::cli {
 
@@ -18,5 +20,11 @@ namespace ddp::cli {
 // saved then: it is not trained yet).
 int finish(ddp::ProcessGroup& group, const TrainingFlags& flags, const TrainingDefaults& defaults,
            ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);
+
+// Runs a training body on one replica (ddp::cli::run does). Training that diverged
+// (ddp::TrainingDiverged, thrown on every rank at the same step) ends with
+// ddp::kDivergedExitCode, rank 0 printing the message and the flags that help, instead of an
+// abort; anything else propagates.
+int run_training(ddp::ProcessGroup& group, const std::function<int(ddp::ProcessGroup&)>& train);
 
 }  // namespace ddp::cli

@@ -14,4 +14,9 @@ void require_at_least(const char* flag, int64_t value, int64_t least);
 // and the value. NaN fails.
 void require_finite(const char* flag, double value, double least, bool least_allowed);
 
+// |value| at most the largest float (3.4e38), else std::invalid_argument naming `flag`: LibTorch
+// keeps a float model's rates in float, and a larger one fails at the first step with an
+// overflow that names no flag. For the rates and factors of a program's own flags too.
+void require_float_range(const char* flag, double value);
+
 }  // namespace ddp::cli

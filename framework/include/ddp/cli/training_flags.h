@@ -40,6 +40,8 @@ struct TrainingFlags {
   int64_t scale_lr_with_batch = 0;  // --scale-lr-with-batch REFERENCE; 0: off
   double clip_grad_norm = 0;
   std::string amp, schedule;
+  std::string on_nonfinite = "stop";  // --on-nonfinite: stop or skip (ddp::OnNonFinite)
+  int64_t max_skipped_steps = 10;
   std::optional<double> timeout;  // --timeout, when given
 };
 
@@ -61,8 +63,8 @@ void add_training_flags(boost::program_options::options_description& options, Tr
                         const TrainingDefaults& defaults);
 
 // Throws std::invalid_argument naming the flag when a value is out of range: sizes and counts
-// below their least value, --lr and the bucket sizes not finite and > 0, an unknown --amp or
-// --schedule, --resume without --checkpoint-dir, --resume-fallback without --resume, --timeout
+// below their least value, --lr and the bucket sizes not finite and > 0, --lr and
+// --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback without --resume, --timeout
 // not finite and > 0 (and at most 10^7 s). ddp::cli::run calls it right after parsing.
 void check_training_flags(const TrainingFlags& flags);
 

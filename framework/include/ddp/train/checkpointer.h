@@ -36,6 +36,9 @@
 // touches the directory; only the newest snapshot inside an epoch is kept, and an epoch-end
 // snapshot removes those before it; `keep` epochs of epoch-end files are kept.
 //
+// A model whose parameters or buffers are not finite is never written (TrainingDiverged,
+// divergence.h), so a diverged run cannot replace or rotate out the good files.
+//
 // At construction (rank 0): the directory is created if missing and checked writable, so that
 // a read-only or uncreatable directory is reported before any training; rank 0 takes the
 // directory's lock (<dir>/.ddp.lock, flock; held until the Checkpointer goes), so that a second
@@ -143,6 +146,9 @@ class Checkpointer {
   std::shared_ptr<detail::DirectoryLock> lock_;  // rank 0 with a dir, where flock works
 
   void create_directory() const;
+  // Throws TrainingDiverged (divergence.h) naming `path` and the tensor when a parameter or
+  // buffer of the model is not finite: a diverged model is never saved, nor rotates good files out.
+  void refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const;
   void remove_older_step_snapshots(const std::string& newest) const;
 };
 

@@ -20,6 +20,10 @@
 // step, and the answer says which signal, which rank (the highest that got one) and how long ago
 // (the longest wait). docs/reliability.md has the all-reduce's cost (some microseconds).
 //
+// The same all-reduce carries one more fact that must be agreed at the same boundary: the
+// earliest step since which a rank's loss was not finite (the Trainer's divergence check,
+// divergence.h), two more doubles, so a diverged loss costs no message of its own.
+//
 // State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
 // counted, so the replica threads of a process may each hold one), and the decision once made.
 // Invariants: every rank calls should_stop() with the same step sequence; once it has returned
@@ -44,7 +48,9 @@ class StopAgreement {
 
   // Collective at a step boundary, before optimizer step `step` + 1: whether the ranks stop
   // here. Communicates only when step % every == 0 (and not yet stopping).
-  bool should_stop(int64_t step);
+  // `nonfinite_loss_step`: the first step whose loss was not finite on this rank, or -1; agreed
+  // with the rest, see nonfinite_loss_step().
+  bool should_stop(int64_t step, int64_t nonfinite_loss_step = -1);
 
   bool stopping() const { return signal_ != 0; }
   // After should_stop() returned true: the highest signal number any rank got (SIGTERM,
@@ -58,12 +64,19 @@ class StopAgreement {
 
   int64_t every() const { return every_; }
 
+  // After a check that communicated: the earliest step whose loss was not finite on some rank
+  // (-1: none) and the highest such rank (-1: none). The same on every rank.
+  int64_t nonfinite_loss_step() const { return nonfinite_step_; }
+  int nonfinite_loss_rank() const { return nonfinite_rank_; }
+
  private:
   ProcessGroup& group_;
   int64_t every_;
   std::optional<StopSignalHandlers> handlers_;
   int signal_ = 0;
   int rank_ = -1;
+  int64_t nonfinite_step_ = -1;
+  int nonfinite_rank_ = -1;
   double waited_ = 0;  // at the check, on the rank that waited longest
   std::chrono::steady_clock::time_point decided_at_{};
 };

@@ -12,6 +12,7 @@
 #include <ddp/train/cifar.h>
 #include <ddp/train/classification.h>
 #include <ddp/train/data_source.h>
+#include <ddp/train/divergence.h>
 #include <ddp/train/dropout.h>
 #include <ddp/train/grad_clip.h>
 #include <ddp/train/grad_scaler.h>

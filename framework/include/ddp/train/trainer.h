@@ -10,6 +10,8 @@
 //   Reporter      (reporter.h)        the progress bar or log lines, the epoch's lines, the
 //                                     metrics file and the summary table, in its format;
 //   EpochMeter    (metrics.h)         the epoch's sums, reduced over ranks;
+//   divergence.h                      a loss or gradient that is not finite stops every rank
+//                                     (TrainingDiverged) or drops the step (OnNonFinite);
 //   DataSource    (data_source.h)     the task's batches: by index, or a DataLoader's workers.
 // Every epoch reports where the time went (data, forward+backward, gradient sync, optimizer).
 // The same Trainer runs a single process (world size 1, no DistributedDataParallel).
@@ -18,7 +20,7 @@
 //   ddp::TrainerOptions options;
 //   options.batch_size = 64;
 //   ddp::Trainer trainer(group, *net, task, optimizer, options, &model);
-//   trainer.fit(epochs);
+//   trainer.fit(epochs);        // throws TrainingDiverged (exit with kDivergedExitCode)
 //   return trainer.stopped_by() ? ddp::kStoppedExitCode : 0;
 //
 // The examples train the classification preset (classification.h): a ClassificationTask over
@@ -38,6 +40,7 @@
 #include <ddp/timeline.h>
 #include <ddp/train/autocast.h>
 #include <ddp/train/checkpointer.h>
+#include <ddp/train/divergence.h>
 #include <ddp/train/grad_scaler.h>
 #include <ddp/train/lr_schedule.h>
 #include <ddp/train/metrics.h>
@@ -90,6 +93,22 @@ struct TrainerOptions {
   // per-epoch scheduler as well.
   LRSchedule* lr_schedule = nullptr;
 
+  // A step whose gradients are not finite (NaN or inf): every rank sees the same averaged
+  // gradients, so every rank decides alike without a message; checked before the optimizer
+  // step, reading the gradients only (their largest |value|, or clip_grad_norm's total norm when
+  // clipping). Stop: fit() throws TrainingDiverged before the step, so no snapshot holds a
+  // diverged model. Skip: the step is dropped and said (the schedule and the step count still
+  // advance, as with GradScaler); after max_skipped_steps dropped steps in a row, Stop. With
+  // AmpMode::Fp16 the GradScaler's own skip handles non-finite gradients (its loss scale causes
+  // most of them); they are neither checked again nor counted here.
+  // A loss that is not finite (any rank) always stops: it is agreed at the next stop check
+  // (stop_check_every) and at the epoch's end, before evaluation and the epoch's snapshot; by
+  // then the step was taken. An update of finite gradients that overflows (a huge rate) shows
+  // in the next step's gradients; at an epoch's end the parameters are read once instead, and
+  // the Checkpointer refuses to write non-finite ones anyway.
+  OnNonFinite on_nonfinite = OnNonFinite::Stop;
+  int64_t max_skipped_steps = 10;  // >= 1
+
   // The parts. `checkpoint.seed` is set from `seed`.
   ReporterOptions report;
   CheckpointerOptions checkpoint;
@@ -122,13 +141,16 @@ class Trainer {
   Evaluation evaluate();
   // Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
   // has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
-  // the summary table. Returns the epochs it ran to the end.
+  // the summary table. Returns the epochs it ran to the end. Throws TrainingDiverged on every
+  // rank when training diverged (TrainerOptions::on_nonfinite).
   std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
   // Optimizer steps taken so far, counting those before a resume.
   int64_t global_step() const { return global_step_; }
   // The fp16 loss scaler (TrainerOptions::amp is Fp16), else null.
   const GradScaler* grad_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  // Optimizer steps dropped for non-finite gradients (OnNonFinite::Skip) in this run.
+  int64_t skipped_steps() const { return skipped_total_; }
   // The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
   // then stop_snapshot() is the snapshot it wrote ("" without a checkpoint directory).
   int stopped_by() const { return stop_.signal(); }
@@ -150,6 +172,15 @@ class Trainer {
   int64_t global_step_ = 0;
   ResumePoint start_;  // where fit() continues; its position is used by the epoch it names
   std::string stop_snapshot_;
+  // The divergence check (divergence.h).
+  struct PendingBatch {  // a micro-batch's meter entries, added when its group's step is kept
+    torch::Tensor loss;
+    int64_t samples;
+    std::vector<torch::Tensor> sums;
+  };
+  std::vector<PendingBatch> pending_;
+  int64_t nonfinite_loss_step_ = -1;  // this rank's first step with a non-finite loss
+  int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
 
   int64_t batches_per_epoch() const;   // of the whole shard
   int64_t batches_to_train() const;    // with limit_train_batches and dry_run
@@ -163,9 +194,12 @@ class Trainer {
   // group), added to `meter`. Returns the task's output (its loss detached).
   StepOutput step(int64_t epoch, int64_t b, int64_t batches, at::Generator& generator,
                   EpochMeter& meter);
-  // Unscale and clip as configured, step (or skip, fp16 overflow), update the scaler, step the
-  // per-step schedule.
-  void optimizer_step();
+  // Unscale and clip as configured, check the gradients (divergence.h), step (or skip: fp16
+  // overflow, OnNonFinite::Skip), update the scaler, step the per-step schedule. Returns whether
+  // the optimizer stepped; throws TrainingDiverged (Stop).
+  bool optimizer_step(int64_t epoch);
+  // Throws TrainingDiverged saying where, what and the learning rate (every rank alike).
+  [[noreturn]] void diverged(const std::string& what, int64_t step, int64_t epoch);
   double sync_seconds() const;  // the wrapper's gradient sync so far (0 without one)
 };
 

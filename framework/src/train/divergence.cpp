@@ -1,0 +1,42 @@
+#include <ddp/train/divergence.h>
+
+#include <torch/torch.h>
+
+#include <limits>
+
+namespace ddp {
+
+OnNonFinite parse_on_nonfinite(const std::string& name) {
+  if (name == "stop") return OnNonFinite::Stop;
+  if (name == "skip") return OnNonFinite::Skip;
+  throw std::invalid_argument("'" + name + "' is not one of: stop, skip");
+}
+
+double largest_abs_gradient(const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : parameters) {
+    if (p.grad().defined()) grads.push_back(p.grad().detach());
+  }
+  if (grads.empty()) return 0.0;
+  torch::NoGradGuard no_grad;
+  // The infinity norm: a max of |g|, which propagates NaN.
+  const double inf = std::numeric_limits<double>::infinity();
+  const torch::Device first = grads.front().device();
+  std::vector<torch::Tensor> largest = at::_foreach_norm(grads, inf);
+  for (torch::Tensor& l : largest) l = l.to(first, torch::kDouble);
+  return torch::stack(largest).max().item<double>();
+}
+
+std::string first_nonfinite_tensor(const torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (const auto& named : {module.named_parameters(), module.named_buffers()}) {
+    for (const auto& item : named) {
+      const torch::Tensor& t = item.value();
+      if (!t.defined() || !t.is_floating_point() || t.numel() == 0) continue;
+      if (!torch::isfinite(t).all().item<bool>()) return item.key();
+    }
+  }
+  return "";
+}
+
+}  // namespace ddp
