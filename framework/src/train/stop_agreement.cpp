@@ -33,6 +33,7 @@ bool StopAgreement::should_stop(int64_t step) {
   rank_ = static_cast<int>(f[1]);
   waited_ = f[2];
   decided_at_ = Clock::now();
+  mark_stopping();  // this rank may not have got the signal itself (stop_signal.h)
   return true;
 }
 
