@@ -71,9 +71,12 @@ extern "C" void on_stop_signal(int signal, siginfo_t* info, void*) {
 
 StopSignalHandlers::StopSignalHandlers() {
   std::lock_guard<std::mutex> lock(installing);
-  if (installed++ > 0) return;
   // What ORTE's mpirun and orted put in their children's environment (not srun, not MPI_Init).
+  // Read at every install, not only the first: before main (DDP_STOP_HANDLERS_BEFORE_MAIN) the
+  // C library has not set `environ` up yet and this reads nothing; ddp::cli::run's install, in
+  // main, then reads it.
   parent_is_orte = current_environment().count("OMPI_MCA_orte_launch") > 0;
+  if (installed++ > 0) return;
   struct sigaction action {};
   action.sa_sigaction = on_stop_signal;
   sigemptyset(&action.sa_mask);
