@@ -25,11 +25,13 @@
 #                           the time limit) once training runs: the ranks stop with a snapshot,
 #                           the job exits 75, requeues itself and its second run resumes from
 #                           the snapshot and finishes
-#   preempt_term            the same with scancel --signal=TERM --full (what the time limit
-#                           sends when no USR1 came first: SIGTERM to the batch shell as well as
-#                           to the ranks): the script's trap keeps the shell alive until srun
-#                           returns 75, so it still requeues the job (issue 26: without the
-#                           trap the shell died and the job was not requeued)
+#   preempt_term            the same, with SIGTERM to the batch shell first (scancel --batch
+#                           --signal=TERM, as the time limit signals it): the script's trap keeps
+#                           the shell alive until srun returns 75, so it still requeues the job
+#                           (issue 26: without the trap the shell died of it and the job was not
+#                           requeued). Not SIGTERM to the ranks: with scancel --signal=TERM
+#                           --full the step's tasks died of SIGKILL 0.2 s after the signal
+#                           ("task 0: Killed", status 137; docs/reliability.md)
 #   dead_rank               a rank that dies ends the job, under the 2-node script (srun
 #                           --wait=30): (1) task 2 crashes (SIGSEGV) before MPI_Init, where the
 #                           others would wait in PMIx's start-up exchange for minutes; (2) rank 1
@@ -222,18 +224,22 @@ SCRIPT
     ;;
   preempt|preempt_term)
     log=ddp-2N4G-$scenario.out
-    signal=USR1 full=()
-    [ "$scenario" = preempt ] || { signal=TERM; full=(--full); }
+    shell_signal=()
+    [ "$scenario" = preempt ] || shell_signal=(--batch --signal=TERM)
     id=$(sbatch --parsable --cpus-per-task=1 --ntasks-per-node=1 --gpus-per-node=1 \
       --output="$log" "$root/slurm/ddp_2N4G.sbatch" "$ddp_mnist" --no-cuda --epochs 1 \
       --limit-train-batches 20 --log-interval 1 --progress log --checkpoint-dir ckpt --resume)
-    echo "+ sbatch slurm/ddp_2N4G.sbatch ... (job $id); scancel --signal=$signal ${full[*]} once it trains"
+    echo "+ sbatch slurm/ddp_2N4G.sbatch ... (job $id); ${shell_signal[*]:+scancel ${shell_signal[*]}, then }scancel --signal=USR1 once it trains"
     for i in $(seq 600); do  # up to 60 s to start and load the data
       grep -q "^Train Epoch: 1 " "$log" 2> /dev/null && break
       sleep 0.1
     done
     grep -q "^Train Epoch: 1 " "$log" || { cat "$log" 2> /dev/null; fail "job $id did not start training"; }
-    scancel --signal=$signal "${full[@]}" "$id"
+    if [ ${#shell_signal[@]} -gt 0 ]; then
+      scancel "${shell_signal[@]}" "$id"
+      sleep 1  # the shell has it (its trap waits for srun) before the ranks stop
+    fi
+    scancel --signal=USR1 "$id"
     # Slurm holds a requeued job back for a while (PENDING, reason BeginTime: over 2 minutes
     # here); while it waits so, let it start now. Asked too early, while the first run's batch
     # step is still being cleaned up, the launch is refused and the hold starts again: so ask
@@ -247,7 +253,7 @@ SCRIPT
       sleep 0.1
     done
     cat "$log"
-    expect "$log" "^Stopped by SIG$signal \(rank [01]\) before batch [0-9]+ of epoch 1 \(step [0-9]+\): wrote ckpt/snapshot_epoch1_batch[0-9]+.pt" "the stop with a snapshot"
+    expect "$log" "^Stopped by SIGUSR1 \(rank [01]\) before batch [0-9]+ of epoch 1 \(step [0-9]+\): wrote ckpt/snapshot_epoch1_batch[0-9]+.pt" "the stop with a snapshot"
     expect "$log" "^== job $id \(ddp-2N4G\): 2 ranks on 2 node\(s\) .* exit status 75$" "the first run's exit status"
     expect "$log" "^== job $id stopped with a snapshot: requeueing it to resume$" "the requeue"
     [ "$scenario" = preempt ] ||
