@@ -41,23 +41,20 @@ resume_matches() {  # $1: the stopped run's checkpoint directory
 
 status=0
 case $case_ in
-start-init)
-  "$mpiexec" -np 2 "$signal_at_step" --signal-at-step=init:1:USR1 "${flags[@]}" \
+start-init|start-setup)
+  if [ "$case_" = start-init ]; then
+    at=init:1:USR1 raised="rank 1 raises signal 10 inside MPI_Init_thread"
+    stopped="^Stopped by SIGUSR1 \(rank 1\) during start-up, before training: nothing to save$"
+  else
+    at=setup:0:TERM raised="rank 0 raises signal 15 before the Trainer"
+    stopped="^Stopped by SIGTERM \(rank 0\) before batch 0 of epoch 1 \(step 0\): wrote "
+  fi
+  "$mpiexec" -np 2 "$signal_at_step" --signal-at-step=$at "${flags[@]}" \
     --checkpoint-dir "$work/ck" > "$work/job.log" 2>&1 || status=$?
   cat "$work/job.log"
-  expect "$work/job.log" "^signal_at_step: rank 1 raises signal 10 inside MPI_Init_thread"
+  expect "$work/job.log" "^signal_at_step: $raised"
   [ $status -eq 75 ] || fail "exit status $status, expected 75"
-  expect "$work/job.log" "^Stopped by SIGUSR1 \(rank 1\) during start-up, before training: nothing to save$"
-  ! grep -q "^Train Epoch" "$work/job.log" || fail "it trained after the signal"
-  resume_matches "$work/ck"
-  ;;
-start-setup)
-  "$mpiexec" -np 2 "$signal_at_step" --signal-at-step=setup:0:TERM "${flags[@]}" \
-    --checkpoint-dir "$work/ck" > "$work/job.log" 2>&1 || status=$?
-  cat "$work/job.log"
-  expect "$work/job.log" "^signal_at_step: rank 0 raises signal 15 before the Trainer"
-  [ $status -eq 75 ] || fail "exit status $status, expected 75"
-  expect "$work/job.log" "^Stopped by SIGTERM \(rank 0\) before batch 0 of epoch 1 \(step 0\): wrote "
+  expect "$work/job.log" "$stopped"
   ! grep -q "^Train Epoch" "$work/job.log" || fail "it trained after the signal"
   resume_matches "$work/ck"
   ;;
