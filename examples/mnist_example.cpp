@@ -15,6 +15,10 @@
 
 namespace po = boost::program_options;
 
+// The stop handlers from before LibTorch's static initialisers on: a SIGTERM or SIGUSR1 at any
+// moment of start-up then ends the program with 75 (ddp/stop_signal.h), not 143 or 138.
+DDP_STOP_HANDLERS_BEFORE_MAIN();
+
 int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
                       const std::function<void(ddp::TrainerOptions&)>& adjust) {
   const ddp::cli::TrainingDefaults defaults{

@@ -95,6 +95,9 @@ check idx_is_a_fifo "fifo/train-images-idx3-ubyte: not a regular file" \
   timeout 60 "$mnist" --no-cuda --data-dir "$tmp/fifo"
 check checkpoint_dir_empty '--checkpoint-dir must name a folder \(got an empty string\)' \
   "$mnist" --no-cuda --checkpoint-dir ""
+# More replicas than this machine has CPUs (issue 26: 1000 took 38 s, then blamed --batch-size).
+check replicas_per_process_1000 '--replicas-per-process must be at most [0-9]+, the CPUs of this machine \(got 1000\)' \
+  timeout 60 "$mnist" "${data[@]}" --replicas-per-process 1000
 check resume_from_directory "$tmp: cannot read the snapshot: not a regular file: it is a directory" \
   "$mnist" "${data[@]}" --resume="$tmp"
 # Ranks started with different flags (mpirun's MPMD syntax: one command line per rank), or a bad

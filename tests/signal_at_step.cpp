@@ -7,23 +7,49 @@
 //
 // Rank RANK raises SIGNAL (TERM, USR1, USR2; KILL for a crash without warning, STOP for a hung
 // rank) on itself right after optimizer step STEP (TrainerOptions::on_step), saying so on stderr
-// first, so that a test can time the job's end from that line. The rest is the example as built.
+// first, so that a test can time the job's end from that line. STEP may also name a phase of
+// start-up, where no Trainer exists yet:
+//   init   inside MPI_Init_thread, before MPI starts (a profiling-interface wrapper of this
+//          program's own; the rank is the launcher's OMPI_COMM_WORLD_RANK / PMIX_RANK);
+//   setup  after the data loading and the DistributedDataParallel constructor, when the example
+//          makes the Trainer's options.
+// The rest is the example as built.
 #include "cifar_example.h"
 #include "mnist_example.h"
 
+#include <mpi.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace {
 
+constexpr int64_t kInit = -1, kSetup = -2;  // the phases of start-up, as steps
+
 struct SignalAt {
   int64_t step = 0;
   int rank = 0;
   int signal = 0;
 };
+
+SignalAt g_at;  // for the MPI_Init_thread wrapper
+
+// The rank the launcher gave this process (MPI may not be running yet), -1 if none.
+int launcher_rank() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank) rank = std::getenv("PMIX_RANK");
+  return rank ? std::atoi(rank) : -1;
+}
+
+void raise_at(const SignalAt& at, const char* where) {
+  std::fprintf(stderr, "signal_at_step: rank %d raises signal %d %s\n", at.rank, at.signal, where);
+  std::fflush(stderr);
+  std::raise(at.signal);
+}
 
 // "--signal-at-step=STEP:RANK:SIGNAL", e.g. 5:1:TERM.
 SignalAt parse(const char* argument) {
@@ -39,7 +65,8 @@ SignalAt parse(const char* argument) {
   if (b == std::string::npos) throw bad();
   SignalAt at;
   try {
-    at.step = std::stoll(value.substr(0, a));
+    const std::string step = value.substr(0, a);
+    at.step = step == "init" ? kInit : step == "setup" ? kSetup : std::stoll(step);
     at.rank = std::stoi(value.substr(a + 1, b - a - 1));
   } catch (const std::exception&) {
     throw bad();
@@ -51,11 +78,18 @@ SignalAt parse(const char* argument) {
               : name == "KILL" ? SIGKILL
               : name == "STOP" ? SIGSTOP
                                : 0;
-  if (at.signal == 0 || at.step < 1 || at.rank < 0) throw bad();
+  if (at.signal == 0 || at.step == 0 || at.step < kSetup || at.rank < 0) throw bad();
   return at;
 }
 
 }  // namespace
+
+// The MPI profiling interface: this definition comes before the MPI library's, so ddp::Runtime's
+// call lands here (the executable exports it: ENABLE_EXPORTS in tests/CMakeLists.txt).
+extern "C" int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
+  if (g_at.step == kInit && launcher_rank() == g_at.rank) raise_at(g_at, "inside MPI_Init_thread");
+  return PMPI_Init_thread(argc, argv, required, provided);
+}
 
 int main(int argc, char** argv) {
   SignalAt at;
@@ -67,13 +101,14 @@ int main(int argc, char** argv) {
   }
   // The example sees its own flags only.
   argv[1] = argv[0];
+  g_at = at;
+  // The example calls it on every rank when it makes the Trainer's options.
   const auto adjust = [at](ddp::TrainerOptions& options) {
+    if (at.step == kSetup && launcher_rank() == at.rank) raise_at(at, "before the Trainer");
     options.on_step = [at](int64_t step, int rank) {
       if (step != at.step || rank != at.rank) return;
-      std::fprintf(stderr, "signal_at_step: rank %d raises signal %d after step %lld\n", rank,
-                   at.signal, static_cast<long long>(step));
-      std::fflush(stderr);
-      std::raise(at.signal);
+      const std::string where = "after step " + std::to_string(step);
+      raise_at(at, where.c_str());
     };
   };
   return DDP_SIGNAL_EXAMPLE(argc - 1, argv + 1, ddp::cli::Parallelism::DataParallel, adjust);

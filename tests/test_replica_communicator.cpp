@@ -193,6 +193,37 @@ TEST(ReplicaCommunicator, AFailingReplicaEndsTheOthersWaitsWithoutAHang) {
   EXPECT_THROW(hub.communicator(0), ddp::ReplicasAborted);  // later calls too
 }
 
+TEST(ReplicaCommunicator, AHungReplicaEndsTheOthersWaitsAtTheTimeout) {
+  // Replica 2 hangs in its own code (it never calls the collectives): with a 1 s timeout the
+  // all-reduce of replica 0 and the barrier of replica 1 end, the first to time out naming the
+  // collective and the replica that never came, the other aborted with that reason.
+  ddp::ReplicaHub hub(3, 0, 1, nullptr, std::chrono::seconds(1));
+  std::vector<std::unique_ptr<ddp::Communicator>> comms;
+  for (int r = 0; r < 3; ++r) comms.push_back(hub.communicator(r));
+  const auto start = std::chrono::steady_clock::now();
+  const auto messages = run_threads(2, [&](int r) {
+    torch::Tensor t = torch::ones({4});
+    if (r == 0) {
+      comms[0]->all_reduce(t);
+    } else {
+      comms[1]->all_reduce(t);
+      comms[1]->barrier();
+    }
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(seconds, 1.0);
+  const std::string timed_out =
+      "replica communicator: all_reduce #0 unfinished 1 s after this replica entered it "
+      "(ProcessGroupOptions::timeout): replica(s) 2 (the job's 2) of this process never came "
+      "(hung in their own code, or calling another collective)";
+  // Replicas 0 and 1 wait in the same all-reduce: either may time out first.
+  EXPECT_TRUE((messages[0] == timed_out && messages[1] == "aborted: " + timed_out) ||
+              (messages[1] == timed_out && messages[0] == "aborted: " + timed_out))
+      << messages[0] << "\n" << messages[1];
+  EXPECT_TRUE(hub.aborted());
+}
+
 TEST(ReplicaCommunicator, ReplicasIssuingDifferentCollectivesAreStopped) {
   ddp::ReplicaHub hub(2, 0, 1, nullptr);
   const auto messages = run_threads(2, [&](int r) {

@@ -25,6 +25,13 @@
 #                           the time limit) once training runs: the ranks stop with a snapshot,
 #                           the job exits 75, requeues itself and its second run resumes from
 #                           the snapshot and finishes
+#   preempt_term            the same, with SIGTERM to the batch shell first (scancel --batch
+#                           --signal=TERM, as the time limit signals it): the script's trap keeps
+#                           the shell alive until srun returns 75, so it still requeues the job
+#                           (issue 26: without the trap the shell died of it and the job was not
+#                           requeued). Not SIGTERM to the ranks: with scancel --signal=TERM
+#                           --full the step's tasks died of SIGKILL 0.2 s after the signal
+#                           ("task 0: Killed", status 137; docs/reliability.md)
 #   dead_rank               a rank that dies ends the job, under the 2-node script (srun
 #                           --wait=30): (1) task 2 crashes (SIGSEGV) before MPI_Init, where the
 #                           others would wait in PMIx's start-up exchange for minutes; (2) rank 1
@@ -215,17 +222,23 @@ SCRIPT
       --signal-at-step=3:1:KILL --no-cuda --epochs 1 --limit-train-batches 50 --log-interval 0
     expect killed.out "^signal_at_step: rank 1 raises signal 9 after step 3$" "the kill"
     ;;
-  preempt)
-    log=ddp-2N4G-preempt.out
+  preempt|preempt_term)
+    log=ddp-2N4G-$scenario.out
+    shell_signal=()
+    [ "$scenario" = preempt ] || shell_signal=(--batch --signal=TERM)
     id=$(sbatch --parsable --cpus-per-task=1 --ntasks-per-node=1 --gpus-per-node=1 \
       --output="$log" "$root/slurm/ddp_2N4G.sbatch" "$ddp_mnist" --no-cuda --epochs 1 \
       --limit-train-batches 20 --log-interval 1 --progress log --checkpoint-dir ckpt --resume)
-    echo "+ sbatch slurm/ddp_2N4G.sbatch ... (job $id); scancel --signal=USR1 once it trains"
+    echo "+ sbatch slurm/ddp_2N4G.sbatch ... (job $id); ${shell_signal[*]:+scancel ${shell_signal[*]}, then }scancel --signal=USR1 once it trains"
     for i in $(seq 600); do  # up to 60 s to start and load the data
       grep -q "^Train Epoch: 1 " "$log" 2> /dev/null && break
       sleep 0.1
     done
     grep -q "^Train Epoch: 1 " "$log" || { cat "$log" 2> /dev/null; fail "job $id did not start training"; }
+    if [ ${#shell_signal[@]} -gt 0 ]; then
+      scancel "${shell_signal[@]}" "$id"
+      sleep 1  # the shell has it (its trap waits for srun) before the ranks stop
+    fi
     scancel --signal=USR1 "$id"
     # Slurm holds a requeued job back for a while (PENDING, reason BeginTime: over 2 minutes
     # here); while it waits so, let it start now. Asked too early, while the first run's batch
@@ -243,6 +256,8 @@ SCRIPT
     expect "$log" "^Stopped by SIGUSR1 \(rank [01]\) before batch [0-9]+ of epoch 1 \(step [0-9]+\): wrote ckpt/snapshot_epoch1_batch[0-9]+.pt" "the stop with a snapshot"
     expect "$log" "^== job $id \(ddp-2N4G\): 2 ranks on 2 node\(s\) .* exit status 75$" "the first run's exit status"
     expect "$log" "^== job $id stopped with a snapshot: requeueing it to resume$" "the requeue"
+    [ "$scenario" = preempt ] ||
+      expect "$log" "^== job $id: the batch shell got SIGTERM; the ranks stop and save$" "the shell's trap"
     expect "$log" "^Resumed from ckpt/snapshot_epoch1_batch[0-9]+.pt: epoch 0 done, [0-9]+ batches of epoch 1" "the resume"
     expect "$log" "^== job $id \(ddp-2N4G\): 2 ranks on 2 node\(s\) .* exit status 0$" "the second run's exit status"
     [ -f ckpt/snapshot_epoch1.pt ] || fail "the resumed run did not finish the epoch"

@@ -5,6 +5,8 @@
 #include <ddp/communicator.h>
 #include <ddp/replicas.h>
 #include <ddp/runtime.h>
+#include <ddp/stop_signal.h>
+#include <ddp/train/stop_agreement.h>
 
 #include "cli/flag_agreement.h"
 
@@ -28,11 +30,33 @@ std::string instead(const Program& program) {
   return ": use " + program.data_parallel_program + " for data-parallel training";
 }
 
+// Collective: whether a rank got a stop signal before training began (from the start of run()
+// through MPI_Init and the communicators), agreed by every rank (StopAgreement). Nothing is
+// trained yet, so the same command can simply start again: rank 0 says so and the program
+// exits 75. A signal after this check reaches the Trainer's check before its first step.
+bool stopped_during_start_up(ddp::ProcessGroup& group) {
+  ddp::StopAgreement stop(group);
+  if (!stop.should_stop(0)) return false;
+  if (group.is_main()) {
+    std::cout << "Stopped by " << stop.describe() << " during start-up, before training: nothing "
+              << "to save\nExit status " << ddp::kStoppedExitCode << ": stopped early by "
+              << ddp::stop_signal_name(stop.signal()) << "; run the same command again" << std::endl;
+  }
+  return true;
+}
+
 }  // namespace
 
 int run(int argc, char** argv, const Program& program, const po::options_description& options,
         const TrainingFlags& flags, const std::function<int(ddp::ProcessGroup&)>& train,
         const std::function<void()>& check_flags) {
+  // The stop handlers for the program's whole life, first: a SIGTERM, SIGUSR1 or SIGUSR2 during
+  // start-up (MPI_Init, data loading, the DistributedDataParallel constructor) only sets the
+  // flag, and the ranks stop together at the first check below or in the Trainer, exiting 75;
+  // by default it would kill them (138 for SIGUSR1), and the job would not be requeued. Declared
+  // before the Runtime, they outlive MPI_Finalize: a second signal while a stopped program
+  // finishes cannot turn its 75 into 143.
+  const ddp::StopSignalHandlers stop_handlers;
   const std::string& name = program.name;
   const Parallelism parallelism = program.parallelism;
   // Flags first: they decide the device the Runtime picks. Their values are checked here too,
@@ -96,6 +120,7 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
         }
         return 0;
       }
+      if (stopped_during_start_up(group)) return ddp::kStoppedExitCode;
       if (flags.show_topology) {
         std::string place = runtime.summary();
         if (group.replicas_per_process() > 1) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace po = boost::program_options;
 
@@ -68,9 +69,17 @@ void check_training_flags(const TrainingFlags& f) {
     throw std::invalid_argument("--schedule '" + f.schedule + "' is not one of: cosine, step");
   }
   require_at_least("--replicas-per-process", f.replicas_per_process, 0);
-  if (f.replicas_per_process > 1024) {
-    throw std::invalid_argument("--replicas-per-process must be <= 1024 (got " +
-                                std::to_string(f.replicas_per_process) + ")");
+  // Each replica is a thread of its own training a copy of the model (on a GPU: driving it), so
+  // more replicas than the machine has CPUs cannot run at once; they only take turns and
+  // multiply the memory. Refused here, before start-up: 1000 took 38 s to build its replicas
+  // and was then refused by the memory check, which named --batch-size (issue 26).
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  if (f.replicas_per_process > static_cast<int64_t>(std::min(cpus, 1024u))) {
+    throw std::invalid_argument(
+        "--replicas-per-process must be at most " + std::to_string(std::min(cpus, 1024u)) +
+        ", the CPUs of this machine (got " + std::to_string(f.replicas_per_process) +
+        "): each replica is a thread of its own with its own model copy, so more cannot run at "
+        "once; use more processes (ranks) or machines instead");
   }
   if (f.timeout) {
     require_finite("--timeout", *f.timeout, 0, /*least_allowed=*/false);

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -40,6 +41,7 @@ struct Op {
   int root = 0;
   uint64_t sequence = 0;
   std::vector<torch::Tensor> inputs;  // one per replica, in replica order
+  std::vector<char> here;             // per replica: arrived (a barrier's tensor is undefined)
   int arrived = 0;
   bool ready = false;  // all-reduce: combined in memory and handed to the process communicator
   bool done = false;   // blocking collectives: the result is final (or `error` is set)
@@ -62,6 +64,7 @@ struct Channel {
 }  // namespace
 
 struct ReplicaHub::State {
+  std::chrono::seconds timeout{0};  // for the replicas to meet; 0: none (constant)
   std::mutex mutex;  // everything below but `creation`
   std::condition_variable changed;
   bool aborted = false;
@@ -111,6 +114,12 @@ class ReplicaCommunicator final : public Communicator {
                                               const torch::Tensor& tensor, ReduceOp reduce,
                                               int root);
   void combine(Op& op) const;
+  // Waits under `lock` until `ready()` or the hub is aborted. With a timeout, a wait that is
+  // still short of replicas `timeout` after this replica came aborts the hub and throws,
+  // naming the collective and the replicas that never came; once all have come, the op is in
+  // the process communicator, whose own watchdog covers it, and the wait goes on.
+  void wait_for_replicas(std::unique_lock<std::mutex>& lock, const Op& op,
+                         const std::function<bool()>& ready) const;
   // Blocking collectives: the last replica runs `run` (outside the lock), the others wait.
   std::shared_ptr<Op> run_blocking(Kind kind, const torch::Tensor& tensor, int root,
                                    const std::function<void(Op&)>& run);
@@ -135,7 +144,7 @@ class ReplicaWork final : public Work {
     auto& state = *comm_.state_;
     {
       std::unique_lock<std::mutex> lock(state.mutex);
-      state.changed.wait(lock, [&] { return op_->ready || state.aborted; });
+      comm_.wait_for_replicas(lock, *op_, [&] { return op_->ready; });
       if (!op_->ready) throw ReplicasAborted(state.reason);
     }
     Op& op = *op_;
@@ -187,6 +196,7 @@ std::pair<std::shared_ptr<Op>, bool> ReplicaCommunicator::arrive(
     slot->root = root;
     slot->sequence = sequence;
     slot->inputs.resize(static_cast<size_t>(replicas_));
+    slot->here.assign(static_cast<size_t>(replicas_), 0);
   } else if (slot->kind != kind || slot->reduce != reduce || slot->root != root) {
     // Replicas that disagree would exchange the wrong tensors: stop them all, saying where.
     const std::string reason =
@@ -200,6 +210,7 @@ std::pair<std::shared_ptr<Op>, bool> ReplicaCommunicator::arrive(
     throw std::logic_error(reason);
   }
   slot->inputs[static_cast<size_t>(replica_)] = tensor;
+  slot->here[static_cast<size_t>(replica_)] = 1;
   const bool last = ++slot->arrived == replicas_;
   return {slot, last};
 }
@@ -264,10 +275,34 @@ std::shared_ptr<Op> ReplicaCommunicator::run_blocking(Kind kind, const torch::Te
     op->done = true;
     state_->changed.notify_all();
   } else {
-    state_->changed.wait(lock, [&] { return op->done || state_->aborted; });
+    wait_for_replicas(lock, *op, [&] { return op->done; });
     if (!op->done) throw ReplicasAborted(state_->reason);
   }
   return op;
+}
+
+void ReplicaCommunicator::wait_for_replicas(std::unique_lock<std::mutex>& lock, const Op& op,
+                                            const std::function<bool()>& ready) const {
+  ReplicaHub::State& state = *state_;
+  const auto done = [&] { return ready() || state.aborted; };
+  if (state.timeout.count() <= 0) return state.changed.wait(lock, done);
+  if (state.changed.wait_for(lock, state.timeout, done)) return;
+  if (op.arrived == replicas_) return state.changed.wait(lock, done);
+  std::string missing;
+  for (int r = 0; r < replicas_; ++r) {
+    if (op.here[static_cast<size_t>(r)]) continue;
+    missing += (missing.empty() ? "" : ", ") + std::to_string(r) + " (the job's " +
+               std::to_string(rank_ - replica_ + r) + ")";
+  }
+  const std::string reason =
+      "replica communicator: " + std::string(kind_name(op.kind)) + " #" +
+      std::to_string(op.sequence) + " unfinished " + std::to_string(state.timeout.count()) +
+      " s after this replica entered it (ProcessGroupOptions::timeout): replica(s) " + missing +
+      " of this process never came (hung in their own code, or calling another collective)";
+  state.aborted = true;  // the other replicas of the process stop waiting too
+  state.reason = reason;
+  state.changed.notify_all();
+  throw std::runtime_error(reason);
 }
 
 void ReplicaCommunicator::collect(const std::shared_ptr<Op>& op) {
@@ -331,7 +366,7 @@ void ReplicaCommunicator::barrier() {
 }  // namespace
 
 ReplicaHub::ReplicaHub(int replicas, int process_rank, int processes,
-                       ProcessCommFactory make_process_comm)
+                       ProcessCommFactory make_process_comm, std::chrono::seconds timeout)
     : replicas_(replicas),
       process_rank_(process_rank),
       processes_(processes),
@@ -349,6 +384,7 @@ ReplicaHub::ReplicaHub(int replicas, int process_rank, int processes,
                                 " processes but no communicator factory to reach them");
   }
   state_->next_channel.assign(static_cast<size_t>(replicas), 0);
+  state_->timeout = timeout;
 }
 
 ReplicaHub::~ReplicaHub() = default;

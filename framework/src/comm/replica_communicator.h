@@ -19,6 +19,14 @@
 // its own (what ProcessGroup::new_cpu_communicator() is for a rank). Within a channel every
 // replica issues the same collectives in the same order (communicator.h's contract).
 //
+// Timeout: the hub's (ProcessGroupOptions::timeout, as every collective's) bounds how long a
+// replica waits in memory for its siblings: a replica that hangs in its own code (or calls
+// another collective) would otherwise hold the others forever, even in a one-process job where
+// no MPI watchdog runs. The waiting replica's collective then throws std::runtime_error naming
+// the collective and the replicas that never came, and aborts the hub; the replica runner ends
+// the job with it. Once every replica has come, the collective is in the process communicator,
+// whose own watchdog covers it.
+//
 // Failure: a replica thread that fails cannot reach the next collective, and the other threads
 // would wait for it forever. ReplicaHub::abort() ends every wait on the hub, now and later, with
 // ReplicasAborted carrying the reason; the replica runner (parallel/replicas.h) calls it before it
@@ -26,6 +34,7 @@
 
 #include <ddp/communicator.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -45,9 +54,10 @@ class ReplicaHub {
   using ProcessCommFactory = std::function<std::unique_ptr<Communicator>()>;
 
   // `replicas` threads in this process, which is `process_rank` of `processes`. With more than
-  // one process, `make_process_comm` must be set. Throws std::invalid_argument naming the bad
-  // argument.
-  ReplicaHub(int replicas, int process_rank, int processes, ProcessCommFactory make_process_comm);
+  // one process, `make_process_comm` must be set. `timeout`: see above; 0 waits without end.
+  // Throws std::invalid_argument naming the bad argument.
+  ReplicaHub(int replicas, int process_rank, int processes, ProcessCommFactory make_process_comm,
+             std::chrono::seconds timeout = std::chrono::seconds(0));
   ~ReplicaHub();
   ReplicaHub(const ReplicaHub&) = delete;
   ReplicaHub& operator=(const ReplicaHub&) = delete;

@@ -8,6 +8,7 @@
 #include "parallel/group_membership.h"
 #include "runtime/launcher.h"
 #include "runtime/runtime_internals.h"
+#include "util/environment.h"
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 #include "comm/nccl_communicator.h"
 #endif
@@ -46,11 +47,16 @@ class ReplicaSet {
     set_phase_timeout(collective_timeout(options.timeout));  // as ProcessGroup's constructor
     const Runtime* owner = &runtime;
     const std::chrono::seconds timeout = options.timeout;
+    // The replicas' waits in memory get the collectives' timeout (0: DDP_TIMEOUT_SECONDS, else
+    // 600 s), so a hung replica thread ends even a one-process job.
+    const std::chrono::seconds hub_timeout =
+        timeout.count() > 0 ? timeout
+                            : std::chrono::seconds(collective_timeout_seconds(current_environment()));
     // Each channel's communicator over the processes is what ProcessGroup's would be.
     hub_ = std::make_unique<ReplicaHub>(replicas_, runtime.rank(), runtime.world_size(),
                                         [owner, timeout] {
       return make_cpu_communicator(*owner, timeout);
-    });
+    }, hub_timeout);
   }
   ReplicaSet(const ReplicaSet&) = delete;
   ReplicaSet& operator=(const ReplicaSet&) = delete;

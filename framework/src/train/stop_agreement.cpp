@@ -39,6 +39,7 @@ bool StopAgreement::should_stop(int64_t step, int64_t nonfinite_loss_step) {
   rank_ = static_cast<int>(f[1]);
   waited_ = f[2];
   decided_at_ = Clock::now();
+  mark_stopping();  // this rank may not have got the signal itself (stop_signal.h)
   return true;
 }
 
