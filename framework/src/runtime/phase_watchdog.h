@@ -42,7 +42,7 @@ class ScopedPhase {
 ScopedPhase startup_phase(const std::string& what, const std::string& why);
 
 // A phase that waits for every rank with no collective watchdog inside (MPI_Comm_dup,
-// ncclCommInitRank): the phase timeout, no slack.
+// ncclCommInitRank, MPI_Finalize): the phase timeout, no slack.
 ScopedPhase setup_phase(const std::string& what, const std::string& why);
 
 }  // namespace ddp::detail

@@ -303,6 +303,11 @@ Runtime::~Runtime() {
   if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
   if (owns_mpi_) {
     detail::set_phase_mpi_ready(false);
+    // Open MPI's MPI_Finalize waits for every rank: one stopped after its work would keep the
+    // others here, everything saved, until the batch system's time limit.
+    const auto phase = detail::setup_phase(
+        "MPI shutdown (MPI_Finalize)",
+        "it returns once every rank has called it; a rank is stopped or hangs before its end");
     MPI_Finalize();
   }
 }
