@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: startup_stall_check.sh mpi-init|loading-data MPIEXEC DDP_MNIST WORK_DIR
+# Usage: startup_stall_check.sh mpi-init|loading-data|shutdown MPIEXEC DDP_MNIST WORK_DIR
 # A rank that stalls outside any collective ends the job by the timeout, naming the phase
 # (issue 26; <ddp/runtime.h>: WatchedPhase). Rank 1 of 2 stops itself (SIGSTOP) on entering a
 # phase (DDP_TEST_STOP_IN_PHASE), as a rank on a stuck file system or a stopped node would:
@@ -8,6 +8,8 @@
 #   loading-data  while loading MNIST, after MPI start-up: rank 0 goes on to the
 #                 DistributedDataParallel constructor and waits in MPI_Comm_dup; --timeout 5
 #                 must end it, rank 0 naming the communicator's creation in the constructor
+#   shutdown      at the end, before MPI_Finalize: rank 0 waits in MPI_Finalize (Open MPI's
+#                 waits for every rank); --timeout 5 must end it, naming MPI shutdown
 # Both: non-zero, not before the 5 s limit, within 40 s of the start.
 set -euo pipefail
 mode=$1 mpiexec=$2 ddp_mnist=$3 work=$4
@@ -18,6 +20,7 @@ now_ms() { date +%s%3N; }
 case "$mode" in
   mpi-init) phase="MPI start-up"; expect="rank 0 .*watchdog: MPI start-up \(MPI_Init\) unfinished after [0-9]+ s \(limit 5 s: DDP_STARTUP_TIMEOUT_SECONDS\)" ;;
   loading-data) phase="loading data"; expect="rank 0 .*watchdog: creating a CPU communicator \(MPI_Comm_dup\), in the DistributedDataParallel constructor unfinished after [0-9]+ s \(limit 5 s: ProcessGroupOptions::timeout, --timeout, DDP_TIMEOUT_SECONDS\): every rank of the job must call it" ;;
+  shutdown) phase="MPI shutdown"; expect="rank 0 .*watchdog: MPI shutdown \(MPI_Finalize\) unfinished after [0-9]+ s \(limit 5 s" ;;
   *) fail "unknown mode $mode" ;;
 esac
 
