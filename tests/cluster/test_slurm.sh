@@ -122,12 +122,11 @@ case "$scenario" in
       expect "$out" "^== job $2 \(ddp-.*\): .* exit status 0$" "$1: summary line"
     }
     # Every script runs replica_check, then the multi-node script trains ddp_mnist under
-    # sbatch --wait. One job after another (--dependency=afterany): two Open MPI 4.1.4 jobs
-    # starting together on these emulated nodes (all on 127.0.0.1) now and then crash in
-    # MPI_Init, a rank killed by SIGSEGV in btl/tcp (a fragment for a handler not yet
-    # registered); a plain C MPI program does the same (2 of ~45 concurrent starts, none in
-    # 100 alone; docs/launching.md, "The test cluster"). --cpus-per-task=1 overrides the
-    # scripts' 4 CPUs per rank (these nodes have 4 CPUs).
+    # sbatch --wait. One job after another (--dependency=afterany): Open MPI 4.1.4 jobs
+    # starting together on these emulated nodes (all on 127.0.0.1) now and then lose a rank to
+    # SIGSEGV in MPI_Init (btl/tcp, a fragment for a handler not yet registered); a plain C MPI
+    # program does the same (docs/launching.md, "The test cluster"). --cpus-per-task=1
+    # overrides the scripts' 4 CPUs per rank (these nodes have 4 CPUs).
     declare -A ids
     after=()
     for script in ddp_1N1G.sbatch ddp_1N4G.sbatch ddp_2N4G.sbatch ddp_4N4G.sbatch; do
