@@ -5,6 +5,7 @@
 #include <ddp/train/divergence.h>
 
 #include "train/directory_lock.h"
+#include "train/reached_position.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -112,6 +113,12 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
         std::printf("Resumed from %s: epoch %lld done, step %lld\n", path.c_str(),
                     static_cast<long long>(p.epoch), static_cast<long long>(p.global_step));
       }
+      if (!o.dir.empty()) {
+        // A run that died between snapshots (a killed rank, a lost host) left how far it got.
+        const auto reached = detail::read_reached(o.dir);
+        const std::string lost = reached ? detail::lost_work_line(*reached, p.global_step) : "";
+        if (!lost.empty()) std::printf("%s\n", lost.c_str());
+      }
       if (p.world_size != group_.size()) {
         std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the data "
                     "order differs from an uninterrupted run\n",
@@ -130,6 +137,11 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
 
 std::string Checkpointer::at_boundary(bool stopping, const TrainingPosition& at,
                                       const std::function<RankState()>& rank_state) {
+  if (group_.is_main() && !options_.dir.empty()) {
+    // Opened at the first step, not at construction: resume() reads what the last run left.
+    if (!reached_) reached_ = std::make_shared<detail::ReachedRecord>(options_.dir);
+    reached_->write({at.epoch, at.batch, at.step, options_.global_batch});
+  }
   const int64_t every = options_.every_steps;
   const bool due = every > 0 && at.step % every == 0 && at.step > last_step_;
   if (!stopping && !due) return "";

@@ -44,6 +44,7 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
                                 "diverge (wrap the model, or run one process)");
   }
   options.checkpoint.seed = options.seed;
+  options.checkpoint.global_batch = options.batch_size * group.size();
   return options;
 }
 

@@ -64,6 +64,7 @@ namespace ddp {
 
 namespace detail {
 class DirectoryLock;  // internal (src/train/directory_lock.h): the directory's lock, rank 0's
+class ReachedRecord;  // internal (src/train/reached_position.h): how far the run got, rank 0's
 }
 
 struct CheckpointerOptions {
@@ -83,6 +84,9 @@ struct CheckpointerOptions {
   // The data order's seed (the DistributedSampler's), saved so that a resumed run continues
   // the same order: resume() returns the snapshot's, warning when it is not this one.
   int64_t seed = 0;
+  // Samples per optimizer step over all ranks (the Trainer sets it), for the line a resumed
+  // run prints about the work a crash cost (0: steps only).
+  int64_t global_batch = 0;
 };
 
 // What resume() found.
@@ -121,7 +125,7 @@ class Checkpointer {
   // Collective, at a step boundary: writes a step snapshot of `at` when `stopping`, or when
   // every_steps divides at.step and steps were taken since the newest snapshot written or
   // resumed from (or since step 0). Calls `rank_state` only then. Returns the path written; ""
-  // when none (or without a directory).
+  // when none (or without a directory). Rank 0 also records `at` as how far the run got.
   std::string at_boundary(bool stopping, const TrainingPosition& at,
                           const std::function<RankState()>& rank_state);
 
@@ -144,6 +148,9 @@ class Checkpointer {
   TrainingExtras extras_;
   int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
   std::shared_ptr<detail::DirectoryLock> lock_;  // rank 0 with a dir, where flock works
+  // Rank 0 with a dir: <dir>/.ddp.reached, rewritten at every step boundary, so that the run
+  // resumed after a crash can say how much work the crash cost (reached_position.h).
+  std::shared_ptr<detail::ReachedRecord> reached_;
 
   void create_directory() const;
   // Throws TrainingDiverged (divergence.h) naming `path` and the tensor when a parameter or
