@@ -155,8 +155,9 @@ TEST(ExampleFlags, CheckpointEverySecondsIsFinitePositiveAndNeedsAFolder) {
             "--checkpoint-every-seconds needs --checkpoint-dir to write to");
   // The library's option follows the flag (0: none).
   TrainingFlags f = good();
+  f.progress = "none";
   EXPECT_EQ(ddp::cli::trainer_options(f, nullptr).checkpoint.every_seconds, 0);
-  f.checkpoint_every_seconds = 2.5;
+  f.checkpoint_every_seconds = 2.5, f.checkpoint_dir = "ckpt";
   EXPECT_EQ(ddp::cli::trainer_options(f, nullptr).checkpoint.every_seconds, 2.5);
 }
 
