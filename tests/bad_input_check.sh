@@ -95,6 +95,15 @@ check idx_is_a_fifo "fifo/train-images-idx3-ubyte: not a regular file" \
   timeout 60 "$mnist" --no-cuda --data-dir "$tmp/fifo"
 check checkpoint_dir_empty '--checkpoint-dir must name a folder \(got an empty string\)' \
   "$mnist" --no-cuda --checkpoint-dir ""
+# Issue 25: snapshots every S seconds need S finite and > 0, and a folder (a usage error: status 2).
+want_status=2 check checkpoint_seconds_0 '--checkpoint-every-seconds must be a finite number > 0 \(got 0\)' \
+  "$mnist" "${data[@]}" --checkpoint-dir "$tmp/ck" --checkpoint-every-seconds 0
+want_status=2 check checkpoint_seconds_negative '--checkpoint-every-seconds must be a finite number > 0 \(got -1\)' \
+  "$mnist" "${data[@]}" --checkpoint-dir "$tmp/ck" --checkpoint-every-seconds -1
+want_status=2 check checkpoint_seconds_nan '--checkpoint-every-seconds must be a finite number > 0 \(got nan\)' \
+  "$mnist" "${data[@]}" --checkpoint-dir "$tmp/ck" --checkpoint-every-seconds nan
+want_status=2 check checkpoint_seconds_no_dir '--checkpoint-every-seconds needs --checkpoint-dir to write to' \
+  "$mnist" "${data[@]}" --checkpoint-every-seconds 60
 # More replicas than this machine has CPUs (issue 26: 1000 took 38 s, then blamed --batch-size).
 check replicas_per_process_1000 '--replicas-per-process must be at most [0-9]+, the CPUs of this machine \(got 1000\)' \
   timeout 60 "$mnist" "${data[@]}" --replicas-per-process 1000

@@ -7,7 +7,10 @@
 //
 // Rank RANK raises SIGNAL (TERM, USR1, USR2; KILL for a crash without warning, STOP for a hung
 // rank) on itself right after optimizer step STEP (TrainerOptions::on_step), saying so on stderr
-// first, so that a test can time the job's end from that line. STEP may also name a phase of
+// first, so that a test can time the job's end from that line. SIGNAL may also be SLEEP<SECONDS>
+// (SLEEP2.5): the rank sleeps there instead, a slow step on one rank (the timed snapshots'
+// agreement, snapshot_cost_check.sh). Several --signal-at-step arguments may come first, each
+// acting once (e.g. a SLEEP, then a KILL later). STEP may also name a phase of
 // start-up, where no Trainer exists yet:
 //   init   inside MPI_Init_thread, before MPI starts (a profiling-interface wrapper of this
 //          program's own; the rank is the launcher's OMPI_COMM_WORLD_RANK / PMIX_RANK);
@@ -19,12 +22,15 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -33,7 +39,8 @@ constexpr int64_t kInit = -1, kSetup = -2;  // the phases of start-up, as steps
 struct SignalAt {
   int64_t step = 0;
   int rank = 0;
-  int signal = 0;
+  int signal = 0;         // 0: a SLEEP
+  double sleep_seconds = 0;
 };
 
 SignalAt g_at;  // for the MPI_Init_thread wrapper
@@ -46,6 +53,12 @@ int launcher_rank() {
 }
 
 void raise_at(const SignalAt& at, const char* where) {
+  if (at.signal == 0) {
+    std::fprintf(stderr, "signal_at_step: rank %d sleeps %g s %s\n", at.rank, at.sleep_seconds, where);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::duration<double>(at.sleep_seconds));
+    return;
+  }
   std::fprintf(stderr, "signal_at_step: rank %d raises signal %d %s\n", at.rank, at.signal, where);
   std::fflush(stderr);
   std::raise(at.signal);
@@ -57,7 +70,7 @@ SignalAt parse(const char* argument) {
   const std::string text = argument ? argument : "";
   const auto bad = [&] {
     return std::invalid_argument("expected " + prefix + "STEP:RANK:SIGNAL as the first argument (SIGNAL: "
-                                 "TERM, USR1, USR2, KILL or STOP), got '" + text + "'");
+                                 "TERM, USR1, USR2, KILL, STOP or SLEEP<SECONDS>), got '" + text + "'");
   };
   if (text.compare(0, prefix.size(), prefix) != 0) throw bad();
   const std::string value = text.substr(prefix.size());
@@ -78,6 +91,15 @@ SignalAt parse(const char* argument) {
               : name == "KILL" ? SIGKILL
               : name == "STOP" ? SIGSTOP
                                : 0;
+  if (name.compare(0, 5, "SLEEP") == 0) {
+    try {
+      at.sleep_seconds = std::stod(name.substr(5));
+    } catch (const std::exception&) {
+      throw bad();
+    }
+    if (!(at.sleep_seconds > 0) || at.step <= 0 || at.rank < 0) throw bad();  // after a step only
+    return at;
+  }
   if (at.signal == 0 || at.step == 0 || at.step < kSetup || at.rank < 0) throw bad();
   return at;
 }
@@ -92,24 +114,38 @@ extern "C" int MPI_Init_thread(int* argc, char*** argv, int required, int* provi
 }
 
 int main(int argc, char** argv) {
-  SignalAt at;
+  std::vector<SignalAt> actions;
   try {
-    at = parse(argc > 1 ? argv[1] : nullptr);
+    do {
+      actions.push_back(parse(argc > 1 ? argv[1] : nullptr));
+      // The example sees its own flags only.
+      argv[1] = argv[0];
+      --argc;
+      ++argv;
+    } while (argc > 1 && std::strncmp(argv[1], "--signal-at-step=", 17) == 0);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
     return 2;
   }
-  // The example sees its own flags only.
-  argv[1] = argv[0];
-  g_at = at;
+  g_at = actions.front();
+  for (const SignalAt& at : actions) {
+    if (at.step == kInit && &at != &actions.front()) {
+      std::fprintf(stderr, "%s: the init phase must be the first --signal-at-step\n", argv[0]);
+      return 2;
+    }
+  }
   // The example calls it on every rank when it makes the Trainer's options.
-  const auto adjust = [at](ddp::TrainerOptions& options) {
-    if (at.step == kSetup && launcher_rank() == at.rank) raise_at(at, "before the Trainer");
-    options.on_step = [at](int64_t step, int rank) {
-      if (step != at.step || rank != at.rank) return;
-      const std::string where = "after step " + std::to_string(step);
-      raise_at(at, where.c_str());
+  const auto adjust = [actions](ddp::TrainerOptions& options) {
+    for (const SignalAt& at : actions) {
+      if (at.step == kSetup && launcher_rank() == at.rank) raise_at(at, "before the Trainer");
+    }
+    options.on_step = [actions](int64_t step, int rank) {
+      for (const SignalAt& at : actions) {
+        if (step != at.step || rank != at.rank) continue;
+        const std::string where = "after step " + std::to_string(step);
+        raise_at(at, where.c_str());
+      }
     };
   };
-  return DDP_SIGNAL_EXAMPLE(argc - 1, argv + 1, ddp::cli::Parallelism::DataParallel, adjust);
+  return DDP_SIGNAL_EXAMPLE(argc, argv, ddp::cli::Parallelism::DataParallel, adjust);
 }

@@ -141,6 +141,26 @@ TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
             "");
 }
 
+TEST(ExampleFlags, CheckpointEverySecondsIsFinitePositiveAndNeedsAFolder) {
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = 0.5, f.checkpoint_dir = "ckpt"; }), "");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = 0, f.checkpoint_dir = "ckpt"; }),
+            "--checkpoint-every-seconds must be a finite number > 0 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = -1, f.checkpoint_dir = "ckpt"; }),
+            "--checkpoint-every-seconds must be a finite number > 0 (got -1)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = nan, f.checkpoint_dir = "ckpt"; }),
+            "--checkpoint-every-seconds must be a finite number > 0 (got nan)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = inf, f.checkpoint_dir = "ckpt"; }),
+            "--checkpoint-every-seconds must be a finite number > 0 (got inf)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = 60; }),
+            "--checkpoint-every-seconds needs --checkpoint-dir to write to");
+  // The library's option follows the flag (0: none).
+  TrainingFlags f = good();
+  f.progress = "none";
+  EXPECT_EQ(ddp::cli::trainer_options(f, nullptr).checkpoint.every_seconds, 0);
+  f.checkpoint_every_seconds = 2.5, f.checkpoint_dir = "ckpt";
+  EXPECT_EQ(ddp::cli::trainer_options(f, nullptr).checkpoint.every_seconds, 2.5);
+}
+
 TEST(ExampleFlags, ProgramFlagHelpers) {
   EXPECT_THROW(require_finite("--gamma", nan, 0, true), std::invalid_argument);
   EXPECT_THROW(require_finite("--momentum", -0.1, 0, true), std::invalid_argument);

@@ -87,6 +87,20 @@ TEST(ReportFormat, GenericSummaryTableHasAColumnPerMetric) {
   EXPECT_EQ(ddp::ReportFormat().summary_table({}), "");
 }
 
+TEST(ReportFormat, SnapshotLineSaysHowManyAndTheirShareOfTheTraining) {
+  ddp::SnapshotCost cost;
+  cost.written = 12;
+  cost.at_epoch_end = 2;
+  cost.seconds = 0.84;
+  cost.max_seconds = 0.21;
+  EXPECT_EQ(ddp::ReportFormat::snapshot_line(cost, 27.1),
+            "Snapshots: 12 written (10 inside epochs, 2 at epoch ends), 0.84 s in all, mean 70.0 ms, "
+            "max 210.0 ms: 3.1% of 27.10 s of training");
+  EXPECT_EQ(ddp::ReportFormat::snapshot_line(cost, 0),
+            "Snapshots: 12 written (10 inside epochs, 2 at epoch ends), 0.84 s in all, mean 70.0 ms, "
+            "max 210.0 ms");
+}
+
 TEST(ReportFormat, ClassificationLinesAreTheSeedScripts) {
   const ddp::ClassificationFormat format;
   ddp::ProgressLine line;

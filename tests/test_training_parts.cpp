@@ -19,6 +19,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -155,6 +156,57 @@ TEST(Checkpointer, AHandWrittenLoopResumedInsideAnEpochContinuesBitIdentical) {
   EXPECT_EQ(resumed.at_boundary(false, {2, 6, 6}, [] { return ddp::RankState{}; }), "");
 }
 
+// CheckpointerOptions::every_seconds with a fake clock per rank: only the last rank's clock
+// moves (1 s a step), as if it alone were slow; the others never find the timer due. The
+// stop check's all-reduce carries the last rank's "due", so every rank takes part in the same
+// snapshots, at steps 3, 6 and 9 (the timer restarts at each).
+TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSameStep) {
+  const std::string dir = shared_dir("checkpointer_timed");
+  const bool slow = rt().rank() == rt().world_size() - 1;
+  double now = 0;
+  ddp::CheckpointerOptions options;
+  options.dir = dir;
+  options.every_seconds = 3;
+  options.clock = [&now] { return now; };
+  Net net;
+  torch::optim::SGD optimizer(net.parameters(), torch::optim::SGDOptions(0.1));
+  ddp::Checkpointer checkpointer(pg(), net, optimizer, options);
+  ddp::StopAgreement stop(pg(), /*every=*/1);
+  std::string steps;            // the steps this rank took part in a snapshot at
+  int64_t due_here_at_3 = -1;   // this rank's own timer at step 3
+  for (int64_t step = 0; step < 11; ++step) {
+    const bool due = checkpointer.time_due();
+    if (step == 3) due_here_at_3 = due;
+    ASSERT_FALSE(stop.should_stop(step, -1, due));
+    const std::string path = checkpointer.at_boundary(
+        false, {1, step, step}, [] { return ddp::RankState{}; }, stop.snapshot_due());
+    if (!path.empty()) {
+      EXPECT_EQ(path, ddp::snapshot_path(dir, 1, step));
+      steps += std::to_string(step) + " ";
+    }
+    if (slow) now += 1;  // the step "takes" a second on the last rank only
+  }
+  EXPECT_EQ(steps, "3 6 9 ");
+  EXPECT_EQ(due_here_at_3, slow ? 1 : 0) << "only the last rank's own clock was due";
+  const std::vector<std::string> all = ddp::all_gather_strings(pg().cpu(), steps);
+  for (const std::string& other : all) EXPECT_EQ(other, steps);
+  EXPECT_EQ(checkpointer.cost().written, 3);
+  EXPECT_EQ(checkpointer.cost().at_epoch_end, 0);
+  EXPECT_GE(checkpointer.cost().seconds, checkpointer.cost().max_seconds);
+  if (rt().is_main()) {  // only the newest step snapshot is kept
+    EXPECT_EQ(ddp::list_snapshots(dir), std::vector<std::string>{ddp::snapshot_path(dir, 1, 9)});
+  }
+  // An epoch end restarts the timer too; without the agreed "due", nothing is written.
+  now += 5;
+  checkpointer.save_epoch(1, 11);
+  EXPECT_FALSE(checkpointer.time_due());
+  EXPECT_EQ(checkpointer.cost().written, 4);
+  EXPECT_EQ(checkpointer.cost().at_epoch_end, 1);
+  if (slow) now += 3;
+  EXPECT_EQ(checkpointer.time_due(), slow);
+  EXPECT_EQ(checkpointer.at_boundary(false, {2, 1, 12}, [] { return ddp::RankState{}; }), "");
+}
+
 TEST(Checkpointer, EpochEndsRotateAndSupersedeTheSnapshotsInsideAnEpoch) {
   const std::string dir = shared_dir("checkpointer_rotate");
   ddp::CheckpointerOptions options;
@@ -191,6 +243,13 @@ TEST(Checkpointer, OptionsOutOfRangeAndUnwritableDirectoriesNameTheField) {
   o = {};
   o.every_steps = 5;
   EXPECT_EQ(error(o), "CheckpointerOptions::every_steps is 5 but dir is empty: there is nowhere to write");
+  o = {};
+  o.every_seconds = 2.5;
+  EXPECT_EQ(error(o), "CheckpointerOptions::every_seconds is 2.500000 but dir is empty: there is nowhere to write");
+  o.every_seconds = -1;
+  EXPECT_EQ(error(o), "CheckpointerOptions::every_seconds must be finite and >= 0 (got -1.000000)");
+  o.every_seconds = std::nan("");
+  EXPECT_EQ(error(o), "CheckpointerOptions::every_seconds must be finite and >= 0 (got nan)");
   o = {};
   o.resume = "latest";
   EXPECT_EQ(error(o), "CheckpointerOptions::resume is \"latest\" but dir is empty: there is no directory to search");

@@ -91,6 +91,12 @@ void check_training_flags(const TrainingFlags& f) {
   if (f.checkpoint_every_steps > 0 && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
   }
+  if (f.checkpoint_every_seconds) {
+    require_finite("--checkpoint-every-seconds", *f.checkpoint_every_seconds, 0, /*least_allowed=*/false);
+    if (f.checkpoint_dir.empty()) {
+      throw std::invalid_argument("--checkpoint-every-seconds needs --checkpoint-dir to write to");
+    }
+  }
   if (f.resume == "latest" && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
   }
@@ -142,6 +148,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("checkpoint-dir", po::value(&f.checkpoint_dir)->notifier(require_folder_name("--checkpoint-dir")), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
     ("keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3), "keep the newest N epochs of checkpoints (0: all)")
     ("checkpoint-every-steps", po::value(&f.checkpoint_every_steps)->default_value(0), "also write a training snapshot every N steps inside an epoch, keeping the newest (0: epoch ends only)")
+    ("checkpoint-every-seconds", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.checkpoint_every_seconds = seconds; }), "also write a training snapshot inside an epoch once SECONDS have passed since the last one, keeping the newest")
     ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")
     ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one");
   po::options_description diagnostics("Progress and diagnostics");
@@ -211,6 +218,7 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   options.checkpoint.resume = flags.resume;
   options.checkpoint.fallback = flags.resume_fallback;
   options.checkpoint.every_steps = flags.checkpoint_every_steps;
+  options.checkpoint.every_seconds = flags.checkpoint_every_seconds.value_or(0);
   return options;
 }
 

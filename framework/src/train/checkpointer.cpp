@@ -6,7 +6,10 @@
 
 #include "train/directory_lock.h"
 #include "train/reached_position.h"
+#include "util/clock.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -41,6 +44,14 @@ Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
     throw option_error("every_steps", "is " + std::to_string(o.every_steps) +
                                           " but dir is empty: there is nowhere to write");
   }
+  if (!(o.every_seconds >= 0) || !std::isfinite(o.every_seconds)) {
+    throw option_error("every_seconds", "must be finite and >= 0 (got " + std::to_string(o.every_seconds) + ")");
+  }
+  if (o.every_seconds > 0 && o.dir.empty()) {
+    throw option_error("every_seconds", "is " + std::to_string(o.every_seconds) +
+                                            " but dir is empty: there is nowhere to write");
+  }
+  last_time_ = now();
   if (o.resume == "latest" && o.dir.empty()) {
     throw option_error("resume", "is \"latest\" but dir is empty: there is no directory to search");
   }
@@ -71,6 +82,7 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
   const CheckpointerOptions& o = options_;
   ResumePoint start;
   start.seed = o.seed;
+  last_time_ = now();  // the timer counts from the start of training
   if (o.resume.empty()) return start;
   Communicator& comm = group_.cpu();
   const bool latest = o.resume == "latest";
@@ -136,14 +148,14 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
 }
 
 std::string Checkpointer::at_boundary(bool stopping, const TrainingPosition& at,
-                                      const std::function<RankState()>& rank_state) {
+                                      const std::function<RankState()>& rank_state, bool time_due) {
   if (group_.is_main() && !options_.dir.empty()) {
     // Opened at the first step, not at construction: resume() reads what the last run left.
     if (!reached_) reached_ = std::make_shared<detail::ReachedRecord>(options_.dir);
     reached_->write({at.epoch, at.batch, at.step, options_.global_batch});
   }
   const int64_t every = options_.every_steps;
-  const bool due = every > 0 && at.step % every == 0 && at.step > last_step_;
+  const bool due = at.step > last_step_ && ((every > 0 && at.step % every == 0) || time_due);
   if (!stopping && !due) return "";
   return save_step(at, rank_state());
 }
@@ -159,7 +171,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   const std::string path = snapshot_path(options_.dir, at.epoch, at.batch);
   refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
-  save_snapshot(path, group_.cpu(), model_, optimizer_, progress, rank_state, extras_);
+  timed(false, [&] { save_snapshot(path, group_.cpu(), model_, optimizer_, progress, rank_state, extras_); });
   if (group_.is_main()) remove_older_step_snapshots(path);
   last_step_ = at.step;
   return path;
@@ -177,7 +189,7 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   progress.seed = o.seed;
   progress.world_size = group_.size();
   const std::string path = snapshot_path(o.dir, epoch);
-  save_snapshot(path, group_.cpu(), model_, optimizer_, progress, {}, extras_);
+  timed(true, [&] { save_snapshot(path, group_.cpu(), model_, optimizer_, progress, {}, extras_); });
   last_step_ = step;
   if (!group_.is_main()) return;
   remove_older_step_snapshots(path);
@@ -186,6 +198,25 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
     std::remove(snapshot_path(o.dir, epoch - o.keep).c_str());
     std::remove(model_path(o.dir, epoch - o.keep).c_str());
   }
+}
+
+bool Checkpointer::time_due() const {
+  return options_.every_seconds > 0 && now() - last_time_ >= options_.every_seconds;
+}
+
+double Checkpointer::now() const {
+  return options_.clock ? options_.clock() : seconds_since(Clock::time_point{});
+}
+
+void Checkpointer::timed(bool epoch_end, const std::function<void()>& save) {
+  const auto start = Clock::now();
+  save();
+  const double seconds = seconds_since(start);
+  ++cost_.written;
+  if (epoch_end) ++cost_.at_epoch_end;
+  cost_.seconds += seconds;
+  cost_.max_seconds = std::max(cost_.max_seconds, seconds);
+  last_time_ = now();  // after the write: a slow write does not make the next one due at once
 }
 
 void Checkpointer::refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const {

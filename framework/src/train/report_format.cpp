@@ -111,4 +111,19 @@ std::string ReportFormat::summary_table(const std::vector<EpochResult>& epochs) 
   return table;
 }
 
+std::string ReportFormat::snapshot_line(const SnapshotCost& c, double run_seconds) {
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "Snapshots: %lld written (%lld inside epochs, %lld at epoch ends), %.2f s in all, "
+                "mean %.1f ms, max %.1f ms",
+                static_cast<long long>(c.written), static_cast<long long>(c.written - c.at_epoch_end),
+                static_cast<long long>(c.at_epoch_end), c.seconds, 1e3 * c.mean_seconds(),
+                1e3 * c.max_seconds);
+  std::string line = text;
+  if (run_seconds <= 0) return line;
+  std::snprintf(text, sizeof text, ": %s of %.2f s of training",
+                percent(c.seconds, run_seconds).c_str(), run_seconds);
+  return line + text;
+}
+
 }  // namespace ddp

@@ -120,9 +120,15 @@ void Reporter::epoch_done(const EpochResult& result) {
   write_metrics(result);
 }
 
-void Reporter::end_run(const std::vector<EpochResult>& epochs) {
-  if (!group_.is_main() || epochs.empty()) return;
-  std::printf("Summary over %s:\n%s", ranks().c_str(), format_->summary_table(epochs).c_str());
+void Reporter::end_run(const std::vector<EpochResult>& epochs, const SnapshotCost& snapshots,
+                       double run_seconds) {
+  if (!group_.is_main()) return;
+  if (!epochs.empty()) {
+    std::printf("Summary over %s:\n%s", ranks().c_str(), format_->summary_table(epochs).c_str());
+  }
+  if (snapshots.written > 0) {
+    std::printf("%s\n", ReportFormat::snapshot_line(snapshots, run_seconds).c_str());
+  }
   std::fflush(stdout);
 }
 

@@ -17,7 +17,8 @@ StopAgreement::StopAgreement(ProcessGroup& group, int64_t every) : group_(group)
   if (every > 0) handlers_.emplace();
 }
 
-bool StopAgreement::should_stop(int64_t step, int64_t nonfinite_loss_step) {
+bool StopAgreement::should_stop(int64_t step, int64_t nonfinite_loss_step, bool snapshot_due) {
+  snapshot_due_ = false;
   if (signal_ != 0) return true;
   if (every_ == 0 || step % every_ != 0) return false;
   // Every rank says whether it got a stop signal; the maximum tells each rank the same answer,
@@ -28,12 +29,14 @@ bool StopAgreement::should_stop(int64_t step, int64_t nonfinite_loss_step) {
   torch::Tensor flag = torch::tensor({static_cast<double>(signal), signal ? double(group_.rank()) : -1.0,
                                       seconds_since_stop_signal(),
                                       nonfinite ? double(group_.rank()) : -1.0,
-                                      nonfinite ? -double(nonfinite_loss_step) : -1e300},
+                                      nonfinite ? -double(nonfinite_loss_step) : -1e300,
+                                      snapshot_due ? 1.0 : 0.0},
                                      torch::kDouble);
   group_.cpu().all_reduce(flag, ReduceOp::Max);
   const auto f = flag.accessor<double, 1>();
   nonfinite_rank_ = static_cast<int>(f[3]);
   nonfinite_step_ = nonfinite_rank_ >= 0 ? static_cast<int64_t>(-f[4]) : -1;
+  snapshot_due_ = f[5] > 0;  // any rank's timer
   if (f[0] <= 0) return false;
   signal_ = static_cast<int>(f[0]);
   rank_ = static_cast<int>(f[1]);

@@ -43,6 +43,11 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
                                 " ranks but no DistributedDataParallel: the replicas would "
                                 "diverge (wrap the model, or run one process)");
   }
+  if (options.checkpoint.every_seconds > 0 && options.stop_check_every == 0) {
+    // The ranks agree on a timed snapshot on the stop check's all-reduce (stop_agreement.h).
+    throw std::invalid_argument("TrainerOptions::checkpoint.every_seconds needs stop_check_every "
+                                "> 0: the ranks agree on a timed snapshot at the stop check");
+  }
   options.checkpoint.seed = options.seed;
   options.checkpoint.global_batch = options.batch_size * group.size();
   return options;
@@ -119,6 +124,7 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
                                 "would both set the learning rate; use one");
   }
   stop_snapshot_.clear();
+  const auto started = Clock::now();
   start_ = checkpointer_.resume(scheduler);
   global_step_ = start_.position.step;
   if (start_.seed != options_.seed) {
@@ -156,7 +162,7 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
     checkpointer_.save_epoch(epoch, global_step_);
     if (options_.dry_run) break;
   }
-  reporter_.end_run(results);
+  reporter_.end_run(results, checkpointer_.cost(), seconds_since(started));
   return results;
 }
 
@@ -206,7 +212,7 @@ int64_t Trainer::continue_epoch(int64_t epoch, at::Generator& generator, EpochMe
 
 bool Trainer::stop_at(const TrainingPosition& at, at::Generator& generator, const EpochMeter& meter,
                       double sync_at_start) {
-  const bool stopping = stop_.should_stop(at.step, nonfinite_loss_step_);
+  const bool stopping = stop_.should_stop(at.step, nonfinite_loss_step_, checkpointer_.time_due());
   if (stop_.nonfinite_loss_step() >= 0) {
     diverged("the loss of rank " + std::to_string(stop_.nonfinite_loss_rank()) +
                  " was not finite (first at step " + std::to_string(stop_.nonfinite_loss_step()) + ")",
@@ -215,7 +221,7 @@ bool Trainer::stop_at(const TrainingPosition& at, at::Generator& generator, cons
   // Only here does the step read this epoch's sums from the device.
   const std::string saved = checkpointer_.at_boundary(stopping, at, [&] {
     return RankState{generator.get_state(), meter.state(sync_seconds() - sync_at_start)};
-  });
+  }, stop_.snapshot_due());
   if (!stopping) return false;
   stop_snapshot_ = saved;
   reporter_.stopped(stop_, at, saved);

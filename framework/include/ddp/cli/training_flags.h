@@ -43,6 +43,7 @@ struct TrainingFlags {
   std::string on_nonfinite = "stop";  // --on-nonfinite: stop or skip (ddp::OnNonFinite)
   int64_t max_skipped_steps = 10;
   std::optional<double> timeout;  // --timeout, when given
+  std::optional<double> checkpoint_every_seconds;  // --checkpoint-every-seconds, when given
 };
 
 // The defaults that differ between programs.
@@ -65,7 +66,8 @@ void add_training_flags(boost::program_options::options_description& options, Tr
 // Throws std::invalid_argument naming the flag when a value is out of range: sizes and counts
 // below their least value, --lr and the bucket sizes not finite and > 0, --lr and
 // --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback without --resume, --timeout
-// not finite and > 0 (and at most 10^7 s). ddp::cli::run calls it right after parsing.
+// not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0 or
+// without --checkpoint-dir. ddp::cli::run calls it right after parsing.
 void check_training_flags(const TrainingFlags& flags);
 
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.

@@ -1,7 +1,7 @@
 #pragma once
 // Snapshots of a training run and resuming from them, for any loop: at every epoch end (the
 // weights as model_with_epoch<N>.pt, as the seed scripts write them, and snapshot_epoch<N>.pt),
-// inside an epoch every N optimizer steps and when the ranks agreed to stop
+// inside an epoch every N optimizer steps or every S seconds and when the ranks agreed to stop
 // (snapshot_epoch<E>_batch<B>.pt), and at start-up the newest one (or a given one) to continue
 // from. Built on save_snapshot / load_snapshot (snapshot.h: the file format, 3).
 //
@@ -12,10 +12,10 @@
 //     ... if (first > 0): generator.set_state(start.rank_state.generator),
 //                         meter.restore(start.rank_state.values) ...
 //     for (int64_t b = first; b < batches; ++b) {
-//       const bool stopping = stop.should_stop(step);
+//       const bool stopping = stop.should_stop(step, -1, checkpointer.time_due());
 //       const std::string saved = checkpointer.at_boundary(stopping, {epoch, b, step}, [&] {
 //         return ddp::RankState{generator.get_state(), meter.state()};
-//       });
+//       }, stop.snapshot_due());
 //       if (stopping) return ddp::kStoppedExitCode;
 //       ... the step ...
 //     }
@@ -30,8 +30,15 @@
 // else random in an epoch must be a function of (seed, epoch, rank): then a resumed run ends
 // bit-identical to an uninterrupted one on the CPU.
 //
-// State: the options, references to what it saves (which must outlive it), the step of the
-// newest snapshot written or resumed from. Invariants: every rank makes the same calls in the
+// Snapshots every S seconds (every_seconds): each rank's clock says when S seconds have passed
+// since the newest snapshot ended (or resume()), but the ranks' clocks differ and a snapshot is
+// collective, so the caller agrees on it: time_due() rides on the stop check's all-reduce
+// (StopAgreement::should_stop's `snapshot_due`, no message of its own) and the agreed answer
+// goes to at_boundary. Timed snapshots fall on stop checks only (StopAgreement's `every`).
+// cost() sums the wall time of the snapshots written (rank 0's is what the summary shows).
+//
+// State: the options, references to what it saves (which must outlive it), the step and time of
+// the newest snapshot written or resumed from, the snapshots' cost so far. Invariants: every rank makes the same calls in the
 // same order (they are collective: every rank's state is gathered, rank 0 writes); only rank 0
 // touches the directory; only the newest snapshot inside an epoch is kept, and an epoch-end
 // snapshot removes those before it; `keep` epochs of epoch-end files are kept.
@@ -81,6 +88,13 @@ struct CheckpointerOptions {
   // Also a snapshot inside an epoch every N optimizer steps, for the crashes that give no
   // warning; only the newest such file is kept. 0: at epoch ends and stops only.
   int64_t every_steps = 0;
+  // Also a snapshot inside an epoch once this many seconds have passed since the newest
+  // snapshot (or the start), agreed over the ranks (time_due); either trigger may come first.
+  // 0: none.
+  double every_seconds = 0;
+  // The clock of every_seconds, in seconds (monotonic). Empty: std::chrono::steady_clock. Tests
+  // give a fake one, so that when a snapshot is due does not depend on the machine's speed.
+  std::function<double()> clock;
   // The data order's seed (the DistributedSampler's), saved so that a resumed run continues
   // the same order: resume() returns the snapshot's, warning when it is not this one.
   int64_t seed = 0;
@@ -104,6 +118,16 @@ struct ResumePoint {
   int64_t first_batch(int64_t epoch) const { return epoch == position.epoch ? position.batch : 0; }
 };
 
+// The wall time the snapshots of a run took on this rank: each the whole collective save
+// (gathering the ranks' states, the write to a temporary file and its rename), epoch ends' included.
+struct SnapshotCost {
+  int64_t written = 0;      // snapshots (step and epoch-end ones)
+  int64_t at_epoch_end = 0; // of them, at epoch ends
+  double seconds = 0;       // their total
+  double max_seconds = 0;   // the slowest
+  double mean_seconds() const { return written ? seconds / written : 0.0; }
+};
+
 class Checkpointer {
  public:
   // Collective only through its checks' failure (rank 0 checks the directory). Throws
@@ -123,11 +147,18 @@ class Checkpointer {
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
   // Collective, at a step boundary: writes a step snapshot of `at` when `stopping`, or when
-  // every_steps divides at.step and steps were taken since the newest snapshot written or
-  // resumed from (or since step 0). Calls `rank_state` only then. Returns the path written; ""
-  // when none (or without a directory). Rank 0 also records `at` as how far the run got.
+  // steps were taken since the newest snapshot written or resumed from (or since step 0) and
+  // every_steps divides at.step or `time_due` (the ranks' agreed time_due(), which must be the
+  // same on every rank). Calls `rank_state` only then. Returns the path written; "" when none
+  // (or without a directory). Rank 0 also records `at` as how far the run got.
   std::string at_boundary(bool stopping, const TrainingPosition& at,
-                          const std::function<RankState()>& rank_state);
+                          const std::function<RankState()>& rank_state, bool time_due = false);
+
+  // This rank's clock: every_seconds > 0 and they have passed since the newest snapshot ended
+  // (or since construction or resume()). Local; agree on it before at_boundary.
+  bool time_due() const;
+  // The snapshots written so far, as this rank timed them.
+  const SnapshotCost& cost() const { return cost_; }
 
   // Collective: the snapshot inside epoch at.epoch after at.batch batches (without a directory,
   // nothing). Removes older snapshots inside an epoch. Returns the path ("" without a directory).
@@ -147,11 +178,16 @@ class Checkpointer {
   CheckpointerOptions options_;
   TrainingExtras extras_;
   int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
+  double last_time_ = 0;   // now() when it ended (or at construction, resume())
+  SnapshotCost cost_;
   std::shared_ptr<detail::DirectoryLock> lock_;  // rank 0 with a dir, where flock works
   // Rank 0 with a dir: <dir>/.ddp.reached, rewritten at every step boundary, so that the run
   // resumed after a crash can say how much work the crash cost (reached_position.h).
   std::shared_ptr<detail::ReachedRecord> reached_;
 
+  double now() const;  // options_.clock, else the steady clock
+  // Times `save` (a collective save) into cost_ and restarts the timer.
+  void timed(bool epoch_end, const std::function<void()>& save);
   void create_directory() const;
   // Throws TrainingDiverged (divergence.h) naming `path` and the tensor when a parameter or
   // buffer of the model is not finite: a diverged model is never saved, nor rotates good files out.

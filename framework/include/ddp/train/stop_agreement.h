@@ -22,7 +22,9 @@
 //
 // The same all-reduce carries one more fact that must be agreed at the same boundary: the
 // earliest step since which a rank's loss was not finite (the Trainer's divergence check,
-// divergence.h), two more doubles, so a diverged loss costs no message of its own.
+// divergence.h), two more doubles, so a diverged loss costs no message of its own; and whether
+// a rank's snapshot timer is due (CheckpointerOptions::every_seconds; clocks differ between
+// ranks, and a snapshot is collective), one more, so a timed snapshot costs no message either.
 //
 // State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
 // counted, so the replica threads of a process may each hold one), and the decision once made.
@@ -50,7 +52,9 @@ class StopAgreement {
   // here. Communicates only when step % every == 0 (and not yet stopping).
   // `nonfinite_loss_step`: the first step whose loss was not finite on this rank, or -1; agreed
   // with the rest, see nonfinite_loss_step().
-  bool should_stop(int64_t step, int64_t nonfinite_loss_step = -1);
+  // `snapshot_due`: this rank's snapshot timer is due (Checkpointer::time_due); agreed with the
+  // rest, see snapshot_due().
+  bool should_stop(int64_t step, int64_t nonfinite_loss_step = -1, bool snapshot_due = false);
 
   bool stopping() const { return signal_ != 0; }
   // After should_stop() returned true: the highest signal number any rank got (SIGTERM,
@@ -68,6 +72,9 @@ class StopAgreement {
   // (-1: none) and the highest such rank (-1: none). The same on every rank.
   int64_t nonfinite_loss_step() const { return nonfinite_step_; }
   int nonfinite_loss_rank() const { return nonfinite_rank_; }
+  // After a check that communicated: whether some rank's snapshot timer was due; false after a
+  // check that did not communicate. The same on every rank.
+  bool snapshot_due() const { return snapshot_due_; }
 
  private:
   ProcessGroup& group_;
@@ -77,6 +84,7 @@ class StopAgreement {
   int rank_ = -1;
   int64_t nonfinite_step_ = -1;
   int nonfinite_rank_ = -1;
+  bool snapshot_due_ = false;
   double waited_ = 0;  // at the check, on the rank that waited longest
   std::chrono::steady_clock::time_point decided_at_{};
 };

@@ -5,7 +5,8 @@
 // per-step schedule), and hands the rest to the parts a hand-written loop uses too:
 //   StopAgreement (stop_agreement.h)  a stop signal on any rank stops every rank before the same
 //                                     step; fit() returns, stopped_by() says why;
-//   Checkpointer  (checkpointer.h)    snapshots at epoch ends, every N steps and on a stop;
+//   Checkpointer  (checkpointer.h)    snapshots at epoch ends, every N steps or S seconds and
+//                                     on a stop;
 //                                     resuming continues exactly where the run was;
 //   Reporter      (reporter.h)        the progress bar or log lines, the epoch's lines, the
 //                                     metrics file and the summary table, in its format;
@@ -113,8 +114,9 @@ struct TrainerOptions {
   ReporterOptions report;
   CheckpointerOptions checkpoint;
   // Steps between the checks whether a rank got a stop signal (StopAgreement's `every`): one
-  // all-reduce of 3 doubles on the group's CPU communicator. 0: no check, and the signals keep
-  // their default action (the process dies).
+  // all-reduce of 6 doubles on the group's CPU communicator, which also agrees on a timed
+  // snapshot (checkpoint.every_seconds needs it > 0). 0: no check, and the signals keep their
+  // default action (the process dies).
   int64_t stop_check_every = 1;
   // Called on every rank after each optimizer step, with the global step (counting the steps
   // before a resume) and the rank: for diagnostics and tests (a test raises a signal at a known
@@ -141,7 +143,7 @@ class Trainer {
   Evaluation evaluate();
   // Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
   // has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
-  // the summary table. Returns the epochs it ran to the end. Throws TrainingDiverged on every
+  // the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws TrainingDiverged on every
   // rank when training diverged (TrainerOptions::on_nonfinite).
   std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
