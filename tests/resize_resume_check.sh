@@ -29,20 +29,7 @@ rm -rf "$work" && mkdir -p "$work"
 
 data=$work/data
 mkdir -p "$data"
-/usr/bin/python3 - "${DDP_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" "$data" <<'PY'
-import gzip, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-for name, keep in (("train", 768), ("t10k", 256)):
-    for kind, item in (("images-idx3-ubyte", 28 * 28), ("labels-idx1-ubyte", 1)):
-        with gzip.open(f"{src}/{name}-{kind}.gz") as f:
-            raw = f.read()
-        header = 16 if item > 1 else 8
-        out = bytearray(raw[:header])
-        struct.pack_into(">I", out, 4, keep)
-        out += raw[header:header + keep * item]
-        with open(f"{dst}/{name}-{kind}", "wb") as f:
-            f.write(out)
-PY
+/usr/bin/python3 "$(dirname "$0")/mnist_subset.py" "${DDP_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" "$data" 768 256
 
 base=(--data-dir "$data" --seed 5 --no-dropout --log-interval 0 --test-batch-size 256 --keep-checkpoints 0)
 flags=("${base[@]}" --epochs 2 --limit-train-batches 4)
