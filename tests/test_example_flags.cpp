@@ -144,6 +144,7 @@ TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
             std::string::npos);
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.resume = "a.pt", f.keep_global_batch = true; }), "");
   TrainingFlags flags = good();
+  flags.progress = "none";
   flags.resume = "a.pt";
   flags.keep_global_batch = true;
   EXPECT_TRUE(ddp::cli::trainer_options(flags, nullptr).keep_global_batch);
