@@ -26,10 +26,12 @@ int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
       "mnist_cnn.pt"};
   ddp::cli::TrainingFlags flags;
   double gamma = 0.7;
+  bool no_dropout = false;
   po::options_description options("Model and optimizer");
   ddp::cli::add_training_flags(options, flags, defaults);
   options.add_options()
-    ("gamma", po::value(&gamma)->default_value(0.7, "0.7"), "learning rate step gamma");
+    ("gamma", po::value(&gamma)->default_value(0.7, "0.7"), "learning rate step gamma")
+    ("no-dropout", po::bool_switch(&no_dropout), "the CNN without dropout (both rates 0): dropout draws per rank, so only then do runs that split the same global batches over other numbers of ranks train the same model");
 
   const bool parallel = parallelism == ddp::cli::Parallelism::DataParallel;
   const std::string usage = std::string("Trains the seed MNIST CNN with Adadelta + StepLR") +
@@ -48,6 +50,10 @@ int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
     std::shared_ptr<MnistCnn> net;
     ddp::build_seeded(static_cast<uint64_t>(flags.seed), device,
                       [&] { net = std::make_shared<MnistCnn>(); });
+    if (no_dropout) {
+      net->dropout1->options.p(0);
+      net->dropout2->options.p(0);
+    }
     net->to(device);
     const auto ddp_model = ddp::cli::make_ddp(group, net, flags, parallelism, timeline.get());
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));

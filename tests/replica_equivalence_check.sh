@@ -27,20 +27,7 @@ mkdir -p "$work"
 # the runs train 4 steps, and evaluating 10000 images would take most of the test's time.
 data=$work/data
 mkdir -p "$data"
-/usr/bin/python3 - "${DDP_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" "$data" <<'PY'
-import gzip, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-for name, keep in (("train", 2048), ("t10k", 1000)):
-    for kind, item in (("images-idx3-ubyte", 28 * 28), ("labels-idx1-ubyte", 1)):
-        with gzip.open(f"{src}/{name}-{kind}.gz") as f:
-            raw = f.read()
-        header = 16 if item > 1 else 8
-        out = bytearray(raw[:header])
-        struct.pack_into(">I", out, 4, keep)
-        out += raw[header:header + keep * item]
-        with open(f"{dst}/{name}-{kind}", "wb") as f:
-            f.write(out)
-PY
+/usr/bin/python3 "$(dirname "$0")/mnist_subset.py" "${DDP_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" "$data" 2048 1000
 
 # run NAME NP [FLAGS...]: trains in $work/NAME and keeps its log.
 run() {

@@ -139,6 +139,15 @@ TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
               f.resume = "latest", f.checkpoint_dir = "ckpt", f.resume_fallback = true;
             }),
             "");
+  EXPECT_NE(error_of([](TrainingFlags& f) { f.keep_global_batch = true; }).find(
+                "--keep-global-batch needs --resume"),
+            std::string::npos);
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.resume = "a.pt", f.keep_global_batch = true; }), "");
+  TrainingFlags flags = good();
+  flags.progress = "none";
+  flags.resume = "a.pt";
+  flags.keep_global_batch = true;
+  EXPECT_TRUE(ddp::cli::trainer_options(flags, nullptr).keep_global_batch);
 }
 
 TEST(ExampleFlags, CheckpointEverySecondsIsFinitePositiveAndNeedsAFolder) {

@@ -226,6 +226,13 @@ TEST(SnapshotFormat, HeaderIsCheckedAgainstTheFileSize) {
   EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(good, 3, "s.pt"); }), "has 3 values, fewer than 4");
   EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(negative, 4, "s.pt"); }), "epoch -1");
   EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(no_ranks, 4, "s.pt"); }), "world size 0");
+  // The later values (batches done, batch size, samples done), when present.
+  const int64_t later[] = {1, 2, 3, 4, 5, 16, -1};
+  EXPECT_NO_THROW(ddp::check_snapshot_progress(later, 7, "s.pt"));
+  const int64_t bad_samples[] = {1, 2, 3, 4, 5, 16, -2};
+  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(bad_samples, 7, "s.pt"); }), "samples done -2");
+  const int64_t bad_batch[] = {1, 2, 3, 4, 5, -16, 0};
+  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(bad_batch, 7, "s.pt"); }), "batch size -16");
 }
 
 TEST(OptionChecks, NonFiniteAndOutOfRangeValuesNameTheField) {

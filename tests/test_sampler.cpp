@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -65,6 +67,109 @@ TEST(DistributedSampler, RejectsBadArgumentsNamingThem) {
   }
   EXPECT_THROW(ddp::DistributedSampler(10, 0, 0), std::invalid_argument);
   EXPECT_THROW(ddp::DistributedSampler(-1, 1, 0), std::invalid_argument);
+}
+
+// An epoch trained k batches of B on N ranks, then continued at M ranks from the positions
+// trained (set_epoch's start): every index of the epoch is trained exactly once, padding aside.
+// Returns how often each index was trained over both parts; `padding` gets the repeats.
+std::map<int64_t, int64_t> epoch_over_two_sizes(int64_t size, int64_t n, int64_t batch, int64_t k,
+                                                int64_t m, bool drop_last, int64_t* padding) {
+  std::map<int64_t, int64_t> trained;
+  for (int64_t r = 0; r < n; ++r) {
+    ddp::DistributedSampler s(size, n, r, true, 11, drop_last);
+    s.set_epoch(3);
+    const std::vector<int64_t> mine = s.indices();
+    for (int64_t i = 0; i < std::min<int64_t>(k * batch, mine.size()); ++i) ++trained[mine[i]];
+  }
+  const int64_t start = n * k * batch;
+  int64_t rest = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    ddp::DistributedSampler s(size, m, r, true, 11, drop_last);
+    s.set_epoch(3, start);
+    EXPECT_EQ(s.start(), start);
+    for (int64_t i : s.indices()) ++trained[i];
+    rest += s.num_samples();
+  }
+  *padding = start + rest - size;
+  return trained;
+}
+
+TEST(DistributedSampler, StartContinuesTheEpochAtAnotherWorldSize) {
+  int cases = 0;
+  // (size, N ranks, per-rank batch, batches done, M ranks): shrinking and growing, sizes with
+  // and without padding at either count.
+  for (const auto& [size, n, batch, k, m] :
+       std::vector<std::array<int64_t, 5>>{{256, 4, 16, 2, 2}, {256, 2, 32, 1, 4}, {101, 4, 5, 3, 3},
+                                          {100, 3, 7, 2, 4},   {37, 2, 4, 4, 5},    {64, 4, 16, 0, 2},
+                                          {1000, 8, 9, 10, 1}}) {
+    int64_t padding = 0;
+    const auto trained = epoch_over_two_sizes(size, n, batch, k, m, /*drop_last=*/false, &padding);
+    ASSERT_EQ(static_cast<int64_t>(trained.size()), size) << "every index, size " << size;
+    int64_t repeats = 0;
+    for (const auto& [index, times] : trained) {
+      ASSERT_GE(index, 0);
+      ASSERT_LT(index, size);
+      repeats += times - 1;
+    }
+    // Only the rest's padding repeats an index (fewer than M of them); the N-rank part trained
+    // full batches of the unpadded permutation.
+    EXPECT_EQ(repeats, padding) << "size " << size << " " << n << " -> " << m;
+    EXPECT_LT(padding, m);
+    ++cases;
+  }
+  // drop_last: no index twice; at most M - 1 of the rest dropped.
+  int64_t padding = 0;
+  const auto trained = epoch_over_two_sizes(101, 4, 5, 3, 3, /*drop_last=*/true, &padding);
+  for (const auto& [index, times] : trained) EXPECT_EQ(times, 1) << index;
+  EXPECT_LE(padding, 0);
+  EXPECT_GT(static_cast<int64_t>(trained.size()), 101 - 3);
+  EXPECT_EQ(cases, 7);
+}
+
+TEST(DistributedSampler, StartIsTheRestOfTheSamePermutationInGlobalBatches) {
+  // 4 ranks x 16 for 2 batches, then 2 ranks x 32: each global batch of the rest is the same
+  // contiguous range of the permutation as at 4 ranks (the global batch kept).
+  const int64_t size = 256;
+  std::vector<std::vector<int64_t>> four(4), two(2);
+  for (int64_t r = 0; r < 4; ++r) {
+    ddp::DistributedSampler s(size, 4, r, true, 5);
+    s.set_epoch(2);
+    four[r] = s.indices();
+  }
+  for (int64_t r = 0; r < 2; ++r) {
+    ddp::DistributedSampler s(size, 2, r, true, 5);
+    s.set_epoch(2, 2 * 4 * 16);
+    two[r] = s.indices();
+  }
+  for (int64_t b = 2; b < 4; ++b) {
+    std::multiset<int64_t> at_four, at_two;
+    for (int64_t r = 0; r < 4; ++r) at_four.insert(four[r].begin() + b * 16, four[r].begin() + (b + 1) * 16);
+    for (int64_t r = 0; r < 2; ++r) {
+      at_two.insert(two[r].begin() + (b - 2) * 32, two[r].begin() + (b - 1) * 32);
+    }
+    EXPECT_EQ(at_four, at_two) << "global batch " << b;
+  }
+}
+
+TEST(DistributedSampler, StartZeroIsTorchsSamplerAndBadStartsAreRefused) {
+  ddp::DistributedSampler a(103, 3, 1, true, 9), b(103, 3, 1, true, 9);
+  a.set_epoch(4);
+  b.set_epoch(4, 0);
+  EXPECT_EQ(a.indices(), b.indices());
+  EXPECT_EQ(a.num_samples(), 35);
+  b.set_epoch(4, 10);
+  EXPECT_EQ(b.num_samples(), 31);  // 93 left over 3 ranks
+  b.set_epoch(5);                   // a new epoch starts at its beginning
+  EXPECT_EQ(b.start(), 0);
+  EXPECT_EQ(b.num_samples(), 35);
+  try {
+    b.set_epoch(1, 103);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("start must be >= 0 and less than the data set's size 103 (got 103)"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW(b.set_epoch(1, -1), std::invalid_argument);
 }
 
 // A torch::data dataset whose example i is the number i: what a loader yields names the indices

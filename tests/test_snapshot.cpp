@@ -261,6 +261,44 @@ TEST(Snapshot, InsideAnEpochOnlyTheSameWorldSizeResumes) {
   EXPECT_EQ(ddp::load_snapshot(end, comm(), net, sgd, nullptr).world_size, rt().world_size() + 1);
 }
 
+TEST(Snapshot, InsideAnEpochAnotherWorldSizeResumesWhenTheSamplesAreRecorded) {
+  const std::string dir = shared_dir("snapshot_other_world_size");
+  torch::manual_seed(5);
+  Net net;
+  auto sgd = make_sgd(net);
+  step(net, sgd);
+  const std::string inside = ddp::snapshot_path(dir, 2, 3);
+  // As if written by one rank more than this run has, after 3 batches of 16 per rank.
+  ddp::TrainingProgress written{1, 9, 42, rt().world_size() + 1, 3};
+  written.batch_size = 16;
+  written.samples_done = 3 * 16 * (rt().world_size() + 1);
+  ddp::RankState mine;
+  mine.values = torch::tensor({1.0, 2.0}, torch::kDouble);
+  ddp::save_snapshot(inside, comm(), net, sgd, written, mine);
+
+  torch::manual_seed(6);
+  Net other;
+  auto sgd_other = make_sgd(other);
+  ddp::RankState loaded;
+  const ddp::TrainingProgress p = ddp::load_snapshot(inside, comm(), other, sgd_other, nullptr, &loaded);
+  EXPECT_EQ(p.world_size, rt().world_size() + 1);
+  EXPECT_EQ(p.batches_done, 3);
+  EXPECT_EQ(p.batch_size, 16);
+  EXPECT_EQ(p.samples_done, written.samples_done);
+  EXPECT_TRUE(torch::equal(flat(other), flat(net)));
+  // Per-rank state cannot go to another count of ranks: none is handed back.
+  EXPECT_FALSE(loaded.values.defined());
+  EXPECT_FALSE(loaded.generator.defined());
+  // An epoch end records 0 samples done and the batch size as given.
+  ddp::TrainingProgress end{2, 12, 42, rt().world_size()};
+  end.batch_size = 8;
+  end.samples_done = 0;
+  ddp::save_snapshot(ddp::snapshot_path(dir, 2), comm(), net, sgd, end);
+  const ddp::TrainingProgress q = ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(), other, sgd_other, nullptr);
+  EXPECT_EQ(q.batch_size, 8);
+  EXPECT_EQ(q.samples_done, 0);
+}
+
 TEST(Snapshot, OlderFormatsAreRefusedSayingSo) {
   const std::string dir = shared_dir("snapshot_formats");
   if (rt().is_main()) {

@@ -2,6 +2,16 @@
 /// \file
 /// Which dataset indices each rank visits in an epoch: index for index the same as
 /// torch.utils.data.DistributedSampler, so a C++ run and a PyTorch run see identical shards.
+///
+/// An epoch is a permutation of the data set (seeded with seed + epoch), padded to a multiple of
+/// the ranks by repeating its start (or cut with drop_last); rank r takes positions r, r + N,
+/// r + 2N, ... of it. A rank that batches its shard in order with batch size B has, after k
+/// batches on every rank, trained with the others exactly the first N * k * B positions, and
+/// each global batch is a contiguous range of positions. So an epoch interrupted at N ranks can
+/// continue at M: set_epoch(epoch, start) with start = the positions trained so far gives each of
+/// the M ranks its share of the rest (positions start.. of the permutation, padded or cut to a
+/// multiple of M as a whole epoch is), and every sample of the epoch is trained exactly once,
+/// padding aside. With start 0 (the default) nothing differs from torch's sampler.
 
 #include <torch/data/samplers/base.h>
 #include <torch/serialize/archive.h>
@@ -20,18 +30,25 @@ class DistributedSampler {
   DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank,
                      bool shuffle = true, int64_t seed = 0, bool drop_last = false);
 
-  /// The permutation is seeded with seed + epoch, so all ranks agree on it.
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  /// The permutation is seeded with seed + epoch, so all ranks agree on it. `start` > 0: the
+  /// epoch continues from that position of its permutation (the positions before it were
+  /// trained, by any number of ranks; this file's comment says how); indices() and
+  /// num_samples() are then this rank's share of the rest. Throws std::invalid_argument unless
+  /// 0 <= start < dataset_size() (start 0 is always valid).
+  void set_epoch(int64_t epoch, int64_t start = 0);
   /// The epoch set_epoch() set (0 before).
   int64_t epoch() const { return epoch_; }
+  /// The position of the epoch's permutation this rank's share starts from (0: all of it).
+  int64_t start() const { return start_; }
 
   /// This rank's indices for the current epoch; num_samples() of them. Without drop_last the
   /// list is padded by repeating the start of the permutation, as PyTorch does.
   std::vector<int64_t> indices() const;
 
-  int64_t num_samples() const { return num_samples_; }   ///< per rank
+  int64_t num_samples() const { return num_samples_; }   ///< per rank (of the rest after start())
   int64_t dataset_size() const { return dataset_size_; }  ///< as given
-  /// num_samples() over all ranks (the data set padded, or cut with drop_last).
+  /// num_samples() over all ranks (the data set, or its rest after start(), padded or cut with
+  /// drop_last).
   int64_t total_size() const { return num_samples_ * num_replicas_; }
 
  private:
@@ -40,7 +57,11 @@ class DistributedSampler {
   int64_t seed_;
   bool drop_last_;
   int64_t epoch_ = 0;
+  int64_t start_ = 0;
   int64_t num_samples_ = 0;
+
+  // Per rank, for `n` positions shared by the ranks: PyTorch's sizes.
+  int64_t shard_size(int64_t n) const;
 };
 
 /// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on the CPU.

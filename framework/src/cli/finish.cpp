@@ -45,6 +45,18 @@ int run_training(ddp::ProcessGroup& group, const std::function<int(ddp::ProcessG
                 << std::endl;
     }
     return ddp::kDivergedExitCode;
+  } catch (const ddp::GlobalBatchNotDivisible& e) {
+    // Thrown on every rank alike, after the snapshot was read: a usage error, as a bad flag.
+    if (group.is_main()) {
+      const int64_t global = e.snapshot_batch_size() * e.snapshot_ranks();
+      std::cout << std::flush;
+      std::cerr << "--keep-global-batch: the snapshot's global batch of " << global << " ("
+                << e.snapshot_batch_size() << " per rank x " << e.snapshot_ranks()
+                << " ranks) does not divide among " << e.ranks() << " ranks: run on a number of "
+                << "ranks that divides " << global << ", or leave out --keep-global-batch to "
+                << "keep --batch-size per rank" << std::endl;
+    }
+    return 2;
   }
 }
 

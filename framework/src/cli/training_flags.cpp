@@ -100,6 +100,11 @@ void check_training_flags(const TrainingFlags& f) {
   if (f.resume == "latest" && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--resume without a path needs --checkpoint-dir to search");
   }
+  if (f.keep_global_batch && f.resume.empty()) {
+    throw std::invalid_argument(
+        "--keep-global-batch needs --resume: it keeps the global batch of the snapshot the run "
+        "resumes from");
+  }
   if (f.resume_fallback && f.resume != "latest") {
     throw std::invalid_argument(
         "--resume-fallback needs --resume (without a path): it skips an unreadable newest "
@@ -150,7 +155,8 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("checkpoint-every-steps", po::value(&f.checkpoint_every_steps)->default_value(0), "also write a training snapshot every N steps inside an epoch, keeping the newest (0: epoch ends only)")
     ("checkpoint-every-seconds", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.checkpoint_every_seconds = seconds; }), "also write a training snapshot inside an epoch once SECONDS have passed since the last one, keeping the newest")
     ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")
-    ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one");
+    ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one")
+    ("keep-global-batch", po::bool_switch(&f.keep_global_batch), "with --resume on another number of ranks: per-rank batch = the snapshot's global batch / ranks, so training continues on the same global batches (refused when it does not divide); without it --batch-size stays per rank");
   po::options_description diagnostics("Progress and diagnostics");
   diagnostics.add_options()
     ("log-interval", po::value(&f.log_interval)->default_value(10), "how many batches to wait before logging training status")
@@ -219,6 +225,7 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   options.checkpoint.fallback = flags.resume_fallback;
   options.checkpoint.every_steps = flags.checkpoint_every_steps;
   options.checkpoint.every_seconds = flags.checkpoint_every_seconds.value_or(0);
+  options.keep_global_batch = flags.keep_global_batch;
   return options;
 }
 

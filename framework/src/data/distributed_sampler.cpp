@@ -56,12 +56,24 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
                                 ", rank should be in the interval [0, " +
                                 std::to_string(num_replicas - 1) + "]");
   }
+  num_samples_ = shard_size(dataset_size);
+}
+
+int64_t DistributedSampler::shard_size(int64_t n) const {
   // PyTorch's sizes: drop the tail so every rank gets the same count, or pad up to it.
-  if (drop_last_ && dataset_size % num_replicas != 0) {
-    num_samples_ = (dataset_size - num_replicas + num_replicas - 1) / num_replicas;
-  } else {
-    num_samples_ = (dataset_size + num_replicas - 1) / num_replicas;
+  if (drop_last_ && n % num_replicas_ != 0) return (n - num_replicas_ + num_replicas_ - 1) / num_replicas_;
+  return (n + num_replicas_ - 1) / num_replicas_;
+}
+
+void DistributedSampler::set_epoch(int64_t epoch, int64_t start) {
+  if (start != 0 && (start < 0 || start >= dataset_size_)) {
+    throw std::invalid_argument("DistributedSampler::set_epoch: start must be >= 0 and less than "
+                                "the data set's size " + std::to_string(dataset_size_) + " (got " +
+                                std::to_string(start) + ")");
   }
+  epoch_ = epoch;
+  start_ = start;
+  num_samples_ = shard_size(dataset_size_ - start);
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
@@ -72,11 +84,13 @@ std::vector<int64_t> DistributedSampler::indices() const {
     order.resize(static_cast<size_t>(dataset_size_));
     std::iota(order.begin(), order.end(), int64_t{0});
   }
+  // The rest of the epoch after start_ (all of it without one), shared as a whole epoch is.
+  order.erase(order.begin(), order.begin() + start_);
   const int64_t total = total_size();
   if (drop_last_) {
     order.resize(static_cast<size_t>(total));
   } else if (!order.empty()) {
-    // Pad by repeating the permutation from its start, as often as needed.
+    // Pad by repeating the permutation (its rest) from its start, as often as needed.
     for (size_t i = 0; order.size() < static_cast<size_t>(total); ++i) {
       const int64_t repeated = order[i];
       order.push_back(repeated);

@@ -37,6 +37,9 @@ Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
     : group_(group), model_(model), optimizer_(optimizer), options_(std::move(options)), extras_(extras) {
   const CheckpointerOptions& o = options_;
   if (o.keep < 0) throw option_error("keep", "must be >= 0 (got " + std::to_string(o.keep) + ")");
+  if (o.batch_size < 0) {
+    throw option_error("batch_size", "must be >= 0 (got " + std::to_string(o.batch_size) + ")");
+  }
   if (o.every_steps < 0) {
     throw option_error("every_steps", "must be >= 0 (got " + std::to_string(o.every_steps) + ")");
   }
@@ -111,9 +114,11 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
       if (group_.is_main()) std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
       continue;
     }
-    start.position = TrainingPosition{p.epoch + 1, p.batches_done, p.global_step};
+    start.position = TrainingPosition{p.epoch + 1, p.batches_done, p.global_step, p.samples_done};
     start.path = path;
     start.seed = p.seed;
+    start.world_size = p.world_size;
+    start.batch_size = p.batch_size;
     last_step_ = p.global_step;
     if (group_.is_main()) {
       if (p.batches_done > 0) {
@@ -131,9 +136,18 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
         const std::string lost = reached ? detail::lost_work_line(*reached, p.global_step) : "";
         if (!lost.empty()) std::printf("%s\n", lost.c_str());
       }
-      if (p.world_size != group_.size()) {
+      if (p.world_size != group_.size() && p.batches_done > 0) {
+        std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the rest "
+                    "of epoch %lld (from sample %lld of its order) is re-sharded over the %d "
+                    "ranks; each rank's random generators and epoch metrics so far are not "
+                    "restored (they are per rank), so epoch %lld's metrics cover only its rest\n",
+                    p.world_size, group_.size(), static_cast<long long>(p.epoch + 1),
+                    static_cast<long long>(p.samples_done), group_.size(),
+                    static_cast<long long>(p.epoch + 1));
+      } else if (p.world_size != group_.size()) {
         std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the data "
-                    "order differs from an uninterrupted run\n",
+                    "order differs from an uninterrupted run, and each rank's random generators "
+                    "are not restored (they are per rank)\n",
                     p.world_size, group_.size());
       }
       if (p.seed != o.seed) {
@@ -152,7 +166,7 @@ std::string Checkpointer::at_boundary(bool stopping, const TrainingPosition& at,
   if (group_.is_main() && !options_.dir.empty()) {
     // Opened at the first step, not at construction: resume() reads what the last run left.
     if (!reached_) reached_ = std::make_shared<detail::ReachedRecord>(options_.dir);
-    reached_->write({at.epoch, at.batch, at.step, options_.global_batch});
+    reached_->write({at.epoch, at.batch, at.step, options_.batch_size * group_.size()});
   }
   const int64_t every = options_.every_steps;
   const bool due = at.step > last_step_ && ((every > 0 && at.step % every == 0) || time_due);
@@ -168,6 +182,8 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   progress.global_step = at.step;
   progress.seed = options_.seed;
   progress.world_size = group_.size();
+  progress.batch_size = options_.batch_size;
+  progress.samples_done = at.samples;
   const std::string path = snapshot_path(options_.dir, at.epoch, at.batch);
   refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
@@ -188,6 +204,8 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   progress.global_step = step;
   progress.seed = o.seed;
   progress.world_size = group_.size();
+  progress.batch_size = o.batch_size;
+  progress.samples_done = 0;  // the next epoch starts at its beginning
   const std::string path = snapshot_path(o.dir, epoch);
   timed(true, [&] { save_snapshot(path, group_.cpu(), model_, optimizer_, progress, {}, extras_); });
   last_step_ = step;

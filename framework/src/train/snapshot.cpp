@@ -232,9 +232,11 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
   archive.write("optimizer", optimizer_archive);
   archive.write("model_description", c10::IValue(describe(model)));
   archive.write("optimizer_type", c10::IValue(optimizer_name(optimizer)));
+  // Values 6 and 7 (batch size, samples done) came later: readers take what is there.
   archive.write("progress", torch::tensor({progress.epoch, progress.global_step, progress.seed,
                                            static_cast<int64_t>(progress.world_size),
-                                           progress.batches_done},
+                                           progress.batches_done, progress.batch_size,
+                                           progress.samples_done},
                                           torch::kLong));
   archive.write("cpu_generator_states", generators);
   // Empty tensors stand for "none": an archive has no optional entries.
@@ -375,8 +377,12 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   progress.global_step = progress_values[1].item<int64_t>();
   progress.seed = progress_values[2].item<int64_t>();
   progress.world_size = static_cast<int>(progress_values[3].item<int64_t>());
-  progress.batches_done = progress_values[4].item<int64_t>();
-  if (progress.batches_done > 0 && progress.world_size != comm.size()) {
+  if (progress_values.numel() >= 5) progress.batches_done = progress_values[4].item<int64_t>();
+  if (progress_values.numel() >= 7) {  // else an older file: not recorded
+    progress.batch_size = progress_values[5].item<int64_t>();
+    progress.samples_done = progress_values[6].item<int64_t>();
+  }
+  if (progress.batches_done > 0 && progress.world_size != comm.size() && progress.samples_done < 0) {
     throw fail("taken inside epoch " + std::to_string(progress.epoch + 1) + " (after " +
                std::to_string(progress.batches_done) + " batches) by " +
                std::to_string(progress.world_size) + " rank(s); this run has " +

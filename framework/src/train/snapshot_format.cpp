@@ -68,6 +68,12 @@ void check_snapshot_progress(const int64_t* values, size_t count, const std::str
                    ", step " + std::to_string(values[1]) + ", world size " +
                    std::to_string(values[3]) + ")");
   }
+  // Later values, when present: batches done, the per-rank batch size, the samples done.
+  if ((count > 4 && values[4] < 0) || (count > 5 && values[5] < 0) || (count > 6 && values[6] < -1)) {
+    fail(path, "unreadable snapshot: impossible progress (batches done " + std::to_string(values[4]) +
+                   (count > 5 ? ", batch size " + std::to_string(values[5]) : std::string()) +
+                   (count > 6 ? ", samples done " + std::to_string(values[6]) : std::string()) + ")");
+  }
 }
 
 }  // namespace ddp

@@ -37,8 +37,9 @@ void check_snapshot_payload(const SnapshotHeader& header, const char* payload, s
                             const std::string& path);
 
 // The progress record (epoch, global step, seed, world size, then whatever a later format
-// adds) as `count` values: throws naming `path` unless there are at least 4, epoch and step are
-// >= 0 and the world size is in 1..2^31-1.
+// adds: batches done, the per-rank batch size, the samples done) as `count` values: throws
+// naming `path` unless there are at least 4, epoch and step are >= 0, the world size is in
+// 1..2^31-1, and those later values that are there are >= 0 (the samples done >= -1).
 void check_snapshot_progress(const int64_t* values, size_t count, const std::string& path);
 
 }  // namespace ddp

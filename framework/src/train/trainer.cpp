@@ -5,11 +5,14 @@
 #include <ddp/train/replica_check.h>
 
 #include "util/clock.h"
+#include "util/environment.h"
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -49,8 +52,14 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
                                 "> 0: the ranks agree on a timed snapshot at the stop check");
   }
   options.checkpoint.seed = options.seed;
-  options.checkpoint.global_batch = options.batch_size * group.size();
+  options.checkpoint.batch_size = options.batch_size;
   return options;
+}
+
+// DDP_TEST_SAMPLE_LOG's file for `rank`, "" when the variable is unset (trainer.h).
+std::string sample_log_path(int rank) {
+  const auto dir = read_text(current_environment(), Setting::TestSampleLog);
+  return dir ? *dir + "/rank" + std::to_string(rank) + ".txt" : std::string();
 }
 
 bool valid_metric_name(const std::string& name) {
@@ -77,6 +86,19 @@ void check_metric_names(const TrainingTask& task) {
 
 }  // namespace
 
+GlobalBatchNotDivisible::GlobalBatchNotDivisible(int64_t snapshot_batch_size, int snapshot_ranks,
+                                                 int ranks)
+    : std::invalid_argument(
+          "TrainerOptions::keep_global_batch: the snapshot's global batch of " +
+          std::to_string(snapshot_batch_size * snapshot_ranks) + " samples (" +
+          std::to_string(snapshot_batch_size) + " per rank x " + std::to_string(snapshot_ranks) +
+          " ranks) does not divide among this run's " + std::to_string(ranks) +
+          " ranks: run on a number of ranks that divides it, or resume without keep_global_batch "
+          "(batch_size per rank)"),
+      snapshot_batch_size_(snapshot_batch_size),
+      snapshot_ranks_(snapshot_ranks),
+      ranks_(ranks) {}
+
 Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& task,
                  torch::optim::Optimizer& optimizer, TrainerOptions options,
                  DistributedDataParallel* ddp)
@@ -98,13 +120,14 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
                options_.seed) {
   check_metric_names(task);
   start_.seed = options_.seed;
+  sample_log_ = sample_log_path(group.rank());
 }
 
 Trainer::~Trainer() = default;
 
 int64_t Trainer::batches_per_epoch() const {
   // Every rank has the same shard size, so every rank runs the same number of steps.
-  return (sampler_.num_samples() + options_.batch_size - 1) / options_.batch_size;
+  return rest_batch_ + (sampler_.num_samples() + options_.batch_size - 1) / options_.batch_size;
 }
 
 int64_t Trainer::batches_to_train() const {
@@ -127,6 +150,7 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
   const auto started = Clock::now();
   start_ = checkpointer_.resume(scheduler);
   global_step_ = start_.position.step;
+  if (options_.keep_global_batch && start_.resumed()) keep_global_batch();
   if (start_.seed != options_.seed) {
     // The snapshot's data order continues (the Checkpointer warned).
     options_.seed = start_.seed;
@@ -166,27 +190,99 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
   return results;
 }
 
+void Trainer::keep_global_batch() {
+  const int ranks = group_.size();
+  if (start_.batch_size <= 0) {
+    throw std::runtime_error("TrainerOptions::keep_global_batch: " + start_.path +
+                             " does not record its batch size (written by an older ddp): resume "
+                             "without keep_global_batch");
+  }
+  const int64_t global = start_.batch_size * start_.world_size;
+  if (global % ranks != 0) throw GlobalBatchNotDivisible(start_.batch_size, start_.world_size, ranks);
+  const int64_t batch_size = global / ranks;
+  if (batch_size != options_.batch_size && group_.is_main()) {
+    std::printf("Keeping the snapshot's global batch of %lld (%lld per rank x %d ranks): %lld per "
+                "rank on %d ranks (TrainerOptions::keep_global_batch)\n",
+                static_cast<long long>(global), static_cast<long long>(start_.batch_size),
+                start_.world_size, static_cast<long long>(batch_size), ranks);
+    std::fflush(stdout);
+  }
+  options_.batch_size = batch_size;
+  checkpointer_.set_batch_size(batch_size);
+}
+
+void Trainer::start_sampler(int64_t epoch) {
+  rest_batch_ = rest_start_ = 0;
+  const TrainingPosition& at = start_.position;
+  const bool moved = start_.world_size != group_.size() ||
+                     (start_.batch_size > 0 && start_.batch_size != options_.batch_size);
+  if (epoch != at.epoch || at.batch == 0 || at.samples < 0 || !moved) {
+    sampler_.set_epoch(epoch);
+    return;
+  }
+  // Inside this epoch a snapshot of another world size (or batch size) resumes: the rest of the
+  // epoch's order, re-sharded over this run's ranks, counted on from the snapshot's batch.
+  if (at.samples >= sampler_.dataset_size()) {
+    throw std::runtime_error(start_.path + ": records " + std::to_string(at.samples) +
+                             " samples of epoch " + std::to_string(epoch) +
+                             " trained, but the training set has " +
+                             std::to_string(sampler_.dataset_size()) +
+                             ": resume with the training set that wrote it");
+  }
+  sampler_.set_epoch(epoch, at.samples);
+  rest_batch_ = at.batch;
+  rest_start_ = at.samples;
+}
+
+int64_t Trainer::samples_before(int64_t b) const {
+  return rest_start_ + (b - rest_batch_) * options_.batch_size * group_.size();
+}
+
+void Trainer::log_samples(int64_t epoch, int64_t step, int64_t b,
+                          const std::vector<int64_t>& order) const {
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t begin = std::min(n, (b - rest_batch_) * options_.batch_size);
+  const int64_t end = std::min(n, begin + options_.batch_size);
+  std::string lines;
+  for (int64_t i = begin; i < end; ++i) {
+    lines += std::to_string(epoch) + " " + std::to_string(step) + " " +
+             std::to_string(order[static_cast<size_t>(i)]) + "\n";
+  }
+  // Opened for each batch: the lines of every trained batch are on disk even when a rank is
+  // killed (what the tests of crashes need).
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(sample_log_.c_str(), "a"), std::fclose);
+  if (!file || std::fwrite(lines.data(), 1, lines.size(), file.get()) != lines.size()) {
+    throw std::runtime_error("DDP_TEST_SAMPLE_LOG: cannot append to " + sample_log_);
+  }
+}
+
 EpochResult Trainer::train_epoch(int64_t epoch) {
   model_.train();
-  sampler_.set_epoch(epoch);
+  start_sampler(epoch);
   const int64_t batches = batches_to_train();
   EpochMeter meter(task_.train_metrics(), group_.device());
   at::Generator generator =
       augmentation_generator(static_cast<uint64_t>(options_.seed), group_.rank(), epoch);
   const int64_t first = continue_epoch(epoch, generator, meter);
   const double sync_at_start = sync_seconds();
-  source_->start(sampler_, options_.batch_size, first, batches, group_.device());
+  // The source counts the sampler's batches: batch b of the epoch is its b - rest_batch_.
+  source_->start(sampler_, options_.batch_size, first - rest_batch_, batches - rest_batch_,
+                 group_.device());
   reporter_.start_epoch(EpochPlan{epoch, first, batches, batches_per_epoch(), options_.batch_size,
                                   task_.train_size()});
+  const std::vector<int64_t> order = sample_log_.empty() ? std::vector<int64_t>() : sampler_.indices();
   for (int64_t b = first; b < batches; ++b) {
     // With accumulation, an optimizer step is a group of `accumulate` micro-batches; the
     // boundaries (stop check, snapshots, replica check) lie only between groups, where no
     // gradient is half accumulated.
     if (b % options_.accumulate == 0 &&
-        stop_at(TrainingPosition{epoch, b, global_step_}, generator, meter, sync_at_start)) {
+        stop_at(TrainingPosition{epoch, b, global_step_, samples_before(b)}, generator, meter,
+                sync_at_start)) {
       return EpochResult{};
     }
+    const int64_t step_of_batch = global_step_ + 1;  // taken at the end of the batch's group
     const StepOutput out = step(epoch, b, batches, generator, meter);
+    if (!sample_log_.empty()) log_samples(epoch, step_of_batch, b, order);
     reporter_.batch_done(b, out.loss, out.samples);
   }
   reporter_.end_epoch();
@@ -199,6 +295,7 @@ int64_t Trainer::continue_epoch(int64_t epoch, at::Generator& generator, EpochMe
   // Inside the epoch a snapshot resumes: its batches done, this rank's generator and its sums.
   const RankState state = std::exchange(start_.rank_state, RankState{});
   start_.position.batch = 0;  // once: a later train_epoch(epoch) starts at its beginning
+  start_.position.samples = -1;
   if (state.generator.defined()) generator.set_state(state.generator);
   if (state.values.defined()) {
     try {

@@ -15,7 +15,7 @@ using Kind = SettingInfo::Kind;
 constexpr long kMaxKiB = 1L << 30;  // the largest size in KiB (1 TiB)
 
 // Every DDP_* variable the core reads, in the order of `Setting`.
-constexpr std::array<SettingInfo, 13> kSettings{{
+constexpr std::array<SettingInfo, 14> kSettings{{
     {Setting::Timeout, "DDP_TIMEOUT_SECONDS", Kind::Seconds, 0, nullptr, nullptr,
      "seconds a collective of either backend may take before its watchdog ends the job "
      "(ProcessGroupOptions::timeout wins; default 600)"},
@@ -49,6 +49,9 @@ constexpr std::array<SettingInfo, 13> kSettings{{
     {Setting::TestStopInPhase, "DDP_TEST_STOP_IN_PHASE", Kind::Text, 0, nullptr, nullptr,
      "tests only: RANK:TEXT stops (SIGSTOP) that rank when it enters a watched phase whose name "
      "starts with TEXT"},
+    {Setting::TestSampleLog, "DDP_TEST_SAMPLE_LOG", Kind::Text, 0, nullptr, nullptr,
+     "tests only: a directory; the Trainer's rank R appends \"<epoch> <step> <index>\" to "
+     "<dir>/rank<R>.txt for every sample it trained"},
 }};
 
 constexpr bool in_setting_order() {

@@ -11,7 +11,8 @@
 // naming the variable and the value, e.g. "DDP_MPI_SPIN_US='fast': expected an integer from 0
 // to 1000000". Numbers are whole decimal numbers, digits only.
 //
-// Not here: DDP_TEST_SIGNAL_AT_STEP (the training kit's test hook, read by the Trainer).
+// The training kit reads its one variable here too: DDP_TEST_SAMPLE_LOG (the Trainer's test
+// hook, trainer.h).
 
 #include <map>
 #include <optional>
@@ -38,6 +39,7 @@ enum class Setting {
   SocketInterfaces,  // DDP_SOCKET_IFNAME
   StartupTimeout,    // DDP_STARTUP_TIMEOUT_SECONDS
   TestStopInPhase,   // DDP_TEST_STOP_IN_PHASE (tests: stop a rank in a watched phase)
+  TestSampleLog,     // DDP_TEST_SAMPLE_LOG (tests: the Trainer logs the samples it trained)
 };
 
 // One row of the table.

@@ -33,6 +33,7 @@ struct TrainingFlags {
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
+  bool keep_global_batch = false;  // --keep-global-batch (TrainerOptions::keep_global_batch)
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
   std::string progress;
   // The training step.
@@ -65,7 +66,7 @@ void add_training_flags(boost::program_options::options_description& options, Tr
 
 // Throws std::invalid_argument naming the flag when a value is out of range: sizes and counts
 // below their least value, --lr and the bucket sizes not finite and > 0, --lr and
-// --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback without --resume, --timeout
+// --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume, --timeout
 // not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0 or
 // without --checkpoint-dir. ddp::cli::run calls it right after parsing.
 void check_training_flags(const TrainingFlags& flags);

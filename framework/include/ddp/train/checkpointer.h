@@ -23,8 +23,9 @@
 //   }
 //
 // What a snapshot holds: the model, the optimizer, the position (the epoch, its batches done,
-// which is the sampler's position, and the global step), the data order's seed and the world
-// size, every rank's CPU generator, and inside an epoch every rank's RankState: a generator of
+// which is the sampler's position, the global step, and the samples of the epoch's order
+// trained, with which it resumes inside an epoch on another number of ranks: snapshot.h), the
+// data order's seed, the world size and the per-rank batch size, every rank's CPU generator, and inside an epoch every rank's RankState: a generator of
 // the caller's (the Trainer's augmentation, an autoencoder's noise) and the epoch's sums so far
 // (EpochMeter::state). TrainingExtras adds a per-step LRSchedule and a GradScaler. Everything
 // else random in an epoch must be a function of (seed, epoch, rank): then a resumed run ends
@@ -98,9 +99,10 @@ struct CheckpointerOptions {
   // The data order's seed (the DistributedSampler's), saved so that a resumed run continues
   // the same order: resume() returns the snapshot's, warning when it is not this one.
   int64_t seed = 0;
-  // Samples per optimizer step over all ranks (the Trainer sets it), for the line a resumed
-  // run prints about the work a crash cost (0: steps only).
-  int64_t global_batch = 0;
+  // The per-rank batch size, saved so that a run resumed at another world size can keep the
+  // global batch (TrainerOptions::keep_global_batch), and the samples a crash cost counted
+  // (reached_position.h). 0: not saved.
+  int64_t batch_size = 0;
 };
 
 // What resume() found.
@@ -108,8 +110,13 @@ struct ResumePoint {
   TrainingPosition position;  // where to continue: {1, 0, 0} on a fresh start
   std::string path;           // the snapshot read; empty on a fresh start
   int64_t seed = 0;           // the snapshot's data-order seed (the options' on a fresh start)
-  // Inside an epoch (position.batch > 0): this rank's RankState as saved, else empty.
+  // Inside an epoch (position.batch > 0) at the same world size: this rank's RankState as
+  // saved, else empty (at another world size no rank's state is restored).
   RankState rank_state;
+  // The run that wrote the snapshot: its ranks and per-rank batch size (0: not recorded); 0 and
+  // 0 on a fresh start. position.samples is its samples_done (snapshot.h).
+  int world_size = 0;
+  int64_t batch_size = 0;
 
   bool resumed() const { return !path.empty(); }
   // The epochs the snapshot had finished (0 on a fresh start).
@@ -142,7 +149,9 @@ class Checkpointer {
   // extras and every rank's CPU generator; replaying `scheduler`, a per-epoch LibTorch
   // scheduler, to the snapshot's epoch) and says where to continue; a fresh start when
   // `resume` is empty, or "latest" finds none. Rank 0 prints what it resumed from (or that there
-  // was nothing), and warns when the world size or the seed differ. Throws std::runtime_error
+  // was nothing), and warns when the seed differs, or the world size: then each rank's random
+  // generators and, inside an epoch, its RankState are not restored, and the rest of the epoch
+  // is re-sharded (the line says so: the epoch's metrics cover only its rest). Throws std::runtime_error
   // naming the file when it cannot be read or does not fit the run (snapshot.h).
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
@@ -170,6 +179,9 @@ class Checkpointer {
   void save_epoch(int64_t epoch, int64_t step);
 
   const CheckpointerOptions& options() const { return options_; }
+  // The per-rank batch size saved from now on (CheckpointerOptions::batch_size): for a run that
+  // changed it on resuming (TrainerOptions::keep_global_batch).
+  void set_batch_size(int64_t batch_size) { options_.batch_size = batch_size; }
 
  private:
   ProcessGroup& group_;

@@ -5,10 +5,11 @@
 //
 // A snapshot holds the model's parameters and buffers, the optimizer's state (momentum buffers,
 // learning rates), the position (epochs finished, batches of the next epoch trained, global
-// step), the seed, the world size, a description of the model (names, shapes, dtypes) to refuse
-// a snapshot of another model, and for every rank: its CPU random generator state and, inside
-// an epoch, what the caller hands in as RankState (the Trainer's: its augmentation generator and
-// the epoch's metrics so far). The learning-rate schedule is its step count, the epochs finished:
+// step, and the samples of the epoch's order trained by all ranks together), the seed, the
+// world size and the per-rank batch size, a description of the model (names, shapes, dtypes) to
+// refuse a snapshot of another model, and for every rank: its CPU random generator state and,
+// inside an epoch, what the caller hands in as RankState (the Trainer's: its augmentation
+// generator and the epoch's metrics so far). The learning-rate schedule is its step count, the epochs finished:
 // the scheduler is replayed (stepped once per finished epoch before the optimizer state is
 // loaded), which restores any LibTorch scheduler whose rate depends only on its step count. The
 // sampler's order is a function of (seed, epoch, rank): the position is all it needs. A per-step
@@ -27,6 +28,15 @@
 // ranks that compute on CUDA (their CUDA generators keep their state); rank 0 then prints a
 // warning naming the file, as the random draws can no longer match an uninterrupted run.
 // Saving fails on every rank when some ranks compute on CUDA and others on the CPU.
+//
+// Another world size: a snapshot resumes on any number of ranks. The model, the optimizer, the
+// extras and the position are the same for every rank; what is per rank (the CPU and CUDA
+// generators, RankState) cannot be given to another count of ranks and is not restored (the
+// Checkpointer says so). Inside an epoch, the samples trained so far (TrainingProgress::
+// samples_done) say where the epoch's sample order continues: the DistributedSampler's start
+// (distributed_sampler.h), so the rest is re-sharded over the new ranks and every sample of the
+// epoch is still trained once. Files written before the samples were recorded (format 3 without
+// them) resume inside an epoch only on as many ranks as wrote them, and are refused otherwise.
 //
 // File format 3: "DDPSNAP3", the payload's byte count and XXH64 hash (little-endian uint64
 // each), then the payload, a LibTorch archive. The hash catches truncated and corrupted files,
@@ -49,11 +59,16 @@ namespace ddp {
 
 // Where a run stands, as a training loop counts: the epoch in progress (1-based), the batches of
 // it trained (the sampler's position: batch `batch` is the next one), the optimizer steps taken
-// in all. (A snapshot records it as TrainingProgress: epochs finished, batches_done.)
+// in all, and the positions of the epoch's sample order trained by all ranks together (with
+// DistributedSampler shards and batches in order: batch x world size x per-rank batch size, plus
+// the sampler's start in an epoch resumed at another world size; -1: the loop does not say, and
+// its snapshots inside an epoch resume only on as many ranks as wrote them). (A snapshot records
+// it as TrainingProgress: epochs finished, batches_done, samples_done.)
 struct TrainingPosition {
   int64_t epoch = 1;
   int64_t batch = 0;
   int64_t step = 0;
+  int64_t samples = -1;
 };
 
 struct TrainingProgress {
@@ -61,9 +76,16 @@ struct TrainingProgress {
   int64_t global_step = 0;  // optimizer steps taken
   int64_t seed = 0;
   int world_size = 1;       // of the run that wrote it
-  // Batches of epoch `epoch + 1` already trained: > 0 for a snapshot taken inside an epoch,
-  // which resumes only with the same world size (the shards, and so the position, depend on it).
+  // Batches of epoch `epoch + 1` already trained: > 0 for a snapshot taken inside an epoch.
   int64_t batches_done = 0;
+  // Per rank, of the run that wrote it; 0: not recorded (an older file, or a caller that did
+  // not say: CheckpointerOptions::batch_size).
+  int64_t batch_size = 0;
+  // Positions of epoch `epoch + 1`'s sample order (its DistributedSampler permutation) trained
+  // by all ranks together: where the epoch continues on any number of ranks. 0 at an epoch
+  // end; -1: not recorded (an older file, or a loop that did not say), and then a snapshot
+  // inside an epoch resumes only on as many ranks as wrote it.
+  int64_t samples_done = -1;
 };
 
 // What each rank holds inside an epoch that the others do not. Every rank's is saved; loading
@@ -102,8 +124,8 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
 // rank have one) and `rank_state` (may be null; left empty when the snapshot has none) when the
 // world size is the same. Throws std::runtime_error naming the
 // file on every rank when it is missing, truncated, corrupted, of an older format, written for
-// another model or optimizer, or taken inside an epoch by another number of ranks; nothing is
-// modified then.
+// another model or optimizer, or taken inside an epoch by another number of ranks without
+// recording its samples_done; nothing is modified then.
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                torch::optim::LRScheduler* scheduler,

@@ -59,6 +59,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -110,7 +111,18 @@ struct TrainerOptions {
   OnNonFinite on_nonfinite = OnNonFinite::Stop;
   int64_t max_skipped_steps = 10;  // >= 1
 
-  // The parts. `checkpoint.seed` is set from `seed`.
+  // On resuming from a snapshot written by another number of ranks (or with another per-rank
+  // batch size): true sets batch_size to the snapshot's global batch (its per-rank batch size x
+  // its ranks) / this run's ranks, so training continues on the same global batches (and the
+  // same steps per epoch, so the learning-rate schedule means the same); fit() throws
+  // GlobalBatchNotDivisible when it does not divide, and std::runtime_error when the snapshot does
+  // not record its batch size (older files). False: batch_size stays, so the global batch
+  // changes by the ratio of the world sizes and the schedule continues on the global step count
+  // (docs/reliability.md: what that means under the linear scaling rule). No effect on a fresh
+  // start.
+  bool keep_global_batch = false;
+
+  // The parts. `checkpoint.seed` and `checkpoint.batch_size` are set from `seed` and `batch_size`.
   ReporterOptions report;
   CheckpointerOptions checkpoint;
   // Steps between the checks whether a rank got a stop signal (StopAgreement's `every`): one
@@ -122,6 +134,21 @@ struct TrainerOptions {
   // before a resume) and the rank: for diagnostics and tests (a test raises a signal at a known
   // step here). Empty: nothing.
   std::function<void(int64_t step, int rank)> on_step;
+};
+
+// Thrown by Trainer::fit on every rank alike when TrainerOptions::keep_global_batch cannot keep
+// the resumed snapshot's global batch on this run's ranks: a usage error (ddp::cli exits 2,
+// naming its flag). what() names the option and the numbers.
+class GlobalBatchNotDivisible : public std::invalid_argument {
+ public:
+  GlobalBatchNotDivisible(int64_t snapshot_batch_size, int snapshot_ranks, int ranks);
+  int64_t snapshot_batch_size() const { return snapshot_batch_size_; }  // per rank
+  int snapshot_ranks() const { return snapshot_ranks_; }
+  int ranks() const { return ranks_; }  // this run's
+
+ private:
+  int64_t snapshot_batch_size_;
+  int snapshot_ranks_, ranks_;
 };
 
 class Trainer {
@@ -144,7 +171,18 @@ class Trainer {
   // Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
   // has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
   // the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws TrainingDiverged on every
-  // rank when training diverged (TrainerOptions::on_nonfinite).
+  // rank when training diverged (TrainerOptions::on_nonfinite), GlobalBatchNotDivisible
+  // (TrainerOptions::keep_global_batch).
+  //
+  // A snapshot taken inside an epoch by another number of ranks, or with another per-rank batch
+  // size, continues that epoch with the rest of its sample order re-sharded over this run's
+  // ranks (DistributedSampler's start): every sample of the epoch is trained once. Its batches
+  // are counted on from the snapshot's (the batch limit and the step count go on as they were).
+  //
+  // Test hook: with DDP_TEST_SAMPLE_LOG=<dir> in the environment, every rank appends a line
+  // "<epoch> <step> <index>" to <dir>/rank<R>.txt for each sample it trained (once its batch's
+  // step is done; <step>: the optimizer step, global and 1-based, the sample went into), so a
+  // test can check which samples an epoch trained across stops, resumes and world sizes.
   std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
   // Optimizer steps taken so far, counting those before a resume.
@@ -173,6 +211,11 @@ class Trainer {
   DistributedSampler sampler_;
   int64_t global_step_ = 0;
   ResumePoint start_;  // where fit() continues; its position is used by the epoch it names
+  // The epoch in progress re-sharded at its batch rest_batch_ (a resume at another world size),
+  // its sampler starting at position rest_start_ of the epoch's order; 0 and 0 otherwise: then
+  // the sampler's batch b is the epoch's batch b + rest_batch_.
+  int64_t rest_batch_ = 0, rest_start_ = 0;
+  std::string sample_log_;  // DDP_TEST_SAMPLE_LOG's file for this rank; "" when unset
   std::string stop_snapshot_;
   // The divergence check (divergence.h).
   struct PendingBatch {  // a micro-batch's meter entries, added when its group's step is kept
@@ -184,10 +227,19 @@ class Trainer {
   int64_t nonfinite_loss_step_ = -1;  // this rank's first step with a non-finite loss
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
 
-  int64_t batches_per_epoch() const;   // of the whole shard
+  int64_t batches_per_epoch() const;   // of the whole shard (counted from rest_batch_ on)
   int64_t batches_to_train() const;    // with limit_train_batches and dry_run
+  // After resuming: the per-rank batch size of TrainerOptions::keep_global_batch.
+  void keep_global_batch();
+  // Sets the sampler's epoch, from where a resumed epoch continues: re-sharded (rest_batch_,
+  // rest_start_) when the snapshot's world size or batch size differ and it recorded its samples.
+  void start_sampler(int64_t epoch);
   // The resumed epoch's first batch; restores its generator and sums. 0 for any other epoch.
   int64_t continue_epoch(int64_t epoch, at::Generator& generator, EpochMeter& meter);
+  // The positions of the epoch's sample order trained by all ranks before batch b.
+  int64_t samples_before(int64_t b) const;
+  // DDP_TEST_SAMPLE_LOG: appends batch b's indices (of `order`, the sampler's) for `step`.
+  void log_samples(int64_t epoch, int64_t step, int64_t b, const std::vector<int64_t>& order) const;
   // At the boundary before batch at.batch: the stop agreement, then a step snapshot when
   // stopping or due. True when the ranks stop here.
   bool stop_at(const TrainingPosition& at, at::Generator& generator, const EpochMeter& meter,
