@@ -47,12 +47,13 @@ PUBLIC_CORE = {
     "process_group.h": "parallel",
     "replicas.h": "parallel",
     "distributed_data_parallel.h": "parallel",
+    "comm_hook.h": "parallel",
     "timeline.h": "parallel",
     "distributed_sampler.h": "data",
     "sync_batch_norm.h": "nn",
 }
 UMBRELLAS = {"ddp/ddp.h", "ddp/train/train.h"}
-CORE_BUDGET = 12  # public core headers, config.h and ddp.h included (issue 24: "about 12")
+CORE_BUDGET = 13  # public core headers, config.h and ddp.h included (issue 24: "about 12"; issue 29 added comm_hook.h)
 FORBIDDEN_IN_PUBLIC = {
     "mpi.h": "MPI", "nccl.h": "NCCL", "cuda_runtime.h": "the CUDA runtime",
     "cuda_runtime_api.h": "the CUDA runtime", "cuda.h": "the CUDA driver API",

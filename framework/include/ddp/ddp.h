@@ -17,6 +17,7 @@
 #include <ddp/config.h>
 
 #include <ddp/checkpoint_file.h>
+#include <ddp/comm_hook.h>
 #include <ddp/communicator.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>

@@ -28,6 +28,7 @@
 /// Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
 /// used identically on every rank.
 
+#include <ddp/comm_hook.h>
 #include <ddp/communicator.h>
 #include <ddp/process_group.h>
 
@@ -212,6 +213,14 @@ class DistributedDataParallel {
   double sync_seconds() const;
   int64_t sync_bytes() const;
   ///@}
+
+  /// Sets what reduces each bucket of gradients (comm_hook.h; PyTorch's register_comm_hook; its
+  /// state is what the hook captures, e.g. powersgd_hook(state)). Replaces the default: the hook
+  /// DDPOptions::compression picks, allreduce_hook() without compression. Call it before the first
+  /// training backward, identically on every rank; later it is a std::logic_error. With one rank
+  /// and no Reducer (DDPOptions::reducer_at_one_rank false) there is nothing to reduce and the
+  /// hook never runs.
+  void register_comm_hook(CommHook hook);
 
   /// The reducer's buckets (parameter indices in registration order); empty with one rank
   /// unless DDPOptions::reducer_at_one_rank.

@@ -4,6 +4,7 @@
 #include <ddp/train/autocast.h>
 #include <ddp/train/lr_scheduler.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/comm_hook.h>
 #include <ddp/train/progress.h>
 
 #include "cli/number_text.h"
@@ -65,6 +66,19 @@ void check_training_flags(const TrainingFlags& f) {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("--amp: ") + e.what());
   }
+  if (f.comm_hook != "allreduce" && f.comm_hook != "fp16" && f.comm_hook != "bf16" &&
+      f.comm_hook != "powersgd") {
+    throw std::invalid_argument("--comm-hook '" + f.comm_hook +
+                                "' is not one of: allreduce, fp16, bf16, powersgd");
+  }
+  if (f.comm_hook != "allreduce" && f.compression != "none" && f.compression != f.comm_hook) {
+    throw std::invalid_argument("--comm-hook " + f.comm_hook + " and --compression " + f.compression +
+                                " disagree: give one of them");
+  }
+  require_at_least("--powersgd-rank", f.powersgd_rank, 1);
+  // PyTorch's rule: the buckets are regrouped after the first step, which would mix up the
+  // per-bucket error feedback and warm start.
+  require_at_least("--powersgd-start-iter", f.powersgd_start_iter, 2);
   if (f.schedule != "cosine" && f.schedule != "step") {
     throw std::invalid_argument("--schedule '" + f.schedule + "' is not one of: cosine, step");
   }
@@ -141,6 +155,9 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
     ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
     ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
+    ("comm-hook", po::value(&f.comm_hook)->default_value("allreduce"), "what reduces each gradient bucket: allreduce (the average), fp16 or bf16 (as --compression), or powersgd (low-rank compression with error feedback, as PyTorch's powerSGD_hook)")
+    ("powersgd-rank", po::value(&f.powersgd_rank)->default_value(1), "with --comm-hook powersgd: the rank of the gradient approximation (PowerSGDState::matrix_approximation_rank)")
+    ("powersgd-start-iter", po::value(&f.powersgd_start_iter)->default_value(1000), "with --comm-hook powersgd: plain all-reduce for the first N steps, compression after (>= 2)")
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
@@ -176,7 +193,8 @@ std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const Tra
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline) {
   ddp::DDPOptions options;
   options.sync = ddp::parse_grad_sync(flags.grad_sync);
-  options.compression = ddp::parse_compression(flags.compression);
+  options.compression = ddp::parse_compression(
+      flags.comm_hook == "fp16" || flags.comm_hook == "bf16" ? flags.comm_hook : flags.compression);
   options.backend = ddp::parse_backend(flags.backend);
   options.bucket_cap_mb = flags.bucket_mb;
   options.first_bucket_mb = flags.first_bucket_mb;
@@ -192,8 +210,15 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(ddp::ProcessGroup& group,
                                                        Parallelism parallelism,
                                                        ddp::Timeline* timeline) {
   if (parallelism != Parallelism::DataParallel) return nullptr;
-  return std::make_unique<ddp::DistributedDataParallel>(group, std::move(model),
-                                                        ddp_options(flags, timeline));
+  auto ddp_model = std::make_unique<ddp::DistributedDataParallel>(group, std::move(model),
+                                                                  ddp_options(flags, timeline));
+  if (flags.comm_hook == "powersgd") {
+    auto state = std::make_shared<ddp::PowerSGDState>();
+    state->matrix_approximation_rank = flags.powersgd_rank;
+    state->start_powerSGD_iter = flags.powersgd_start_iter;
+    ddp_model->register_comm_hook(ddp::powersgd_hook(state));
+  }
+  return ddp_model;
 }
 
 ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* timeline) {

@@ -168,6 +168,11 @@ int64_t DistributedDataParallel::sync_bytes() const {
   return reducer_ ? reducer_->sync_bytes() : 0;
 }
 
+void DistributedDataParallel::register_comm_hook(CommHook hook) {
+  if (!hook) throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
+  if (reducer_) reducer_->set_comm_hook(std::move(hook));
+}
+
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const {
   return reducer_ ? reducer_->bucket_layout() : std::vector<std::vector<size_t>>{};
 }

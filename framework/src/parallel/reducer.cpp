@@ -44,6 +44,11 @@ Reducer::Reducer(Communicator& data, Communicator& control, std::vector<torch::T
   for (size_t k = params_.size(); k-- > 0;) {
     if (params_[k].requires_grad()) order.push_back(k);
   }
+  switch (options_.compression) {
+    case Compression::None: hook_ = allreduce_hook(); break;
+    case Compression::Fp16: hook_ = fp16_compress_hook(); break;
+    case Compression::Bf16: hook_ = bf16_compress_hook(); break;
+  }
   build_buckets(order);
   check_layout_across_ranks();
   rebuild_pending_ = options_.rebuild_buckets && options_.sync == GradSync::Bucketed;
@@ -106,18 +111,19 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     }
     const torch::Tensor& first = params_[members.front()];
     bucket.data = torch::zeros({numel}, first.options().requires_grad(false));
-    if (options_.compression != Compression::None) {
-      // Allocated once: with NCCL the wire tensor is in use on another stream until the end of
-      // backward, and a tensor allocated per step could be handed out again too early.
-      bucket.wire = torch::empty(
-          {numel}, bucket.data.options().dtype(options_.compression == Compression::Fp16
-                                                   ? torch::kHalf
-                                                   : torch::kBFloat16));
-    }
     bucket.pending = members.size();
     bucket.params = std::move(members);
     buckets_.push_back(std::move(bucket));
   }
+}
+
+void Reducer::set_comm_hook(CommHook hook) {
+  if (!hook) throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
+  if (synced_once_) {
+    throw std::logic_error("DistributedDataParallel::register_comm_hook: called after the first "
+                           "synchronised backward pass; register the hook before training");
+  }
+  hook_ = std::move(hook);
 }
 
 void Reducer::rebuild_buckets() {
@@ -184,6 +190,7 @@ void Reducer::on_gradient_ready(size_t param) {
 
 void Reducer::begin_backward() {
   in_backward_ = true;
+  synced_once_ = true;
   next_to_launch_ = 0;
   for (Slot& slot : slots_) slot.ready = false;
   for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();
@@ -196,10 +203,12 @@ void Reducer::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     const size_t b = next_to_launch_++;
     Bucket& bucket = buckets_[b];
-    bucket.data.div_(data_comm_.size());
-    if (bucket.wire.defined()) bucket.wire.copy_(bucket.data);
-    bucket.work = data_comm_.all_reduce_async(bucket.wire.defined() ? bucket.wire : bucket.data,
-                                              ReduceOp::Sum);
+    GradBucket view{b, b + 1 == buckets_.size(), bucket.data, {}, {}};
+    for (size_t i : bucket.params) {
+      view.gradients.push_back(view_of(i).view(params_[i].sizes()));
+      view.parameters.push_back(params_[i]);
+    }
+    bucket.future.emplace(hook_(data_comm_, view));
     if (options_.timeline) {
       options_.timeline->instant("queue bucket " + std::to_string(b), "sync", Clock::now());
     }
@@ -209,10 +218,20 @@ void Reducer::launch_ready_buckets() {
 void Reducer::wait_for_buckets() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
-    const std::unique_ptr<Work> work = std::move(bucket.work);
-    work->wait();
-    if (bucket.wire.defined()) bucket.data.copy_(bucket.wire);
-    const auto span = work->host_span();
+    BucketFuture future = std::move(*bucket.future);
+    bucket.future.reset();
+    const torch::Tensor result = future.wait();
+    const auto span = future.host_span();
+    if (!result.is_same(bucket.data)) {
+      if (result.numel() != bucket.data.numel() || result.scalar_type() != bucket.data.scalar_type()) {
+        throw std::runtime_error("DistributedDataParallel: the comm hook's result for bucket " +
+                                 std::to_string(b) + " has " + std::to_string(result.numel()) +
+                                 " elements of " + std::string(c10::toString(result.scalar_type())) +
+                                 ", the bucket " + std::to_string(bucket.data.numel()) + " of " +
+                                 c10::toString(bucket.data.scalar_type()));
+      }
+      bucket.data.copy_(result.reshape(-1));
+    }
     if (options_.timeline && span) {
       options_.timeline->span("all-reduce bucket " + std::to_string(b) + " (" +
                                   std::to_string(bucket.data.numel() * bucket.data.element_size() / 1024) +

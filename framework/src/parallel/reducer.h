@@ -35,8 +35,11 @@
 //      order, not each rank's own: a rank whose gradients arrive in another order must still
 //      launch the same collectives in the same order.
 //
-// Averaging: each bucket is divided by the world size (before the cast to the compression
-// dtype, which keeps fp16 sums of large gradients from overflowing), then summed over ranks.
+// Averaging is the comm hook's (comm_hook.h): in step 2 the bucket, holding this rank's
+// gradients, is handed to the hook, which starts its reduction and returns a BucketFuture; in step
+// 3 the futures are waited for in bucket order and a result that is not the bucket itself is
+// copied in. The default, allreduce_hook(), divides by the world size and sums over ranks;
+// DDPOptions::compression picks fp16_compress_hook() or bf16_compress_hook() instead.
 // Because the bucket holds the accumulated grad(), gradient accumulation and no_sync() stay
 // exact.
 //
@@ -45,6 +48,7 @@
 // construction; buckets_ and slots_ change at most once, in step 5, identically on all ranks,
 // with nothing in flight.
 
+#include <ddp/comm_hook.h>
 #include <ddp/communicator.h>
 #include <ddp/distributed_data_parallel.h>
 
@@ -54,6 +58,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +88,10 @@ class Reducer {
   double sync_seconds() const { return sync_seconds_; }
   int64_t sync_bytes() const { return sync_bytes_; }
 
+  // Replaces the comm hook (the default follows DDPOptions::compression). Only before the first
+  // synchronised backward; std::logic_error otherwise.
+  void set_comm_hook(CommHook hook);
+
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
 
@@ -97,9 +106,8 @@ class Reducer {
   struct Bucket {
     std::vector<size_t> params;
     torch::Tensor data;   // flat gradients of `params`, in that order
-    torch::Tensor wire;   // `data` in the compression dtype; undefined without compression
     size_t pending = 0;   // gradients not yet copied in during this backward
-    std::unique_ptr<Work> work;  // the all-reduce, from its launch until finish_backward
+    std::optional<BucketFuture> future;  // the hook's, from its launch until finish_backward
   };
   struct Slot {           // where a parameter's gradient lives
     size_t bucket = 0;
@@ -140,8 +148,10 @@ class Reducer {
   void attach_hook(size_t param);
   std::vector<Hook> hooks_;
 
+  CommHook hook_;
   bool sync_enabled_ = true;
   bool in_backward_ = false;
+  bool synced_once_ = false;         // a synchronised backward has begun (the hook is fixed)
   bool rebuild_pending_ = false;     // until step 5 has run
   std::vector<size_t> ready_order_;  // parameters in hook order, while rebuild_pending_
   size_t next_to_launch_ = 0;

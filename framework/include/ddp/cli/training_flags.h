@@ -45,6 +45,9 @@ struct TrainingFlags {
   int64_t max_skipped_steps = 10;
   std::optional<double> timeout;  // --timeout, when given
   std::optional<double> checkpoint_every_seconds;  // --checkpoint-every-seconds, when given
+  // --comm-hook: allreduce, fp16, bf16 or powersgd (with --powersgd-rank, --powersgd-start-iter).
+  std::string comm_hook = "allreduce";
+  int64_t powersgd_rank = 1, powersgd_start_iter = 1000;
 };
 
 // The defaults that differ between programs.
@@ -68,17 +71,21 @@ void add_training_flags(boost::program_options::options_description& options, Tr
 // below their least value, --lr and the bucket sizes not finite and > 0, --lr and
 // --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume, --timeout
 // not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0 or
-// without --checkpoint-dir. ddp::cli::run calls it right after parsing.
+// without --checkpoint-dir, an unknown --comm-hook, --comm-hook fp16/bf16/powersgd with another
+// --compression, --powersgd-rank < 1, --powersgd-start-iter < 2. ddp::cli::run calls it right
+// after parsing.
 void check_training_flags(const TrainingFlags& flags);
 
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
 
-// The DistributedDataParallel options of --grad-sync, --compression, --backend, --bucket-mb,
-// --first-bucket-mb, --find-unused-parameters and --no-broadcast-buffers.
+// The DistributedDataParallel options of --grad-sync, --compression (and --comm-hook fp16/bf16,
+// the same hooks), --backend, --bucket-mb, --first-bucket-mb, --find-unused-parameters and
+// --no-broadcast-buffers.
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline);
 
-// The wrapper those options describe, or null for a SingleProcess program. Collective.
+// The wrapper those options describe, with --comm-hook powersgd's hook registered, or null for a
+// SingleProcess program. Collective.
 std::unique_ptr<ddp::DistributedDataParallel> make_ddp(ddp::ProcessGroup& group,
                                                        std::shared_ptr<torch::nn::Module> model,
                                                        const TrainingFlags& flags,

@@ -1,0 +1,133 @@
+#pragma once
+/// \file
+/// Communication hooks: what DistributedDataParallel does with a bucket of gradients once they are
+/// all in (PyTorch's DDP register_comm_hook). The reducer hands the hook each bucket, strictly in
+/// bucket order, while backward still runs; the hook starts the bucket's reduction (an async
+/// all-reduce on the Communicator it is given) and returns a BucketFuture. At the end of backward
+/// the reducer waits for the futures, in bucket order, on the training thread, and copies each
+/// result into the parameters' grad(). Built-ins: allreduce_hook() (the default), fp16/bf16
+/// compression, and PowerSGD (below).
+///
+/// A hook must issue the same collectives in the same order on every rank (the Communicator's
+/// contract): decide only from what every rank knows (the bucket's index, sizes, the step count),
+/// never from the gradients' values. The buffer holds this rank's gradients, not divided by the
+/// number of ranks: dividing is the hook's business, as in PyTorch.
+///
+///   model.register_comm_hook([](ddp::Communicator& comm, ddp::GradBucket& bucket) {
+///     bucket.buffer.div_(comm.size());
+///     return ddp::BucketFuture(comm.all_reduce_async(bucket.buffer), bucket.buffer);
+///   });
+
+#include <ddp/communicator.h>
+
+#include <torch/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <vector>
+
+namespace ddp {
+
+/// One bucket, as a hook sees it. Valid during the hook call; `buffer` (and the `gradients` views
+/// of it) stay the bucket's own memory until the reducer has the result.
+struct GradBucket {
+  size_t index = 0;       ///< 0 .. buckets - 1, the launch order
+  bool is_last = false;   ///< the last bucket of this backward pass (PyTorch's is_last())
+  torch::Tensor buffer;   ///< flat gradients of `parameters`, in that order, this rank's sum
+  std::vector<torch::Tensor> gradients;   ///< views of `buffer`, shaped like `parameters`
+  std::vector<torch::Tensor> parameters;  ///< the parameters whose gradients are in the bucket
+};
+
+/// A bucket's reduction in flight. wait() returns the reduced flat tensor (the bucket's numel and
+/// dtype; the buffer itself or another tensor, which the reducer then copies in). Continuations
+/// added by then() run inside wait(), on the training thread at the end of backward, so they may
+/// issue further collectives (every rank waits for the buckets in the same order).
+class BucketFuture {
+ public:
+  /// Done when `work` is: wait() waits for it and returns `result`.
+  BucketFuture(std::unique_ptr<Work> work, torch::Tensor result);
+  /// Already done: wait() returns `result`.
+  explicit BucketFuture(torch::Tensor result);
+  /// A future of `next` applied to this one's result.
+  BucketFuture then(std::function<torch::Tensor(torch::Tensor)> next) &&;
+  /// Runs what is left and returns the result; once only.
+  torch::Tensor wait();
+  /// The host span of the first collective, when its backend has one (for timelines).
+  std::optional<Work::Span> host_span() const;
+
+ private:
+  std::shared_ptr<Work> work_;
+  torch::Tensor result_;
+  std::vector<std::function<torch::Tensor(torch::Tensor)>> next_;
+};
+
+/// What DistributedDataParallel calls for each bucket (see the top of this file).
+using CommHook = std::function<BucketFuture(Communicator& comm, GradBucket& bucket)>;
+
+/// Divides the buffer by the number of ranks and sums it over them: the default, the gradients'
+/// own dtype on the wire (PyTorch's allreduce_hook).
+CommHook allreduce_hook();
+/// As allreduce_hook(), but the bucket travels as IEEE half (fp16) or bfloat16: divided by the
+/// number of ranks in its own dtype, then cast (so large sums do not overflow fp16), summed, cast
+/// back. PyTorch's fp16_compress_hook casts before dividing, so its results differ in the last bit.
+///@{
+CommHook fp16_compress_hook();
+CommHook bf16_compress_hook();
+///@}
+
+// PowerSGD gradient compression (Vogels et al. 2019) as a comm hook: the algorithm, order of
+// operations and state of PyTorch's torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook
+// (not batched_powerSGD_hook), so that on the same gradients and state it gives the same reduced
+// gradients (up to the order of float sums in matrix products, ~1e-6).
+//
+// Per bucket, once `iter` has reached start_powerSGD_iter (before that: allreduce_hook()):
+//  1. error feedback: the bucket gets the error of its previous compression added;
+//  2. every gradient is viewed as a matrix [dim 0, rest]; those for which
+//     (rows + cols) * rank * min_compression_rate < rows * cols are compressed, the others
+//     (biases and other 1-D tensors, small matrices) are all-reduced uncompressed, as one flat
+//     tensor, and averaged;
+//  3. for each compressed M (grouped by shape, in first-seen order): Q (cols x rank) is random
+//     normal and orthogonalised on the first step (or every step without warm_start), else the
+//     previous step's Q, orthogonalised again; P = M Q; the Ps are summed over the ranks and
+//     orthogonalised; Q = M^T P; the Qs are averaged over the ranks; M = P Q^T;
+//  4. error feedback: the bucket's error is its input minus its result.
+// `iter` counts synchronised backward passes (it grows at the last bucket).
+//
+// The random Qs follow PyTorch's: `rng` is numpy's RandomState(random_seed) (MT19937, drawn as
+// numpy's legacy randint(1_000_000_000) draws), each bucket that needs new Qs seeds a CPU
+// generator with the next draw and fills its Qs with randn in order.
+
+/// PowerSGD's hyper-parameters (PyTorch's PowerSGDState arguments, same defaults) and state. One
+/// state per model; it must not be shared between models.
+struct PowerSGDState {
+  int64_t matrix_approximation_rank = 1;  ///< rank of P Q^T; 1 to 4 is usual
+  /// synchronised steps all-reduced uncompressed first; > 1 with error feedback or warm start
+  /// (the buckets are rebuilt after the first step)
+  int64_t start_powerSGD_iter = 1000;
+  double min_compression_rate = 2;  ///< compress a matrix only if it shrinks by more than this
+  bool use_error_feedback = true;   ///< add each step's compression error to the next step
+  bool warm_start = true;           ///< start the power iteration from the previous step's Q
+  double orthogonalization_epsilon = 0;  ///< added to column norms (guards all-zero columns)
+  uint32_t random_seed = 0;         ///< numpy RandomState seed of the Qs' random initialisation
+
+  /// State (PyTorch's names): synchronised steps so far, and per bucket index the error and the
+  /// P and Q memories; the numbers of elements before and after compression, so far.
+  ///@{
+  int64_t iter = 0;
+  std::map<size_t, torch::Tensor> error_dict, p_memory_dict, q_memory_dict;
+  int64_t total_numel_before_compression = 0, total_numel_after_compression = 0;
+  std::mt19937 rng{0};  ///< reseeded from random_seed by powersgd_hook()
+  ///@}
+};
+
+/// The PowerSGD hook over `state` (checked here: rank >= 1, min_compression_rate > 0,
+/// start_powerSGD_iter > 1 with error feedback or warm start; std::invalid_argument naming the
+/// PowerSGDState field otherwise). Seeds state->rng from state->random_seed.
+CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state);
+
+}  // namespace ddp

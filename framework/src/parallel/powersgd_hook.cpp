@@ -1,0 +1,240 @@
+// PowerSGD, step for step as PyTorch's powerSGD_hook (comm_hook.h says what it does). The
+// comments name the PyTorch steps that each part reproduces; the order of operations is theirs,
+// since the results are compared with PyTorch's (tests/reference/powersgd.py).
+
+#include <ddp/comm_hook.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddp {
+
+namespace {
+
+// numpy's legacy RandomState.randint(1_000_000_000): 32-bit MT19937 outputs masked to the
+// smallest covering power of two (2^30 - 1), drawn again while above the range's top.
+int64_t numpy_randint_1e9(std::mt19937& rng) {
+  constexpr uint32_t top = 999'999'999, mask = (1u << 30) - 1;
+  for (;;) {
+    const uint32_t value = static_cast<uint32_t>(rng()) & mask;
+    if (value <= top) return value;
+  }
+}
+
+// _orthogonalize_gram_schmidt: `matrices` is [batch, rows, cols], orthonormalised column by column
+// in place.
+void gram_schmidt(const torch::Tensor& matrices, double epsilon) {
+  const int64_t cols = matrices.size(2);
+  for (int64_t i = 0; i < cols; ++i) {
+    torch::Tensor col = matrices.narrow(2, i, 1);
+    torch::Tensor norm = torch::linalg_vector_norm(col, 2, {1}, /*keepdim=*/true);
+    if (epsilon == 0) {
+      col.div_(norm);
+    } else {
+      col.div_(norm + epsilon);
+    }
+    if (i + 1 < cols) {
+      torch::Tensor rest = matrices.narrow(2, i + 1, cols - i - 1);
+      rest.sub_(torch::sum(col * rest, {1}, /*keepdim=*/true) * col);
+    }
+  }
+}
+
+// _orthogonalize: Gram-Schmidt for rank <= 2 or half precision, QR otherwise.
+void orthogonalize(const torch::Tensor& matrices, double epsilon) {
+  const auto dtype = matrices.scalar_type();
+  if (matrices.size(2) <= 2 || dtype == torch::kHalf || dtype == torch::kBFloat16) {
+    gram_schmidt(matrices, epsilon);
+  } else {
+    matrices.copy_(std::get<0>(torch::linalg_qr(matrices)));
+  }
+}
+
+void maybe_increase_iter(PowerSGDState& state, const GradBucket& bucket) {
+  if (bucket.is_last) ++state.iter;
+}
+
+void check(const PowerSGDState& state) {
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("powersgd_hook: PowerSGDState::" + what);
+  };
+  if (state.matrix_approximation_rank < 1) {
+    fail("matrix_approximation_rank must be >= 1 (got " +
+         std::to_string(state.matrix_approximation_rank) + ")");
+  }
+  if (!(state.min_compression_rate > 0)) {
+    fail("min_compression_rate must be > 0 (got " + std::to_string(state.min_compression_rate) + ")");
+  }
+  if ((state.use_error_feedback || state.warm_start) && state.start_powerSGD_iter <= 1) {
+    fail("start_powerSGD_iter must be > 1 with use_error_feedback or warm_start (got " +
+         std::to_string(state.start_powerSGD_iter) +
+         "): the buckets are rebuilt after the first step, which would mix up their state");
+  }
+}
+
+// The per-bucket work after the hook returns: what PyTorch chains as
+// unpack_uncompressed_tensors_and_allreduce_ps, compute_qs and decompress.
+struct PendingBucket {
+  std::shared_ptr<PowerSGDState> state;
+  GradBucket bucket;
+  torch::Tensor input_copy;  // error feedback: the input before compression
+  std::vector<torch::Tensor> uncompressed;
+  torch::Tensor uncompressed_memory;
+  torch::Tensor p_memory, q_memory;  // the state's, held: without warm_start it drops them
+  std::vector<torch::Tensor> matrices, ps, qs;  // [1, n, m], [1, n, r], [1, m, r]
+};
+
+}  // namespace
+
+CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
+  if (!state) throw std::invalid_argument("powersgd_hook: the state is null");
+  check(*state);
+  state->rng.seed(state->random_seed);
+  return [state](Communicator& comm, GradBucket& bucket) -> BucketFuture {
+    PowerSGDState& s = *state;
+    const int64_t world = comm.size();
+    torch::Tensor input = bucket.buffer;
+    if (s.iter < s.start_powerSGD_iter) {
+      maybe_increase_iter(s, bucket);
+      input.div_(world);
+      return BucketFuture(comm.all_reduce_async(input, ReduceOp::Sum), input);
+    }
+    auto job = std::make_shared<PendingBucket>();
+    job->state = state;
+    job->bucket = bucket;
+    const size_t index = bucket.index;
+    const auto options = input.options();
+
+    // Error feedback.
+    if (s.use_error_feedback) {
+      auto error = s.error_dict.find(index);
+      if (error != s.error_dict.end()) {
+        input.add_(error->second);
+      } else {
+        s.error_dict[index] = torch::zeros({input.numel()}, options);
+      }
+      job->input_copy = input.detach().clone();
+    }
+
+    // Which gradients to compress.
+    std::vector<torch::Tensor> to_compress;
+    int64_t ps_size = 0, qs_size = 0;
+    for (const torch::Tensor& tensor : bucket.gradients) {
+      if (tensor.dim() == 0) {  // a scalar has no matrix view: PyTorch would fail; send it as is
+        job->uncompressed.push_back(tensor);
+        s.total_numel_before_compression += 1;
+        s.total_numel_after_compression += 1;
+        continue;
+      }
+      torch::Tensor matrix = tensor.view({tensor.size(0), -1});
+      const int64_t n = matrix.size(0), m = matrix.size(1);
+      const int64_t rank = std::min({n, m, s.matrix_approximation_rank});
+      const int64_t compressed = (n + m) * rank;
+      s.total_numel_before_compression += n * m;
+      if (static_cast<double>(compressed) * s.min_compression_rate < static_cast<double>(n * m)) {
+        to_compress.push_back(matrix);
+        ps_size += n * rank;
+        qs_size += m * rank;
+        s.total_numel_after_compression += compressed;
+      } else {
+        job->uncompressed.push_back(tensor);
+        s.total_numel_after_compression += n * m;
+      }
+    }
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& t : job->uncompressed) flat.push_back(t.reshape(-1));
+    job->uncompressed_memory = flat.empty() ? torch::empty({0}, options) : torch::cat(flat);
+
+    const bool randomize_qs = !s.warm_start || s.p_memory_dict.count(index) == 0;
+    if (randomize_qs) {
+      s.p_memory_dict[index] = torch::empty({ps_size}, options);
+      s.q_memory_dict[index] = torch::empty({qs_size}, options);
+    }
+    // Grouped by shape, in the order each shape first appears (PyTorch's shape_to_tensors).
+    std::vector<std::vector<torch::Tensor>> by_shape;
+    for (const torch::Tensor& matrix : to_compress) {
+      auto same = std::find_if(by_shape.begin(), by_shape.end(), [&](const auto& group) {
+        return group.front().sizes() == matrix.sizes();
+      });
+      if (same == by_shape.end()) {
+        by_shape.push_back({matrix});
+      } else {
+        same->push_back(matrix);
+      }
+    }
+    job->p_memory = s.p_memory_dict[index];
+    job->q_memory = s.q_memory_dict[index];
+    int64_t p_at = 0, q_at = 0;
+    for (const auto& group : by_shape) {
+      for (const torch::Tensor& matrix : group) {
+        const int64_t n = matrix.size(0), m = matrix.size(1);
+        const int64_t rank = std::min({n, m, s.matrix_approximation_rank});
+        job->matrices.push_back(matrix.unsqueeze(0));
+        job->ps.push_back(job->p_memory.narrow(0, p_at, n * rank).view({1, n, rank}));
+        job->qs.push_back(job->q_memory.narrow(0, q_at, m * rank).view({1, m, rank}));
+        p_at += n * rank;
+        q_at += m * rank;
+      }
+    }
+    if (!randomize_qs) {
+      for (const torch::Tensor& q : job->qs) orthogonalize(q, s.orthogonalization_epsilon);
+    } else {
+      // PyTorch: torch.manual_seed(state.rng.randint(1_000_000_000)) inside fork_rng, then randn.
+      torch::Generator generator =
+          at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(numpy_randint_1e9(s.rng)));
+      for (const torch::Tensor& q : job->qs) {
+        q.copy_(torch::randn(q.sizes(), generator, torch::TensorOptions().dtype(q.scalar_type())));
+        orthogonalize(q, s.orthogonalization_epsilon);
+      }
+    }
+    for (size_t k = 0; k < job->matrices.size(); ++k) {
+      torch::bmm_out(job->ps[k], job->matrices[k], job->qs[k]);
+    }
+
+    // The uncompressed tensors start at once; the rest runs when the reducer waits (in bucket
+    // order, on the training thread), each step a blocking collective as in PyTorch's chain.
+    std::unique_ptr<Work> first;
+    if (job->uncompressed_memory.numel() > 0) {
+      first = comm.all_reduce_async(job->uncompressed_memory, ReduceOp::Sum);
+    }
+    Communicator* group = &comm;
+    return BucketFuture(std::move(first), input).then([job, group, index, world](torch::Tensor) {
+      PowerSGDState& s = *job->state;
+      // unpack_uncompressed_tensors_and_allreduce_ps
+      job->uncompressed_memory.div_(world);
+      int64_t at = 0;
+      for (const torch::Tensor& t : job->uncompressed) {
+        t.copy_(job->uncompressed_memory.narrow(0, at, t.numel()).view_as(t));
+        at += t.numel();
+      }
+      if (job->p_memory.numel() > 0) group->all_reduce(job->p_memory, ReduceOp::Sum);
+      // compute_qs
+      for (const torch::Tensor& p : job->ps) orthogonalize(p, s.orthogonalization_epsilon);
+      for (size_t k = 0; k < job->matrices.size(); ++k) {
+        torch::bmm_out(job->qs[k], job->matrices[k].transpose(1, 2), job->ps[k]);
+      }
+      if (job->q_memory.numel() > 0) group->all_reduce(job->q_memory, ReduceOp::Sum);
+      // decompress
+      job->q_memory.div_(world);
+      for (size_t k = 0; k < job->matrices.size(); ++k) {
+        torch::bmm_out(job->matrices[k], job->ps[k], job->qs[k].transpose(1, 2));
+      }
+      torch::Tensor input = job->bucket.buffer;
+      if (s.use_error_feedback) s.error_dict[index] = job->input_copy - input;
+      if (!s.warm_start) {
+        s.p_memory_dict.clear();
+        s.q_memory_dict.clear();
+      }
+      maybe_increase_iter(s, job->bucket);
+      return input;
+    });
+  };
+}
+
+}  // namespace ddp
