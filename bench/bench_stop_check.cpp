@@ -1,5 +1,5 @@
 // The cost of the Trainer's per-step stop check (docs/reliability.md): the all-reduce (Max) of
-// 3 doubles on the process group's CPU communicator, timed one by one. Reports the median and
+// 6 doubles (what StopAgreement sends) on the process group's CPU communicator, timed one by one. Reports the median and
 // the 90th percentile over the slowest rank, in microseconds, so that a rank descheduled now
 // and then on a busy machine does not hide the typical cost.
 //   mpirun -np 2 bench_stop_check [ITERATIONS]
@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
     const int iterations = argc > 1 ? std::stoi(argv[1]) : 2000;
     std::vector<double> micros;
     for (int i = -100; i < iterations; ++i) {  // 100 to warm up
-      torch::Tensor flag = torch::tensor({0.0, -1.0, -1.0}, torch::kDouble);
+      torch::Tensor flag = torch::tensor({0.0, -1.0, -1.0, -1.0, -1.0, 0.0}, torch::kDouble);
       const auto start = std::chrono::steady_clock::now();
       group.cpu().all_reduce(flag, ddp::ReduceOp::Max);
       const double us =
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     std::vector<double> slowest(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
     std::sort(slowest.begin(), slowest.end());
     if (runtime.is_main()) {
-      std::printf("stop check (all-reduce Max of 3 doubles), %d ranks, %d iterations: median %.1f us, "
+      std::printf("stop check (all-reduce Max of 6 doubles), %d ranks, %d iterations: median %.1f us, "
                   "p90 %.1f us, max %.1f us\n",
                   runtime.world_size(), iterations, slowest[slowest.size() / 2],
                   slowest[slowest.size() * 9 / 10], slowest.back());

@@ -68,6 +68,9 @@ MailProg=/bin/true
 # which also makes sbatch --wait poll every 2 s instead of backing off to 32 s.
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 MinJobAge=4
+# A node whose slurmd stops answering is marked DOWN after this many seconds (Slurm's default
+# 300; the node-loss test sets a few seconds through DDP_TEST_SLURMD_TIMEOUT).
+SlurmdTimeout=${DDP_TEST_SLURMD_TIMEOUT:-300}
 GresTypes=gpu
 # Both emulated nodes share one /dev/shm: Open MPI's shared-memory files must not collide.
 TaskProlog=$dir/task_prolog.sh

@@ -10,6 +10,12 @@
 #   two_hosts   2 hosts x 2 ranks: the banner and topology (2 nodes, hosts h1 and h2),
 #               ddp_mnist trains and evaluates, replica_check finds identical replicas, and the
 #               byte counters of h1's link show the gradients crossed it
+#   lost_host   2 hosts x 2 ranks under ddprun --max-restarts, ddp_mnist with step snapshots:
+#               h2 dies mid-epoch (its processes killed, its namespace deleted); ddprun restarts
+#               the job on h1 alone (2 ranks), which resumes from the newest step snapshot with
+#               the same global batch; every sample of the epoch is trained once, step for step
+#               as in an uninterrupted run, and the test accuracy is within 1 point of its
+#               (issue 25)
 #
 # Exits 77 (ctest: skipped) with the reason when not root or namespaces, veth or bridges are
 # unavailable. The namespaces are deleted in a trap, also on failure, after the processes in
@@ -81,6 +87,49 @@ case "$scenario" in
     expect check.log "^rank 0/4 local 0/2 node 0/2 host h1 " "rank 0 on h1"
     expect check.log "^rank 3/4 local 1/2 node 1/2 host h2 " "rank 3 on h2"
     expect check.log "replicas identical: 4 ranks on 2 nodes" "replicas"
+    ;;
+  lost_host)
+    # h2 dies mid-epoch: every process in it is killed and its namespace deleted, so the agent
+    # (ssh) cannot reach it any more. ddprun --max-restarts finds h1 alone answering and starts
+    # the job there with its 2 ranks, which resume from the newest step snapshot at 2 x 32.
+    # in_h1 DIR LOG COMMAND...: the command logged in on h1, in DIR, in the background (its pid
+    # in job_pid); DIR/samples gets the ranks' sample logs.
+    in_h1() {
+      local dir=$1 log=$2 line
+      shift 2
+      mkdir -p "$work/$dir/samples"
+      printf -v line '%q ' "${mpi_env[@]}" DDP_TEST_SAMPLE_LOG="$work/$dir/samples" "$@"
+      "$here/netns_agent.sh" h1 "cd $(printf %q "$work/$dir") && $line" > "$log" 2>&1 &
+      job_pid=$!
+    }
+    cd "$work"
+    in_h1 ref ref.log "${ddprun[@]}" "$ddp_mnist" "${elastic_run[@]}"
+    wait "$job_pid" || { cat ref.log; fail "the uninterrupted run failed"; }
+    in_h1 lost lost.log "${ddprun[@]}" --max-restarts 2 "$ddp_mnist" "${elastic_run[@]}"
+    wait_for_snapshot lost/ckpt 12 180
+    lost_at=$(date +%s.%N)
+    for pid in $(ip netns pids "${prefix}h2"); do kill -KILL "$pid" 2> /dev/null || true; done
+    ip netns del "${prefix}h2"
+    echo "+ h2 is gone (its processes killed, its namespace deleted)"
+    back_at=
+    for i in $(seq 1800); do  # up to 3 minutes to train again
+      if grep -q "^Resumed from " lost.log && grep -A1000 "^Resumed from " lost.log | grep -q "^Train Epoch: 1 "; then
+        back_at=$(date +%s.%N); break
+      fi
+      kill -0 "$job_pid" 2> /dev/null || break
+      sleep 0.1
+    done
+    status=0; wait "$job_pid" || status=$?
+    cat lost.log
+    [ $status -eq 0 ] || fail "ddprun --max-restarts: exit status $status"
+    [ -n "$back_at" ] || fail "the job did not train again after h2 was lost"
+    echo "h2 lost -> training again on h1: $(awk -v a="$lost_at" -v b="$back_at" 'BEGIN { printf "%.1f", b - a }') s"
+    expect lost.log "^ddprun: the job failed \(status [0-9]+ after [0-9]+ s\); lost: h2 \(does not answer\)\. Restart 1 of 2 on h1:2: 2 rank\(s\)$" "ddprun's restart line"
+    expect lost.log "^ddp: Open MPI mpirun: 2 ranks on 1 node" "the second start's banner"
+    expect lost.log "^Resumed from ckpt/snapshot_epoch1_batch[0-9]+\.pt" "the resume"
+    snapshot_step=$(sed -n 's/^Resumed from .*, step \([0-9]*\)$/\1/p' lost.log | tail -n 1)
+    check_samples_once lost/samples ref/samples "$snapshot_step" 4 || fail "the samples trained"
+    check_accuracy lost.log ref.log
     ;;
   *) fail "unknown scenario '$scenario'" ;;
 esac

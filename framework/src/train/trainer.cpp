@@ -56,10 +56,11 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
   return options;
 }
 
-// DDP_TEST_SAMPLE_LOG's file for `rank`, "" when the variable is unset (trainer.h).
-std::string sample_log_path(int rank) {
+// DDP_TEST_SAMPLE_LOG's file for `rank` of `ranks`, "" when the variable is unset (trainer.h).
+std::string sample_log_path(int rank, int ranks) {
   const auto dir = read_text(current_environment(), Setting::TestSampleLog);
-  return dir ? *dir + "/rank" + std::to_string(rank) + ".txt" : std::string();
+  return dir ? *dir + "/rank" + std::to_string(rank) + "of" + std::to_string(ranks) + ".txt"
+             : std::string();
 }
 
 bool valid_metric_name(const std::string& name) {
@@ -120,7 +121,7 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
                options_.seed) {
   check_metric_names(task);
   start_.seed = options_.seed;
-  sample_log_ = sample_log_path(group.rank());
+  sample_log_ = sample_log_path(group.rank(), group.size());
 }
 
 Trainer::~Trainer() = default;

@@ -51,7 +51,7 @@ constexpr std::array<SettingInfo, 14> kSettings{{
      "starts with TEXT"},
     {Setting::TestSampleLog, "DDP_TEST_SAMPLE_LOG", Kind::Text, 0, nullptr, nullptr,
      "tests only: a directory; the Trainer's rank R appends \"<epoch> <step> <index>\" to "
-     "<dir>/rank<R>.txt for every sample it trained"},
+     "<dir>/rank<R>of<N>.txt for every sample it trained"},
 }};
 
 constexpr bool in_setting_order() {

@@ -180,9 +180,10 @@ class Trainer {
   // are counted on from the snapshot's (the batch limit and the step count go on as they were).
   //
   // Test hook: with DDP_TEST_SAMPLE_LOG=<dir> in the environment, every rank appends a line
-  // "<epoch> <step> <index>" to <dir>/rank<R>.txt for each sample it trained (once its batch's
-  // step is done; <step>: the optimizer step, global and 1-based, the sample went into), so a
-  // test can check which samples an epoch trained across stops, resumes and world sizes.
+  // "<epoch> <step> <index>" to <dir>/rank<R>of<N>.txt (N: the ranks) for each sample it
+  // trained (once its batch's step is done; <step>: the optimizer step, global and 1-based, the
+  // sample went into), so a test can check which samples an epoch trained across stops,
+  // resumes and world sizes.
   std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
   // Optimizer steps taken so far, counting those before a resume.
