@@ -21,7 +21,7 @@ if [ -z "$version" ]; then
   exit 1
 fi
 echo "pip_cuda_toolkit: installing NVIDIA's wheels of CUDA $version into $venv"
-"$python" -m pip install -q --disable-pip-version-check \
+"$python" -m pip install -q --disable-pip-version-check --no-cache-dir \
   "cuda-toolkit[nvcc,crt,nvvm,cudart,cublas,curand,cufft,cusolver,cusparse,nvrtc,nvtx,nvjitlink]==$version"
 
 site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -51,6 +51,16 @@ fi
 
 # The torch wheel, once per version: the stamp is the requirements file that was installed.
 stamp=$venv/.ddp-requirements
+
+# Disk: the environment takes 5.8 GB, a build with its tests' files about 6 GB. A disk that runs
+# out shows up minutes later as a compiler's "No space left on device"; say it here first.
+need_gb=6
+[ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp" || need_gb=12
+free_gb=$(df -P -BG "$root" | awk 'NR == 2 { sub("G", "", $4); print $4 }')
+if [ "${free_gb:-0}" -lt "$need_gb" ]; then
+  echo "setup: warning: ${free_gb} GB free on the disk of $root; the environment, a build and" \
+       "the tests need about $need_gb GB more" >&2
+fi
 if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
   echo "setup: $(grep -v '^#' "$requirements" | tr '\n' ' ')present in $venv"
 else
@@ -59,7 +69,8 @@ else
        "(about 3 GB from PyPI, 5.8 GB installed)"
   # Debian's python3, not one that happens to be first on PATH: the wheel's ABI tag must match.
   /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+  # --no-cache-dir: pip's cache would keep another 3 GB of wheels on a disk that can be small.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -r "$requirements"
   cp "$requirements" "$stamp"
   echo "setup: torch installed in $(( $(date +%s) - start )) s"
 fi
