@@ -82,6 +82,14 @@ have_system() {
   [ "${DDP_PROOF_UNPACK:-}" != all ] && "$@" > /dev/null 2>&1
 }
 
+# A development package is there when its header and its library both are: an image may hold a
+# library's headers without the library (Ubuntu's libboost-dev without program_options' .so).
+have_dev() {
+  local header=$1 library=$2
+  have_system test -e "/usr/include/$header" &&
+    { have_system compgen -G "/usr/lib/*/$library" || have_system compgen -G "/usr/lib/$library"; }
+}
+
 unpack() {
   local component=$1 deb
   if ! ls "$debs/$component"/*.deb > /dev/null 2>&1; then
@@ -202,21 +210,26 @@ if [ "$abi" = 0 ]; then
   examples=OFF
   log "SKIP examples: this torch uses the pre-C++11 ABI (_GLIBCXX_USE_CXX11_ABI=0)," \
       "the packaged Boost does not"
-elif have_system test -e /usr/include/boost/program_options.hpp; then
+elif have_dev boost/program_options.hpp "libboost_program_options.so"; then
   log "Boost: the machine's"
 else
   unpack boost
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # Named outright: the machine's BoostConfig (another version, headers only) comes first in
+  # CMake's search otherwise, and then refuses the unpacked program_options.
+  for config in "$prefix"/usr/lib/*/cmake/Boost-*/BoostConfig.cmake; do
+    [ -e "$config" ] && cmake_args+=(-DBoost_DIR="$(dirname "$config")")
+  done
 fi
 
-if have_system test -e /usr/include/zlib.h; then
+if have_dev zlib.h "libz.so"; then
   log "zlib: the machine's"
 else
   unpack zlib
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
-if have_system test -e /usr/include/xxhash.h; then
+if have_dev xxhash.h "libxxhash.so"; then
   log "xxHash: the machine's"
 else
   unpack xxhash
@@ -236,7 +249,7 @@ if ! have_system test -e "$data/train-images-idx3-ubyte.gz"; then
 fi
 
 # GoogleTest from its sources, built with torch's ABI, unless the machine has one that fits.
-if have_system test -e /usr/include/gtest/gtest.h && [ "$abi" != 0 ]; then
+if have_dev gtest/gtest.h "libgtest.*" && [ "$abi" != 0 ]; then
   log "GoogleTest: the machine's"
 else
   gtest_src=/usr/src/googletest
@@ -311,9 +324,10 @@ else
   step nccl_reducer_one_rank env GTEST_FILTER='ReducerAtOneRank.*' \
     "$mpirun" -np 1 "$build/tests/distributed_tests"
 fi
-step unit_tests env GTEST_FILTER="$unit_filter" "$build/tests/unit_tests"
+# The tests that read Fashion-MNIST look in DDP_MNIST_DIR: here it may be the unpacked copy.
+step unit_tests env GTEST_FILTER="$unit_filter" DDP_MNIST_DIR="$data" "$build/tests/unit_tests"
 # Several ranks share this machine's GPUs only on the CPU: NCCL cannot put two ranks on one GPU.
-step distributed_tests_cpu env GTEST_FILTER="$dist_filter" bash -c \
+step distributed_tests_cpu env GTEST_FILTER="$dist_filter" DDP_MNIST_DIR="$data" bash -c \
   "cd '$build' && CUDA_VISIBLE_DEVICES= ctest -R '$ctest_dist' --output-on-failure"
 if [ $examples = ON ]; then
   step mnist_gpu "$build/examples/mnist" --epochs 1 --data-dir "$data" \
@@ -344,7 +358,7 @@ if [ $examples = ON ]; then
   resume=$out/resume
   rm -rf "$resume"
   mnist_resume=(--data-dir "$data" --epochs 2 --batch-size 64 --limit-train-batches 6
-                --test-batch-size 2000 --log-interval 0 --keep-checkpoints 0 "${no_cuda[@]}")
+                --test-batch-size 2000 --log-interval 0 --keep-checkpoints 0 --deterministic "${no_cuda[@]}")
   step resume_gpu env CUBLAS_WORKSPACE_CONFIG=:4096:8 bash -c "
     set -eo pipefail
     '$mpirun' -np 1 '$build/examples/ddp_mnist' ${mnist_resume[*]} --checkpoint-dir '$resume/full'
@@ -374,7 +388,10 @@ if [ $examples = ON ]; then
          --out "$out/throughput_gpu.jsonl")
   rm -f "$out/throughput_gpu.jsonl"
   step throughput_ddp "$mpirun" -np 1 "$build/bench/bench_throughput" "${bench[@]}"
-  step throughput_pytorch "$mpirun" -np 1 "$python" "$root/bench/pytorch_ddp.py" "${bench[@]}"
+  # Through env, by its full path: mpirun may start a virtual environment's python3 by its
+  # resolved path, outside the environment, where it finds no torch (seen on a GPU machine).
+  step throughput_pytorch "$mpirun" -np 1 env "$(command -v "$python")" "$root/bench/pytorch_ddp.py" \
+    "${bench[@]}"
   "$python" - "$out/throughput_gpu.jsonl" <<'EOF_PY' 2>&1 | tee -a "$out/summary.txt" > "$out/throughput.txt"
 import json, sys
 rate = {r["impl"]: r["samples_per_sec"] for r in map(json.loads, open(sys.argv[1]))}

@@ -46,7 +46,7 @@ Alone evaluate_alone(torch::nn::Sequential& net, const ddp::ImageDataset& data) 
 }
 
 TEST(Trainer, DistributedEvaluationEqualsSingleProcess) {
-  const ddp::ImageDataset full = ddp::load_mnist(ddp::kDefaultMnistDir, ddp::MnistSplit::Test);
+  const ddp::ImageDataset full = ddp::load_mnist(ddp_test::mnist_dir(), ddp::MnistSplit::Test);
   // 9999 samples too, so the shards are uneven at 2 and 4 ranks.
   const ddp::ImageDataset odd{full.images.slice(0, 0, 9999), full.labels.slice(0, 0, 9999),
                               full.mean, full.stddev};

@@ -49,8 +49,8 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
 }
 
 TEST(IdxReader, RealFashionMnist) {
-  const ddp::ImageDataset train = ddp::load_mnist(ddp::kDefaultMnistDir, ddp::MnistSplit::Train);
-  const ddp::ImageDataset test = ddp::load_mnist(ddp::kDefaultMnistDir, ddp::MnistSplit::Test);
+  const ddp::ImageDataset train = ddp::load_mnist(ddp_test::mnist_dir(), ddp::MnistSplit::Train);
+  const ddp::ImageDataset test = ddp::load_mnist(ddp_test::mnist_dir(), ddp::MnistSplit::Test);
   EXPECT_EQ(train.images.sizes(), (std::vector<int64_t>{60000, 1, 28, 28}));
   EXPECT_EQ(test.images.sizes(), (std::vector<int64_t>{10000, 1, 28, 28}));
   EXPECT_EQ(train.images.dtype(), torch::kByte);

@@ -2,6 +2,7 @@
 // Helpers shared by the test files.
 
 #include <ddp/train/image_dataset.h>
+#include <ddp/train/mnist.h>
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>
 
@@ -9,11 +10,19 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
 namespace ddp_test {
+
+// Where the tests read Fashion-MNIST: DDP_MNIST_DIR when set (a GPU machine's unpacked copy,
+// scripts/gpu_proof.sh), else Debian's dataset-fashion-mnist.
+inline std::string mnist_dir() {
+  const char* dir = std::getenv("DDP_MNIST_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : ddp::kDefaultMnistDir;
+}
 
 // The process's Runtime in the multi-rank test binary (set by mpi_test_main.cpp).
 ddp::Runtime& runtime();

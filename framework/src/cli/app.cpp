@@ -77,6 +77,7 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
   } catch (const std::invalid_argument& e) {
     flag_error = e.what();
   }
+  if (flag_error.empty() && flags.deterministic) use_deterministic_kernels();  // before CUDA starts
   ddp::RuntimeOptions runtime_options;
   runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
   runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message

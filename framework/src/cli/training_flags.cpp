@@ -12,6 +12,7 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -136,6 +137,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("lr", po::value(&f.lr)->default_value(defaults.lr, short_text(defaults.lr)), "learning rate")
     ("seed", po::value(&f.seed)->default_value(1), "random seed (model init, data order, augmentation)")
     ("no-cuda", po::bool_switch(&f.no_cuda), "train on the CPU even when CUDA is available")
+    ("deterministic", po::bool_switch(&f.deterministic), "deterministic GPU kernels: the same run twice gives the same model (slower)")
     ("dry-run", po::bool_switch(&f.dry_run), "quickly check a single pass: one batch, one epoch")
     ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)")
     ("schedule", po::value(&f.schedule)->default_value(defaults.schedule), "learning rate schedule: cosine (down to 0 over --epochs) or step")
@@ -183,6 +185,13 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
     ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)");
   d.add(training).add(data).add(distributed).add(checkpoints).add(diagnostics);
+}
+
+void use_deterministic_kernels() {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags) {

@@ -34,6 +34,7 @@ struct TrainingFlags {
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
   bool keep_global_batch = false;  // --keep-global-batch (TrainerOptions::keep_global_batch)
+  bool deterministic = false;      // --deterministic (use_deterministic_kernels)
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
   std::string progress;
   // The training step.
@@ -75,6 +76,13 @@ void add_training_flags(boost::program_options::options_description& options, Tr
 // --compression, --powersgd-rank < 1, --powersgd-start-iter < 2. ddp::cli::run calls it right
 // after parsing.
 void check_training_flags(const TrainingFlags& flags);
+
+// --deterministic: the same run twice gives the same model on a GPU too, as
+// torch.use_deterministic_algorithms(True) with cudnn.deterministic does in PyTorch: cuDNN's
+// deterministic algorithms without autotuning, ATen's deterministic mode (an operation without a
+// deterministic kernel warns), and CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set (cuBLAS reads it
+// when it starts, so this runs before any CUDA work). ddp::cli::run calls it after parsing.
+void use_deterministic_kernels();
 
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
