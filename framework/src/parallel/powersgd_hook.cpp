@@ -88,6 +88,7 @@ struct PendingBucket {
   torch::Tensor uncompressed_memory;
   torch::Tensor p_memory, q_memory;  // the state's, held: without warm_start it drops them
   std::vector<torch::Tensor> matrices, ps, qs;  // [1, n, m], [1, n, r], [1, m, r]
+  std::unique_ptr<Work> p_sum;  // the all-reduce of p_memory, started with the hook
 };
 
 }  // namespace
@@ -197,12 +198,15 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
       torch::bmm_out(job->ps[k], job->matrices[k], job->qs[k]);
     }
 
-    // The uncompressed tensors start at once; the rest runs when the reducer waits (in bucket
-    // order, on the training thread), each step a blocking collective as in PyTorch's chain.
+    // The uncompressed tensors and the Ps start at once, so both travel while backward goes on
+    // (PyTorch starts the Ps only once the uncompressed tensors are done: the sums are the same,
+    // each all-reduce on its own). The Qs need the summed Ps: they run when the reducer waits
+    // (in bucket order, on the training thread), as in PyTorch's chain.
     std::unique_ptr<Work> first;
     if (job->uncompressed_memory.numel() > 0) {
       first = comm.all_reduce_async(job->uncompressed_memory, ReduceOp::Sum);
     }
+    if (job->p_memory.numel() > 0) job->p_sum = comm.all_reduce_async(job->p_memory, ReduceOp::Sum);
     Communicator* group = &comm;
     return BucketFuture(std::move(first), input).then([job, group, index, world](torch::Tensor) {
       PowerSGDState& s = *job->state;
@@ -213,7 +217,7 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
         t.copy_(job->uncompressed_memory.narrow(0, at, t.numel()).view_as(t));
         at += t.numel();
       }
-      if (job->p_memory.numel() > 0) group->all_reduce(job->p_memory, ReduceOp::Sum);
+      if (job->p_sum) job->p_sum->wait();
       // compute_qs
       for (const torch::Tensor& p : job->ps) orthogonalize(p, s.orthogonalization_epsilon);
       for (size_t k = 0; k < job->matrices.size(); ++k) {
