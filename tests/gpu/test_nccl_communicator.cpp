@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -149,7 +150,9 @@ TEST_F(Nccl, CollectivesAreOrderedByStreamsNotByTheHost) {
   }
 }
 
-// all_reduce_async leaves the current stream free until wait(): that is the overlap.
+// all_reduce_async leaves the host and the current stream free until wait(): that is the overlap.
+// Each check says which of the two waited (the first H100 run, 2026-11-24, saw the NCCL stream idle
+// after current.synchronize(), without saying where the wait was).
 TEST_F(Nccl, AsyncAllReduceHoldsTheCurrentStreamOnlyFromWait) {
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(rt().device().index());
   torch::Tensor t = torch::full({1000}, rt().rank() + 1.0, on_gpu(torch::kFloat));
@@ -158,10 +161,19 @@ TEST_F(Nccl, AsyncAllReduceHoldsTheCurrentStreamOnlyFromWait) {
     c10::cuda::CUDAStreamGuard on_nccl(comm().stream());
     at::cuda::sleep(kLongSleepCycles);
   }
+  ASSERT_FALSE(comm().stream().query()) << "the sleep on the NCCL stream ended before the test looked";
+  const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<ddp::Work> work = comm().all_reduce_async(t, ddp::ReduceOp::Sum);
+  const double call_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(comm().stream().query())
+      << "all_reduce_async returned only once the NCCL stream was idle: the host waited for it ("
+      << call_ms << " ms in the call)";
   torch::Tensor other = torch::ones({10}, on_gpu(torch::kFloat)) * 3;
   current.synchronize();  // the current stream is not held up by the all-reduce...
-  EXPECT_FALSE(comm().stream().query()) << "the NCCL stream finished too early to tell";
+  EXPECT_FALSE(comm().stream().query())
+      << "current.synchronize() returned only once the NCCL stream was idle: the current stream "
+         "waited for the all-reduce before wait()";
   EXPECT_EQ(other.sum().item<float>(), 30.0f);
   work->wait();  // ...until it waits for it
   const double n = rt().world_size();
