@@ -34,6 +34,7 @@ struct TrainingFlags {
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
   bool keep_global_batch = false;  // --keep-global-batch (TrainerOptions::keep_global_batch)
+  bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
   std::string progress;
   // The training step.
