@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace po = boost::program_options;
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   std::string model_name, device_name, grad_sync, compression, label, out, link, timeline_path;
   int64_t batch, warmup, window_steps, windows;
   double bucket_mb;
+  bool bucket_view = false, reducer_at_one_rank = false;
   po::options_description options("bench_throughput options");
   options.add_options()
     ("help,h", "print this help")
@@ -75,6 +77,8 @@ int main(int argc, char** argv) {
     ("grad-sync", po::value(&grad_sync)->default_value("bucketed"), "bucketed or per-parameter")
     ("compression", po::value(&compression)->default_value("none"), "none, fp16 or bf16")
     ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
+    ("gradient-as-bucket-view", po::bool_switch(&bucket_view), "grads are views into the buckets (zeroed in place instead of reset)")
+    ("reducer-at-one-rank", po::bool_switch(&reducer_at_one_rank), "run the bucket path at one rank too, as PyTorch's DDP does")
     ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>])")
     ("link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")
     ("timeline", po::value(&timeline_path)->default_value(""), "also write a timeline of the timed steps")
@@ -110,6 +114,8 @@ int main(int argc, char** argv) {
     ddp_options.compression = ddp::parse_compression(compression);
     ddp_options.bucket_cap_mb = bucket_mb;
     ddp_options.timeline = timeline.get();
+    ddp_options.gradient_as_bucket_view = bucket_view;
+    ddp_options.reducer_at_one_rank = reducer_at_one_rank;
     ddp::DistributedDataParallel ddp_model(group, model.module, ddp_options);
     torch::optim::SGD optimizer(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
 
@@ -122,7 +128,7 @@ int main(int argc, char** argv) {
     auto step = [&] {
       using Clock = ddp::Timeline::Clock;
       auto t = Clock::now();
-      optimizer.zero_grad();
+      optimizer.zero_grad(!bucket_view);  // views stay views when zeroed in place
       // What a user's step does, and PyTorch DDP's forward: the buffer broadcast (ResNet's
       // BatchNorm statistics) and the hook check before the forward.
       ddp_model.prepare_forward();
@@ -149,12 +155,20 @@ int main(int argc, char** argv) {
       rates.push_back(static_cast<double>(runtime.world_size() * batch * window_steps) / seconds);
     }
     if (timeline) timeline->write(timeline_path);
+    // Peak resident memory of the largest rank (the whole process: LibTorch, MPI, data, model).
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    torch::Tensor peak = torch::tensor({static_cast<double>(usage.ru_maxrss) / 1024.0}, torch::kDouble);
+    comm.all_reduce(peak, ddp::ReduceOp::Max);
+    const double peak_rss_mb = peak.item<double>();
     if (!runtime.is_main()) return;
 
     std::vector<double> sorted = rates;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
-    if (label.empty()) label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression);
+    if (label.empty()) {
+      label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression) + (bucket_view ? "-view" : "");
+    }
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     std::ostringstream json;
@@ -164,12 +178,12 @@ int main(int argc, char** argv) {
          << ", \"threads\": " << torch::get_num_threads() << ", \"samples_per_sec\": " << median
          << ", \"step_ms\": " << 1000.0 * runtime.world_size() * batch / median << ", \"windows\": [";
     for (size_t i = 0; i < rates.size(); ++i) json << (i ? ", " : "") << rates[i];
-    json << "], \"host\": \"" << host << "\"";
+    json << "], \"peak_rss_mb\": " << peak_rss_mb << ", \"host\": \"" << host << "\"";
     if (!link.empty()) json << ", \"link\": \"" << link << "\"";
     json << "}";
-    std::printf("%-22s %-9s world %d batch %lld: %9.1f samples/s (%.1f ms/step)\n", label.c_str(),
-                model_name.c_str(), runtime.world_size(), static_cast<long long>(batch), median,
-                1000.0 * runtime.world_size() * batch / median);
+    std::printf("%-22s %-9s world %d batch %lld: %9.1f samples/s (%.1f ms/step), peak RSS %.1f MiB\n",
+                label.c_str(), model_name.c_str(), runtime.world_size(), static_cast<long long>(batch),
+                median, 1000.0 * runtime.world_size() * batch / median, peak_rss_mb);
     if (!out.empty()) {
       std::ofstream file(out, std::ios::app);
       file << json.str() << "\n";

@@ -3,6 +3,7 @@
 #include <ddp/cli/flag_checks.h>
 #include <ddp/cli/training_flags.h>
 
+#include <boost/program_options.hpp>
 #include <gtest/gtest.h>
 
 #include <torch/optim/sgd.h>
@@ -168,6 +169,24 @@ TEST(ExampleFlags, CheckpointEverySecondsIsFinitePositiveAndNeedsAFolder) {
   EXPECT_EQ(ddp::cli::trainer_options(f, nullptr).checkpoint.every_seconds, 0);
   f.checkpoint_every_seconds = 2.5, f.checkpoint_dir = "ckpt";
   EXPECT_EQ(ddp::cli::trainer_options(f, nullptr).checkpoint.every_seconds, 2.5);
+}
+
+// --gradient-as-bucket-view: parsed as a switch, and DDPOptions follows it (off by default, as in
+// PyTorch).
+TEST(ExampleFlags, GradientAsBucketViewReachesDDPOptions) {
+  for (const bool on : {false, true}) {
+    TrainingFlags f;
+    boost::program_options::options_description options;
+    ddp::cli::add_training_flags(options, f, {64, 1, 1.0, "data", "data", "model.pt"});
+    std::vector<const char*> argv = {"program"};
+    if (on) argv.push_back("--gradient-as-bucket-view");
+    boost::program_options::variables_map vm;
+    boost::program_options::store(
+        boost::program_options::parse_command_line(static_cast<int>(argv.size()), argv.data(), options), vm);
+    boost::program_options::notify(vm);
+    EXPECT_EQ(f.gradient_as_bucket_view, on);
+    EXPECT_EQ(ddp::cli::ddp_options(f, nullptr).gradient_as_bucket_view, on);
+  }
 }
 
 TEST(ExampleFlags, ProgramFlagHelpers) {

@@ -75,7 +75,7 @@ std::vector<torch::Tensor> train(const ddp::CommHook& hook, ddp::DDPOptions opti
   const torch::Tensor y = closed_form(kSteps * w * kBatch, kOut, 0.75, 1.0).reshape({kSteps, w * kBatch, kOut});
   std::vector<torch::Tensor> out;
   for (int64_t s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
+    opt.zero_grad(!options.gradient_as_bucket_view);  // views are zeroed in place
     const torch::Tensor mine = x[s].slice(0, r * kBatch, (r + 1) * kBatch);
     ddp_model.prepare_forward();  // a Sequential's forward is a template: the wrapper cannot call it
     ((model->forward(mine) - y[s].slice(0, r * kBatch, (r + 1) * kBatch)).pow(2).mean()).backward();
@@ -124,7 +124,8 @@ const std::vector<Config> kConfigs = {
 // start_powerSGD_iter (plain all-reduce; after it too, as measured: 0). Otherwise within 2e-6
 // absolute + 1e-4 relative: at 4 ranks gloo sums in another order than Open MPI (largest
 // difference measured 1.1e-7 over the 4 configurations), and matrix products or QR may sum in
-// another order elsewhere. The largest difference is printed.
+// another order elsewhere. The largest difference is printed. The same with the gradients as
+// views into the buckets (DDPOptions::gradient_as_bucket_view), which must not change a bit.
 TEST(PowerSGD, MatchesPyTorchPowerSGDHook) {
   std::string reference;
   if (rt().is_main()) {
@@ -137,7 +138,11 @@ TEST(PowerSGD, MatchesPyTorchPowerSGDHook) {
   const auto expected = parse_reference(reference);
   ASSERT_EQ(expected.size(), kConfigs.size());
 
+  std::map<std::string, std::vector<torch::Tensor>> copied;  // without the views
+  for (const bool view : {false, true}) {
   for (const Config& c : kConfigs) {
+    ddp::DDPOptions options;
+    options.gradient_as_bucket_view = view;
     auto state = std::make_shared<ddp::PowerSGDState>();
     state->matrix_approximation_rank = c.rank;
     state->start_powerSGD_iter = c.start;
@@ -146,13 +151,14 @@ TEST(PowerSGD, MatchesPyTorchPowerSGDHook) {
     state->warm_start = c.warm;
     state->orthogonalization_epsilon = c.epsilon;
     state->random_seed = c.seed;
-    const std::vector<torch::Tensor> got = train(ddp::powersgd_hook(state));
+    const std::vector<torch::Tensor> got = train(ddp::powersgd_hook(state), options);
     const std::vector<torch::Tensor>& want = expected.at(c.name);
-    ASSERT_EQ(got.size(), want.size()) << c.name;
-    EXPECT_EQ(state->iter, kSteps) << c.name;
+    const std::string name = c.name + (view ? " (gradient_as_bucket_view)" : "");
+    ASSERT_EQ(got.size(), want.size()) << name;
+    EXPECT_EQ(state->iter, kSteps) << name;
     double largest = 0;
     for (size_t s = 0; s < got.size(); ++s) {
-      const std::string what = c.name + (s < static_cast<size_t>(kSteps) ? ", step " + std::to_string(s) : ", weights");
+      const std::string what = name + (s < static_cast<size_t>(kSteps) ? ", step " + std::to_string(s) : ", weights");
       ASSERT_EQ(got[s].numel(), want[s].numel()) << what;
       EXPECT_TRUE(ddp_test::identical_on_all_ranks(got[s])) << what << ": replicas differ";
       const double diff = (got[s] - want[s]).abs().max().item<double>();
@@ -165,7 +171,15 @@ TEST(PowerSGD, MatchesPyTorchPowerSGDHook) {
         EXPECT_TRUE(torch::allclose(got[s], want[s], 1e-4, 2e-6)) << what << ": max diff " << diff;
       }
     }
-    if (rt().is_main()) std::cout << "[ powersgd ] " << c.name << ": largest difference " << largest << "\n";
+    if (rt().is_main()) std::cout << "[ powersgd ] " << name << ": largest difference " << largest << "\n";
+    if (!view) {
+      copied[c.name] = got;
+      continue;
+    }
+    for (size_t s = 0; s < got.size(); ++s) {
+      EXPECT_TRUE(torch::equal(got[s], copied.at(c.name)[s])) << name << ", " << s << ": differs from copying";
+    }
+  }
   }
 }
 

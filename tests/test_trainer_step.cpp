@@ -37,10 +37,18 @@ ddp::LRScheduleOptions warmup_cosine() {
   return s;
 }
 
-TEST(TrainerStep, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoop) {
+// Also with the Trainer's gradients as views into the buckets (it then zeroes them in place; the
+// loop resets them and copies): bit-identical still.
+class TrainerStepViews : public testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(GradientAsBucketView, TrainerStepViews, testing::Bool());
+
+TEST_P(TrainerStepViews, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoop) {
   const ddp::ImageDataset data = small_images();
   torch::nn::Sequential net = small_cnn(), plain = small_cnn();
-  ddp::DistributedDataParallel model(pg(), net.ptr()), plain_model(pg(), plain.ptr());
+  ddp::DDPOptions views;
+  views.gradient_as_bucket_view = GetParam();
+  views.reducer_at_one_rank = GetParam();
+  ddp::DistributedDataParallel model(pg(), net.ptr(), views), plain_model(pg(), plain.ptr());
   auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);
   torch::optim::SGD optimizer(net->parameters(), sgd), plain_optimizer(plain->parameters(), sgd);
   ddp::LRSchedule schedule(optimizer, warmup_cosine()), plain_schedule(plain_optimizer, warmup_cosine());

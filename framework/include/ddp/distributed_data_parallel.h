@@ -97,6 +97,18 @@ struct DDPOptions {
   /// find_unused_parameters, as with more ranks. false (default): at one rank there is nothing to
   /// average and no Reducer is built. No effect with more than one rank.
   bool reducer_at_one_rank = false;
+  /// true: every parameter's grad() is a view into the reducer's flat bucket (PyTorch's
+  /// gradient_as_bucket_view), so backward accumulates straight into the bucket and nothing is
+  /// copied in before the all-reduce or out after it; the gradients take no memory of their own.
+  /// Results are bit-identical to false. A grad() that exists at construction becomes a view
+  /// then, the others at the first synchronised backward that produces them; the bucket rebuild
+  /// moves them into the new buckets, values included. A grad() that was reset
+  /// (optimizer.zero_grad() with set_to_none, LibTorch's default) or replaced by another tensor is
+  /// copied into its bucket at the next synchronised backward and becomes the view again: correct,
+  /// but the copy and the memory are back, so zero in place (optimizer.zero_grad(false), as the
+  /// Trainer does with this option). No effect without a Reducer (one rank, reducer_at_one_rank
+  /// false).
+  bool gradient_as_bucket_view = false;
 };
 
 /// Parses "bucketed" / "per-parameter", "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl";

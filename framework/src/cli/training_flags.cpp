@@ -162,6 +162,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("powersgd-start-iter", po::value(&f.powersgd_start_iter)->default_value(1000), "with --comm-hook powersgd: plain all-reduce for the first N steps, compression after (>= 2)")
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
+    ("gradient-as-bucket-view", po::bool_switch(&f.gradient_as_bucket_view), "gradients are views into the all-reduce buckets: no copy into the buckets and back, no gradient memory of their own (same results)")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
     ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
@@ -208,6 +209,7 @@ ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline)
   options.bucket_cap_mb = flags.bucket_mb;
   options.first_bucket_mb = flags.first_bucket_mb;
   options.find_unused_parameters = flags.find_unused_parameters;
+  options.gradient_as_bucket_view = flags.gradient_as_bucket_view;
   options.broadcast_buffers = !flags.no_broadcast_buffers;
   options.timeline = timeline;
   return options;

@@ -101,19 +101,34 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
                               ? kOneParameterPerBucket
                               : BucketCaps{options_.first_bucket_mb * mib, options_.bucket_cap_mb * mib};
   buckets_.clear();
-  slots_.assign(params_.size(), Slot{kNoBucket, 0, false});
+  slots_.assign(params_.size(), Slot{kNoBucket, 0, false, {}});
   for (std::vector<size_t>& members : assign_buckets(sizes, order, caps)) {
     Bucket bucket;
     int64_t numel = 0;
     for (size_t i : members) {
-      slots_[i] = Slot{buckets_.size(), numel, false};
+      slots_[i] = Slot{buckets_.size(), numel, false, {}};
       numel += params_[i].numel();
     }
     const torch::Tensor& first = params_[members.front()];
     bucket.data = torch::zeros({numel}, first.options().requires_grad(false));
+    for (size_t i : members) {
+      // detach(): a plain alias, not an autograd view, which zero_grad()'s detach_() would refuse
+      // as a grad().
+      Slot& slot = slots_[i];
+      slot.view = bucket.data.narrow(0, slot.offset, params_[i].numel()).view(params_[i].sizes()).detach();
+    }
     bucket.pending = members.size();
     bucket.params = std::move(members);
     buckets_.push_back(std::move(bucket));
+  }
+  if (!options_.gradient_as_bucket_view) return;
+  // Gradients already there (a model trained before, or the rebuild's old buckets) move into the
+  // new buckets with their values.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& grad = params_[i].mutable_grad();
+    if (slots_[i].bucket == kNoBucket || !grad.defined() || grad_is_view(i)) continue;
+    slots_[i].view.copy_(grad);
+    grad = slots_[i].view;
   }
 }
 
@@ -163,9 +178,11 @@ std::vector<std::vector<size_t>> Reducer::bucket_layout() const {
   return layout;
 }
 
-torch::Tensor Reducer::view_of(size_t param) {
-  const Slot& slot = slots_[param];
-  return buckets_[slot.bucket].data.narrow(0, slot.offset, params_[param].numel());
+bool Reducer::grad_is_view(size_t param) const {
+  const torch::Tensor& grad = params_[param].grad();
+  const torch::Tensor& view = slots_[param].view;
+  return grad.defined() && grad.is_alias_of(view) && grad.data_ptr() == view.data_ptr() &&
+         grad.sizes() == view.sizes() && grad.strides() == view.strides();
 }
 
 void Reducer::on_gradient_ready(size_t param) {
@@ -177,12 +194,16 @@ void Reducer::on_gradient_ready(size_t param) {
                              "' arrived twice in one backward pass (reentrant or double "
                              "backward is not supported)");
   }
-  const torch::Tensor& grad = params_[param].grad();
+  torch::Tensor& grad = params_[param].mutable_grad();
   if (grad.is_sparse()) {
     throw std::runtime_error("DistributedDataParallel: '" + names_[param] +
                              "' has a sparse gradient, which is not supported");
   }
-  view_of(param).copy_(grad.reshape(-1));
+  // With gradient_as_bucket_view the gradient is usually in its bucket already.
+  if (!grad_is_view(param)) {
+    slot.view.copy_(grad);
+    if (options_.gradient_as_bucket_view) grad = slot.view;
+  }
   slot.ready = true;
   if (rebuild_pending_) ready_order_.push_back(param);
   if (--buckets_[slot.bucket].pending == 0) launch_ready_buckets();
@@ -205,7 +226,7 @@ void Reducer::launch_ready_buckets() {
     Bucket& bucket = buckets_[b];
     GradBucket view{b, b + 1 == buckets_.size(), bucket.data, {}, {}};
     for (size_t i : bucket.params) {
-      view.gradients.push_back(view_of(i).view(params_[i].sizes()));
+      view.gradients.push_back(slots_[i].view);
       view.parameters.push_back(params_[i]);
     }
     bucket.future.emplace(hook_(data_comm_, view));
@@ -258,7 +279,9 @@ void Reducer::finish_backward() {
       used_here[static_cast<int64_t>(i)] = 1;
       continue;
     }
-    view_of(i).zero_();
+    // A grad() that is the view keeps its value apart, in case no rank used the parameter.
+    if (grad_is_view(i)) params_[i].mutable_grad() = slot.view.clone();
+    slot.view.zero_();
     slot.ready = true;
     --buckets_[slot.bucket].pending;
   }
@@ -277,9 +300,11 @@ void Reducer::finish_backward() {
   auto anywhere = used_anywhere.accessor<bool, 1>();
   for (size_t i = 0; i < params_.size(); ++i) {
     if (slots_[i].bucket == kNoBucket || !anywhere[static_cast<int64_t>(i)]) continue;
-    torch::Tensor average = view_of(i).view(params_[i].sizes());
+    const torch::Tensor& average = slots_[i].view;
     torch::Tensor& grad = params_[i].mutable_grad();
-    if (grad.defined()) {
+    if (options_.gradient_as_bucket_view) {
+      if (!grad_is_view(i)) grad = average;  // only a parameter unused on this rank
+    } else if (grad.defined()) {
       grad.copy_(average);
     } else {
       grad = average.clone();

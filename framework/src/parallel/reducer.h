@@ -43,10 +43,22 @@
 // Because the bucket holds the accumulated grad(), gradient accumulation and no_sync() stay
 // exact.
 //
+// Gradient as bucket view (DDPOptions::gradient_as_bucket_view, c10d's): grad() is the bucket's
+// view itself, so backward accumulates into the bucket, step 1 finds the gradient in place and
+// step 3 has nothing to copy. A grad() that is not the view (the first backward, after
+// zero_grad() with set_to_none, or any tensor a user assigned) is copied in at step 1 as without
+// the option and then replaced by the view. The views are plain aliases (detach()ed), not
+// autograd views, so LibTorch's zero_grad() may detach_() them. Where the bucket must send zero
+// for a parameter that has no gradient on this rank (step 3's zero-fill) while its grad() is the
+// view, grad() first gets a copy of its old value: it keeps it if no rank used the parameter, as
+// without the option. The rebuild (step 5) copies every defined grad() into the new buckets and
+// points it there. Results are bit-identical to copying.
+//
 // Invariants: every rank has the same bucket layout (checked at construction and after the
 // rebuild); between backward passes no bucket is in flight; params_ never changes after
 // construction; buckets_ and slots_ change at most once, in step 5, identically on all ranks,
-// with nothing in flight.
+// with nothing in flight. With gradient_as_bucket_view, between backward passes the grad() of
+// every parameter that got a gradient in the last synchronised one is its slot's view.
 
 #include <ddp/comm_hook.h>
 #include <ddp/communicator.h>
@@ -113,6 +125,7 @@ class Reducer {
     size_t bucket = 0;
     int64_t offset = 0;   // elements into the bucket
     bool ready = false;   // copied in during this backward
+    torch::Tensor view;   // bucket data [offset, offset + numel), shaped like the parameter
   };
 
   // Groups `order` (the indices of the parameters that require grad) into buckets_, in that
@@ -125,7 +138,8 @@ class Reducer {
   void finish_backward();
   void launch_ready_buckets();
   void wait_for_buckets();
-  torch::Tensor view_of(size_t param);
+  // Whether params_[param].grad() is its slot's view (gradient_as_bucket_view).
+  bool grad_is_view(size_t param) const;
 
   Communicator& data_comm_;
   Communicator& control_comm_;

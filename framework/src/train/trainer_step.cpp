@@ -66,7 +66,12 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
     batch = source_->next();
     task_.prepare_any(batch, generator);
   });
-  if (group_start) phase("zero_grad", phases.optimizer, [&] { optimizer_.zero_grad(); });
+  if (group_start) {
+    // Gradients that are views into DDP's buckets are zeroed in place: reset, they would be
+    // allocated again by backward and copied into the buckets (DDPOptions::gradient_as_bucket_view).
+    const bool set_to_none = !(ddp_ && ddp_->options().gradient_as_bucket_view);
+    phase("zero_grad", phases.optimizer, [&] { optimizer_.zero_grad(set_to_none); });
+  }
   // The buffer broadcast belongs to forward, as in PyTorch's DDP.
   if (ddp_) phase("forward", phases.forward_backward, [&] { ddp_->prepare_forward(); });
   const int64_t check = options_.check_sync_every;

@@ -35,6 +35,7 @@ struct TrainingFlags {
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
   bool keep_global_batch = false;  // --keep-global-batch (TrainerOptions::keep_global_batch)
   bool deterministic = false;      // --deterministic (use_deterministic_kernels)
+  bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
   std::string progress;
   // The training step.
