@@ -2,8 +2,10 @@
 // equal within 1e-6 to the unsharded optimizer stepped by one process on the same global
 // batches (SGD with momentum and Adam; over MPI, the TCP ring, and with DDP's all-reduce), its
 // consolidated state loads into an unsharded optimizer and at half the ranks and continues
-// equal, and each rank keeps the state of its shard only.
+// equal, the Checkpointer's snapshots resume it bit for bit, and each rank keeps the state of its
+// shard only.
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/train/checkpointer.h>
 #include <ddp/zero_redundancy_optimizer.h>
 #include "comm/mpi_communicator.h"
 #include "comm/socket_ring.h"
@@ -210,6 +212,40 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateLoadsUnshardedAndAtHalfTheRanks) 
     torch::serialize::OutputArchive archive;
     EXPECT_THROW(optimizer.save(archive), std::logic_error);  // a step discards the consolidation
   }
+}
+
+torch::Tensor flat(const Net& net) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : net->parameters()) parts.push_back(p.detach().flatten());
+  return torch::cat(parts);
+}
+
+// The Checkpointer gathers the shards to rank 0 before each snapshot; resume() loads the
+// consolidated state on every rank, which keeps its shard: the run continues bit for bit.
+TEST(ZeroRedundancyOptimizer, CheckpointerSnapshotsResumeBitIdentical) {
+  ddp::ProcessGroup& group = ddp_test::group();
+  ddp::CheckpointerOptions options;
+  options.dir = ddp::all_gather_strings(group.cpu(), group.is_main() ? ddp_test::make_temp_dir("zero_resume") : "")[0];
+  options.every_steps = 3;
+  Net net;
+  ddp::ZeroRedundancyOptimizer optimizer(net->parameters(), group.cpu(), adam());
+  ddp::Checkpointer checkpointer(group, *net, optimizer, options);
+  for (int step = 0; step < 8; ++step) {
+    checkpointer.at_boundary(false, {2, step, step}, [] { return ddp::RankState{}; });
+    zero_steps(net, optimizer, group.cpu(), step, step + 1);
+  }
+  const torch::Tensor final_weights = flat(net);
+
+  Net again;
+  ddp::ZeroRedundancyOptimizer again_optimizer(again->parameters(), group.cpu(), adam());
+  ddp::CheckpointerOptions resume = options;
+  resume.resume = "latest";
+  ddp::Checkpointer resumed(group, *again, again_optimizer, resume);
+  const ddp::ResumePoint start = resumed.resume();
+  ASSERT_EQ(start.position.step, 6);
+  EXPECT_FALSE(torch::equal(flat(again), final_weights));
+  zero_steps(again, again_optimizer, group.cpu(), 6, 8);
+  EXPECT_TRUE(torch::equal(flat(again), final_weights));
 }
 
 // Eight 16x16 layers: 2176 elements that split evenly over 1, 2 and 4 ranks.
