@@ -15,7 +15,10 @@
 ///
 /// Partition (deterministic, the same on every rank): the parameters, largest first (ties: the
 /// earlier one), each go to the rank with the fewest elements so far (ties: the lower rank);
-/// a rank's shard keeps the parameters' order. owners() tells which rank steps which.
+/// a rank's shard keeps the parameters' order. owners() tells which rank steps which. Whole
+/// parameters, as c10d's: a tensor's state is never split, so a model whose largest tensor holds
+/// more than 1/size() of the elements keeps that tensor's state on one rank (bench_zero's MLP:
+/// its 784x1024 weight is 60% of the model, so rank 0 keeps 60% of Adam's state at 2 ranks).
 ///
 /// step(), collective: (1) the gradients go into one flat buffer of size() equal chunks, chunk r
 /// holding rank r's parameters' gradients (an undefined gradient counts as zeros; the chunks'
@@ -41,8 +44,9 @@
 /// every parameter, in order), so an unsharded optimizer, or a ZeroRedundancyOptimizer at any
 /// number of ranks, loads it. consolidate_state_dict(to) (collective) gathers every shard's
 /// state to rank `to`; save() then writes it there (torch::optim::Optimizer::save, so
-/// snapshots and torch::save work). load() reads a consolidated state on every rank (not
-/// collective) and keeps this rank's shard of it.
+/// snapshots and torch::save work; the training kit's Checkpointer consolidates before each
+/// snapshot). load() reads a consolidated state on every rank (not collective) and keeps this
+/// rank's shard of it.
 ///
 /// Contract: every rank constructs it (collective: rank 0's parameters are broadcast) with the
 /// same parameters, in the same order, of one dtype on one device, and calls step() and
