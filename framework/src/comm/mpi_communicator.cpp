@@ -113,26 +113,13 @@ void MpiCommunicator::reduce_scatter(const torch::Tensor& output, const torch::T
   const MPI_Datatype type = detail::mpi_type(in.scalar_type());
   const MPI_Op reduce = detail::mpi_op(op, in.scalar_type());
   const int size = this->size();
-  // Large ones as large all-reduces (see the header): Open MPI's non-blocking reduce-scatter
-  // (libnbc) took 3x the time of its blocking one on 5 MB in bench_zero.
-  const bool blocking = in.nbytes() >= options_.blocking_bytes;
-  const bool arrival_barrier = blocking && !worker_->options().check_collectives;
   detail::MpiWorker* worker = worker_.get();
-  auto run = [worker, in, out, type, reduce, op, size, blocking, arrival_barrier] {
-    const MPI_Comm comm = worker->comm();
-    const int count = static_cast<int>(out.numel());
+  auto run = [worker, in, out, type, reduce, op, size] {
     MPI_Request request;
-    if (arrival_barrier) {
-      DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
-      worker->wait(request);
-    }
-    if (blocking) {
-      DDP_MPI_CHECK(MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count, type, reduce, comm));
-    } else {
-      DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count, type, reduce,
-                                              comm, &request));
-      worker->wait(request);
-    }
+    DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(),
+                                            static_cast<int>(out.numel()), type, reduce,
+                                            worker->comm(), &request));
+    worker->wait(request);
     detail::finish_avg(out, op, size);
   };
   worker_->submit(std::move(call), std::move(run), output, out)->wait();

@@ -68,8 +68,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(const torch::Tensor& tensor, int root = 0) override;
   torch::Tensor all_gather(const torch::Tensor& tensor) override;
   // MPI_Ireduce_scatter_block and MPI_Iallgather on the worker (at most INT_MAX elements per
-  // rank); the dtypes and ops of all_reduce. A reduce-scatter of at least blocking_bytes is
-  // made as a large all-reduce is: MPI_Ibarrier, then the blocking MPI_Reduce_scatter_block.
+  // rank); the dtypes and ops of all_reduce.
   void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
                       ReduceOp op = ReduceOp::Sum) override;
   void all_gather_into(const torch::Tensor& output, const torch::Tensor& input) override;
