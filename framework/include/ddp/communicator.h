@@ -82,6 +82,24 @@ class Communicator {
   /// rank order.
   virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
 
+  /// Flat collectives in equal chunks (c10d's reduce_scatter_tensor / all_gather_into_tensor),
+  /// for ZeroRedundancyOptimizer. `input` and `output` are contiguous, of one dtype, on one
+  /// device, and distinct; chunk r of a flat buffer of size() * n elements is its elements
+  /// [r n, (r + 1) n). Sizes that do not divide are the caller's to pad (MPI and NCCL have
+  /// equal-chunk calls; the padding is not sent twice, it is reduced like the rest).
+  ///
+  /// reduce_scatter: `input` has size() times the elements of `output`; every rank gets in
+  /// `output` its own chunk (chunk rank()) of the reduction of every rank's `input`, which it
+  /// leaves unchanged.
+  ///
+  /// The base class implements both with all_reduce() and all_gather() (correct for any backend,
+  /// but it moves size() times the bytes); MPI, NCCL and the TCP ring have their own.
+  virtual void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                              ReduceOp op = ReduceOp::Sum);
+  /// all_gather_into: `output` has size() times the elements of `input`; every rank gets every
+  /// rank's `input` in rank order (chunk r is rank r's).
+  virtual void all_gather_into(const torch::Tensor& output, const torch::Tensor& input);
+
   /// Returns once every rank has called it.
   virtual void barrier() = 0;
 };

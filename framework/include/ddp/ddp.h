@@ -27,3 +27,4 @@
 #include <ddp/stop_signal.h>
 #include <ddp/sync_batch_norm.h>
 #include <ddp/timeline.h>
+#include <ddp/zero_redundancy_optimizer.h>

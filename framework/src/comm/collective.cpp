@@ -13,6 +13,7 @@ const char* kind_name(CollectiveKind kind) {
     case CollectiveKind::Broadcast: return "broadcast";
     case CollectiveKind::AllGather: return "all_gather";
     case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
   }
   return "collective";
 }
@@ -58,9 +59,10 @@ bool is_16bit_float(torch::ScalarType type) {
 }
 
 // Checks what every call with a tensor needs; returns the call's description without its
-// reduce op or root.
-Collective checked(const Rules& rules, CollectiveKind kind, const torch::Tensor& tensor) {
-  const std::string where = rules.prefix + kind_name(kind);
+// reduce op or root. `name`: the call's name in errors when it is not its kind's.
+Collective checked(const Rules& rules, CollectiveKind kind, const torch::Tensor& tensor,
+                   const char* name = nullptr) {
+  const std::string where = rules.prefix + (name ? name : kind_name(kind));
   auto fail = [&](const std::string& what) { throw std::invalid_argument(where + ": " + what); };
   if (!tensor.defined()) fail("undefined tensor");
   if (!tensor.is_contiguous()) fail("tensor must be contiguous");
@@ -81,11 +83,8 @@ Collective checked(const Rules& rules, CollectiveKind kind, const torch::Tensor&
   return call;
 }
 
-}  // namespace
-
-Collective Collective::all_reduce(const Rules& rules, const torch::Tensor& tensor, ReduceOp op) {
-  Collective call = checked(rules, CollectiveKind::AllReduce, tensor);
-  const std::string where = rules.prefix + "all_reduce: ";
+// The reduce op's rules for `tensor`'s dtype; `where` ends ": ".
+void check_op(const Rules& rules, const std::string& where, const torch::Tensor& tensor, ReduceOp op) {
   if (op == ReduceOp::Avg && !tensor.is_floating_point()) {
     throw std::invalid_argument(where + "Avg needs a floating-point tensor, got " +
                                 dtype_name(tensor.scalar_type()));
@@ -94,7 +93,52 @@ Collective Collective::all_reduce(const Rules& rules, const torch::Tensor& tenso
       op != ReduceOp::Avg) {
     throw std::invalid_argument(where + "float16/bfloat16 support Sum and Avg only");
   }
+}
+
+// `big` must hold `size` times the elements of `small`, of the same dtype, and not be `small`.
+void check_chunks(const Rules& rules, const char* name, const torch::Tensor& big,
+                  const char* big_name, const torch::Tensor& small, const char* small_name, int size) {
+  (void)checked(rules, CollectiveKind::AllGather, small, name);  // defined, contiguous, dtype, device
+  const std::string where = rules.prefix + name + ": ";
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(where + what); };
+  if (big.scalar_type() != small.scalar_type()) {
+    fail(std::string(big_name) + " is " + dtype_name(big.scalar_type()) + " but " + small_name +
+         " is " + dtype_name(small.scalar_type()));
+  }
+  if (big.device() != small.device()) {
+    fail(std::string(big_name) + " is on " + big.device().str() + " but " + small_name + " on " +
+         small.device().str());
+  }
+  if (big.numel() != small.numel() * size) {
+    fail(std::string(big_name) + " has " + std::to_string(big.numel()) + " elements, not " +
+         std::to_string(size) + " (ranks) x " + std::to_string(small.numel()) + " (" + small_name +
+         "'s); pad it to a multiple of the ranks");
+  }
+  if (big.numel() > 0 && big.data_ptr() == small.data_ptr()) fail("input and output are the same memory");
+}
+
+}  // namespace
+
+Collective Collective::all_reduce(const Rules& rules, const torch::Tensor& tensor, ReduceOp op) {
+  Collective call = checked(rules, CollectiveKind::AllReduce, tensor);
+  check_op(rules, rules.prefix + "all_reduce: ", tensor, op);
   call.extra = static_cast<int64_t>(op);
+  return call;
+}
+
+Collective Collective::reduce_scatter(const Rules& rules, const torch::Tensor& output,
+                                      const torch::Tensor& input, ReduceOp op, int size) {
+  Collective call = checked(rules, CollectiveKind::ReduceScatter, input);
+  check_op(rules, rules.prefix + "reduce_scatter: ", input, op);
+  check_chunks(rules, "reduce_scatter", input, "input", output, "output", size);
+  call.extra = static_cast<int64_t>(op);
+  return call;
+}
+
+Collective Collective::all_gather_into(const Rules& rules, const torch::Tensor& output,
+                                       const torch::Tensor& input, int size) {
+  Collective call = checked(rules, CollectiveKind::AllGather, input, "all_gather_into");
+  check_chunks(rules, "all_gather_into", output, "output", input, "input", size);
   return call;
 }
 
@@ -146,7 +190,7 @@ std::string Collective::describe(const Fingerprint& f) {
     }
     text += "]";
   }
-  if (kind == CollectiveKind::AllReduce) {
+  if (kind == CollectiveKind::AllReduce || kind == CollectiveKind::ReduceScatter) {
     text += std::string(" (") + reduce_op_name(static_cast<ReduceOp>(f[3])) + ")";
   }
   if (kind == CollectiveKind::Broadcast) text += " (root " + std::to_string(f[3]) + ")";

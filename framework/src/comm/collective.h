@@ -25,7 +25,9 @@
 namespace ddp::detail {
 
 // The numbers travel between ranks (fingerprints, the watchdog's answers): keep them.
-enum class CollectiveKind : int64_t { AllReduce = 1, Broadcast = 2, AllGather = 3, Barrier = 4 };
+enum class CollectiveKind : int64_t {
+  AllReduce = 1, Broadcast = 2, AllGather = 3, Barrier = 4, ReduceScatter = 5
+};
 
 const char* kind_name(CollectiveKind kind);  // "all_reduce", ...; "collective" for another number
 const char* dtype_name(torch::ScalarType type);  // "float32", "int64", ...
@@ -54,6 +56,14 @@ struct Collective {
   static Collective all_reduce(const Rules& rules, const torch::Tensor& tensor, ReduceOp op);
   static Collective broadcast(const Rules& rules, const torch::Tensor& tensor, int root, int size);
   static Collective all_gather(const Rules& rules, const torch::Tensor& tensor);
+  // The flat collectives in equal chunks (communicator.h): both tensors checked, `input` (of
+  // reduce_scatter) size() times `output`'s elements, `output` (of all_gather_into) size() times
+  // `input`'s. Described by the tensor whose every element each rank sends: reduce_scatter by
+  // `input` ("reduce_scatter #5 float32[8] (avg)"), all_gather_into as all_gather of `input`.
+  static Collective reduce_scatter(const Rules& rules, const torch::Tensor& output,
+                                   const torch::Tensor& input, ReduceOp op, int size);
+  static Collective all_gather_into(const Rules& rules, const torch::Tensor& output,
+                                    const torch::Tensor& input, int size);
   static Collective barrier();
 
   // "all_reduce #12 float32[10] (sum)", "broadcast #3 int64[2,3] (root 0)", "barrier #4".
@@ -71,7 +81,7 @@ struct Collective {
   int64_t seq = 0;     // its number on its communicator, 1 for the first (set when queued)
   int64_t dtype = -1;  // torch::ScalarType of the tensor, -1 without one
   std::vector<int64_t> sizes;
-  int64_t extra = -1;  // ReduceOp of an all-reduce, root of a broadcast, else -1
+  int64_t extra = -1;  // ReduceOp of an all-reduce or reduce-scatter, root of a broadcast, else -1
 };
 
 // Avg without a native average: reduce with without_avg(op), then finish_avg(result, op, size).

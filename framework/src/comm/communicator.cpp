@@ -1,10 +1,31 @@
 #include <ddp/communicator.h>
 
+#include "comm/collective.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
 
 namespace ddp {
+
+// The fallbacks: any backend's all_reduce and all_gather, checked as the host backends check.
+void Communicator::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                                  ReduceOp op) {
+  detail::Rules rules;
+  rules.prefix = backend() + " Communicator::";
+  (void)detail::Collective::reduce_scatter(rules, output, input, op, size());
+  const torch::Tensor reduced = input.clone();
+  all_reduce(reduced, op);
+  const int64_t n = output.numel();
+  output.view({-1}).copy_(reduced.view({-1}).slice(0, rank() * n, (rank() + 1) * n));
+}
+
+void Communicator::all_gather_into(const torch::Tensor& output, const torch::Tensor& input) {
+  detail::Rules rules;
+  rules.prefix = backend() + " Communicator::";
+  (void)detail::Collective::all_gather_into(rules, output, input, size());
+  output.view({-1}).copy_(all_gather(input).view({-1}));
+}
 
 std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
   // Strings differ in length: pad every one to the longest, with its length in front.

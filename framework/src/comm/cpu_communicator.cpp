@@ -95,4 +95,19 @@ std::unique_ptr<Work> SizeRoutedCommunicator::all_reduce_async(const torch::Tens
   return route(tensor).all_reduce_async(tensor, op);
 }
 
+void SizeRoutedCommunicator::reduce_scatter(const torch::Tensor& output,
+                                            const torch::Tensor& input, ReduceOp op) {
+  // Checked as MPI checks it, whichever path it takes (as all_reduce_async).
+  (void)detail::Collective::reduce_scatter(detail::host_rules("MpiCommunicator::"), output, input,
+                                           op, size());
+  route(input).reduce_scatter(output, input, op);
+}
+
+void SizeRoutedCommunicator::all_gather_into(const torch::Tensor& output,
+                                             const torch::Tensor& input) {
+  (void)detail::Collective::all_gather_into(detail::host_rules("MpiCommunicator::"), output,
+                                            input, size());
+  route(output).all_gather_into(output, input);
+}
+
 }  // namespace ddp

@@ -87,6 +87,11 @@ class SizeRoutedCommunicator final : public Communicator {
                                          ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override { mpi_.broadcast(tensor, root); }
   torch::Tensor all_gather(const torch::Tensor& tensor) override { return mpi_.all_gather(tensor); }
+  // As all-reduces: on the ring when `input` (reduce_scatter) or `output` (all_gather_into) has
+  // socket_bytes or more.
+  void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                      ReduceOp op = ReduceOp::Sum) override;
+  void all_gather_into(const torch::Tensor& output, const torch::Tensor& input) override;
   void barrier() override { mpi_.barrier(); }
 
   // Where an all-reduce of `tensor` goes: the ring when it has socket_bytes or more.

@@ -74,24 +74,55 @@ void MpiCommunicator::broadcast(const torch::Tensor& tensor, int root) {
 
 torch::Tensor MpiCommunicator::all_gather(const torch::Tensor& tensor) {
   Collective call = Collective::all_gather(rules_, tensor);
-  if (tensor.numel() > INT_MAX) {
-    throw std::invalid_argument("MpiCommunicator::all_gather: more than INT_MAX elements");
-  }
   std::vector<int64_t> shape{size()};
   shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
-  const torch::Tensor host = tensor.to(torch::kCPU);
-  torch::Tensor out = torch::empty(shape, host.options());
+  torch::Tensor out = torch::empty(shape, tensor.options().device(torch::kCPU));
+  gather(std::move(call), out, tensor);
+  return out.to(tensor.device());
+}
+
+void MpiCommunicator::all_gather_into(const torch::Tensor& output, const torch::Tensor& input) {
+  gather(Collective::all_gather_into(rules_, output, input, size()), output, input);
+}
+
+void MpiCommunicator::gather(Collective call, const torch::Tensor& output, const torch::Tensor& input) {
+  if (input.numel() > INT_MAX) {
+    throw std::invalid_argument("MpiCommunicator::" + std::string(detail::kind_name(call.kind)) +
+                                ": more than INT_MAX elements per rank");
+  }
+  const torch::Tensor in = input.to(torch::kCPU), out = detail::on_host(output);
   detail::MpiWorker* worker = worker_.get();
-  auto run = [worker, host, out] {
-    const int count = static_cast<int>(host.numel());
-    const MPI_Datatype type = detail::mpi_type(host.scalar_type());
+  auto run = [worker, in, out] {
+    const int count = static_cast<int>(in.numel());
+    const MPI_Datatype type = detail::mpi_type(in.scalar_type());
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Iallgather(host.data_ptr(), count, type, out.data_ptr(), count, type,
+    DDP_MPI_CHECK(MPI_Iallgather(in.data_ptr(), count, type, out.data_ptr(), count, type,
                                  worker->comm(), &request));
     worker->wait(request);
   };
-  worker_->submit(std::move(call), std::move(run))->wait();
-  return out.to(tensor.device());
+  worker_->submit(std::move(call), std::move(run), output, out)->wait();
+}
+
+void MpiCommunicator::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                                     ReduceOp op) {
+  Collective call = Collective::reduce_scatter(rules_, output, input, op, size());
+  if (output.numel() > INT_MAX) {
+    throw std::invalid_argument("MpiCommunicator::reduce_scatter: more than INT_MAX elements per rank");
+  }
+  const torch::Tensor in = input.to(torch::kCPU), out = detail::on_host(output);
+  const MPI_Datatype type = detail::mpi_type(in.scalar_type());
+  const MPI_Op reduce = detail::mpi_op(op, in.scalar_type());
+  const int size = this->size();
+  detail::MpiWorker* worker = worker_.get();
+  auto run = [worker, in, out, type, reduce, op, size] {
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(),
+                                            static_cast<int>(out.numel()), type, reduce,
+                                            worker->comm(), &request));
+    worker->wait(request);
+    detail::finish_avg(out, op, size);
+  };
+  worker_->submit(std::move(call), std::move(run), output, out)->wait();
 }
 
 void MpiCommunicator::barrier() {

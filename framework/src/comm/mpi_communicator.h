@@ -67,6 +67,11 @@ class MpiCommunicator final : public Communicator {
                                          ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override;
   torch::Tensor all_gather(const torch::Tensor& tensor) override;
+  // MPI_Ireduce_scatter_block and MPI_Iallgather on the worker (at most INT_MAX elements per
+  // rank); the dtypes and ops of all_reduce.
+  void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                      ReduceOp op = ReduceOp::Sum) override;
+  void all_gather_into(const torch::Tensor& output, const torch::Tensor& input) override;
   void barrier() override;
 
   // Throws what all_reduce_async(tensor, op) would throw for its arguments.
@@ -78,6 +83,9 @@ class MpiCommunicator final : public Communicator {
   const std::shared_ptr<detail::MpiWorker>& worker() const { return worker_; }
 
  private:
+  // all_gather and all_gather_into: `call` gathers every rank's `input` into `output` (host).
+  void gather(detail::Collective call, const torch::Tensor& output, const torch::Tensor& input);
+
   MpiOptions options_;
   detail::Rules rules_;
   std::shared_ptr<detail::MpiWorker> worker_;

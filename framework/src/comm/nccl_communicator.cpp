@@ -237,6 +237,27 @@ torch::Tensor NcclCommunicator::all_gather(const torch::Tensor& tensor) {
   return gathered;
 }
 
+void NcclCommunicator::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                                      ReduceOp op) {
+  detail::Collective call = detail::Collective::reduce_scatter(rules_, output, input, op, size_);
+  const ncclDataType_t type = nccl_type(input.scalar_type());
+  const ncclRedOp_t nccl_reduce = nccl_op(op);
+  const auto pending = enqueue(std::move(call), {input, output}, [&](cudaStream_t stream) {
+    return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
+                             nccl_reduce, comm_, stream);
+  });
+  pending->done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+}
+
+void NcclCommunicator::all_gather_into(const torch::Tensor& output, const torch::Tensor& input) {
+  detail::Collective call = detail::Collective::all_gather_into(rules_, output, input, size_);
+  const ncclDataType_t type = nccl_type(input.scalar_type());
+  const auto pending = enqueue(std::move(call), {input, output}, [&](cudaStream_t stream) {
+    return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), type, comm_, stream);
+  });
+  pending->done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+}
+
 void NcclCommunicator::barrier() {
   const torch::Tensor token =
       torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device_));

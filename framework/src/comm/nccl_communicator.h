@@ -91,6 +91,10 @@ class NcclCommunicator final : public Communicator {
                                          ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override;
   torch::Tensor all_gather(const torch::Tensor& tensor) override;
+  // ncclReduceScatter and ncclAllGather; as broadcast, the current stream is ordered after them.
+  void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                      ReduceOp op = ReduceOp::Sum) override;
+  void all_gather_into(const torch::Tensor& output, const torch::Tensor& input) override;
   // Returns when every rank has reached it: a one-element all-reduce that the host waits for.
   void barrier() override;
 

@@ -47,26 +47,35 @@ struct SocketRing::State {
 
 namespace {
 
-// In place; `tensor` contiguous on the CPU. Avg is left to the caller (finish_avg).
-void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
-                     ReduceOp op) {
-  const int rank = ring.rank(), size = ring.size();
-  const torch::Tensor flat = tensor.view({-1});
-  const int64_t n = flat.numel();
-  if (n == 0) return;
-  auto segment = [&](int i) {  // elements [i n / size, (i + 1) n / size)
+// The ring's segments of a flat tensor: segment i (any integer, taken modulo size) is elements
+// [i n / size, (i + 1) n / size), so sizes that do not divide give segments one element apart.
+struct Segments {
+  torch::Tensor flat;
+  int size;
+  torch::Tensor operator()(int i) const {
+    const int64_t n = flat.numel();
     i = ((i % size) + size) % size;
     return flat.slice(0, n * i / size, n * (i + 1) / size);
-  };
-  const size_t item = flat.element_size();
-  if (!scratch.defined() || scratch.scalar_type() != flat.scalar_type() ||
-      scratch.numel() < n / size + 1) {
-    scratch = torch::empty({n / size + 1}, flat.options());
   }
-  // Reduce-scatter: after step s, segment r - s - 1 holds the sum of s + 2 ranks' values.
+};
+
+// The reduce-scatter phase, in place: in size - 1 steps each rank sends a segment to the next
+// rank and reduces the one it receives from the previous rank into its own; at the end this
+// rank's segment rank + `owned` holds the reduction of every rank's values (`owned` 1: the
+// all-reduce's order, kept as it was; 0: reduce_scatter's chunk rank()). Avg is the caller's.
+void reduce_scatter_phase(RingSockets& ring, torch::Tensor& scratch, const Segments& segment,
+                          ReduceOp op, int owned) {
+  const int rank = ring.rank(), size = ring.size();
+  const int64_t n = segment.flat.numel();
+  const size_t item = segment.flat.element_size();
+  if (!scratch.defined() || scratch.scalar_type() != segment.flat.scalar_type() ||
+      scratch.numel() < n / size + 1) {
+    scratch = torch::empty({n / size + 1}, segment.flat.options());
+  }
+  // After step s, segment rank + owned - s - 2 holds the reduction of s + 2 ranks' values.
   for (int s = 0; s < size - 1; ++s) {
-    const torch::Tensor out = segment(rank - s);
-    torch::Tensor in = segment(rank - s - 1);
+    const torch::Tensor out = segment(rank + owned - 1 - s);
+    torch::Tensor in = segment(rank + owned - 2 - s);
     const torch::Tensor got = scratch.slice(0, 0, in.numel());
     ring.exchange(out.data_ptr(), out.numel() * item, got.data_ptr(), got.numel() * item);
     switch (op) {
@@ -76,21 +85,26 @@ void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Ten
       case ReduceOp::Max: torch::maximum_out(in, in, got); break;
     }
   }
-  // All-gather: this rank now owns the reduced segment r + 1; pass the reduced segments round.
+}
+
+// The all-gather phase: this rank holds segment rank + `owned`; in size - 1 steps each rank
+// passes on the segment it received last, so every rank ends with every segment.
+void all_gather_phase(RingSockets& ring, const Segments& segment, int owned) {
+  const int rank = ring.rank(), size = ring.size();
+  const size_t item = segment.flat.element_size();
   for (int s = 0; s < size - 1; ++s) {
-    const torch::Tensor out = segment(rank + 1 - s), in = segment(rank - s);
+    const torch::Tensor out = segment(rank + owned - s), in = segment(rank + owned - s - 1);
     ring.exchange(out.data_ptr(), out.numel() * item, in.data_ptr(), in.numel() * item);
   }
 }
 
-// `rows` [size, ...] contiguous, row rank() already this rank's: in size - 1 steps each rank
-// passes on the row it received last.
-void ring_all_gather(RingSockets& ring, const torch::Tensor& rows) {
-  const int rank = ring.rank(), size = ring.size();
-  const size_t bytes = rows.nbytes() / static_cast<size_t>(size);
-  char* base = static_cast<char*>(rows.data_ptr());
-  auto row = [&](int i) { return base + static_cast<size_t>(((i % size) + size) % size) * bytes; };
-  for (int s = 0; s < size - 1; ++s) ring.exchange(row(rank - s), bytes, row(rank - s - 1), bytes);
+// In place; `tensor` contiguous on the CPU. Avg is left to the caller (finish_avg).
+void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
+                     ReduceOp op) {
+  const Segments segment{tensor.view({-1}), ring.size()};
+  if (segment.flat.numel() == 0) return;
+  reduce_scatter_phase(ring, scratch, segment, op, 1);
+  all_gather_phase(ring, segment, 1);
 }
 
 // From `root` along the ring, in pieces, so that each rank forwards one piece while it
@@ -161,11 +175,40 @@ torch::Tensor SocketRing::all_gather(const torch::Tensor& tensor) {
   shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
   const torch::Tensor host = tensor.to(torch::kCPU);
   torch::Tensor rows = torch::empty(shape, host.options());
-  rows[rank()].copy_(host);
-  submit(std::move(call), {}, {}, [rows](State& s) {
-    s.call("all_gather", [&](RingSockets& ring) { ring_all_gather(ring, rows); });
-  })->wait();
+  gather(std::move(call), rows, host);
   return rows.to(tensor.device());
+}
+
+void SocketRing::all_gather_into(const torch::Tensor& output, const torch::Tensor& input) {
+  Collective call = Collective::all_gather_into(rules_, output, input, size());
+  const torch::Tensor host = detail::on_host(output);
+  gather(std::move(call), host, input.to(torch::kCPU));
+  if (!host.is_same(output)) output.copy_(host);
+}
+
+void SocketRing::gather(Collective call, const torch::Tensor& output, const torch::Tensor& input) {
+  const Segments segment{output.view({-1}), size()};
+  segment(rank()).copy_(input.view({-1}));
+  submit(std::move(call), {}, {}, [segment](State& s) {
+    s.call("all_gather", [&](RingSockets& ring) { all_gather_phase(ring, segment, 0); });
+  })->wait();
+}
+
+void SocketRing::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                                ReduceOp op) {
+  Collective call = Collective::reduce_scatter(rules_, output, input, op, size());
+  // The phase reduces in place: on a copy of the input, which the caller keeps unchanged.
+  const Segments segment{input.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).view({-1}),
+                         size()};
+  const torch::Tensor host = detail::on_host(output);
+  const int rank = this->rank(), size = this->size();
+  submit(std::move(call), output, host, [segment, host, op, rank, size](State& s) {
+    s.call("reduce_scatter", [&](RingSockets& ring) {
+      reduce_scatter_phase(ring, s.scratch, segment, op, 0);
+    });
+    host.view({-1}).copy_(segment(rank));
+    detail::finish_avg(host, op, size);
+  })->wait();
 }
 
 void SocketRing::barrier() {

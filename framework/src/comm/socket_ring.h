@@ -17,7 +17,9 @@
 // Invariants: every element is reduced in the same order on every rank and then copied, so all
 // ranks hold bitwise the same result, run after run (it may differ in the last bits from MPI's:
 // another order of additions); 16-bit floats are added in float and rounded per element, as the
-// MPI backend does. all_gather passes the ranks' tensors round the same way; broadcast passes
+// MPI backend does. reduce_scatter and all_gather_into are those two phases alone (the chunk
+// rank r ends with is segment r; the input is reduced in a copy); all_gather is the second
+// phase over rows of the result, one per rank; broadcast passes
 // the root's tensor along the ring in pieces of 1 MiB; barrier is an all-reduce of one byte per
 // rank (every rank's result then depends on every rank).
 //
@@ -77,6 +79,9 @@ class SocketRing final : public Communicator {
                                          ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override;
   torch::Tensor all_gather(const torch::Tensor& tensor) override;
+  void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                      ReduceOp op = ReduceOp::Sum) override;
+  void all_gather_into(const torch::Tensor& output, const torch::Tensor& input) override;
   void barrier() override;
 
   // Whether the connections are made (by the first collective). Any thread.
@@ -87,6 +92,8 @@ class SocketRing final : public Communicator {
  private:
   std::unique_ptr<Work> submit(detail::Collective call, torch::Tensor target, torch::Tensor host,
                                std::function<void(State&)> run);
+  // all_gather and all_gather_into: every rank's `input` into `output`, both on the CPU.
+  void gather(detail::Collective call, const torch::Tensor& output, const torch::Tensor& input);
 
   std::shared_ptr<detail::MpiWorker> worker_;
   detail::Rules rules_;

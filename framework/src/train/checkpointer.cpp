@@ -3,6 +3,7 @@
 #include <ddp/checkpoint_file.h>
 #include <ddp/communicator.h>
 #include <ddp/train/divergence.h>
+#include <ddp/zero_redundancy_optimizer.h>
 
 #include "train/directory_lock.h"
 #include "train/reached_position.h"
@@ -27,6 +28,13 @@ std::invalid_argument option_error(const std::string& field, const std::string& 
 
 std::string model_path(const std::string& dir, int64_t epoch) {
   return dir + "/model_with_epoch" + std::to_string(epoch) + ".pt";
+}
+
+// ZeRO-1 keeps the optimizer state in shards: every rank gathers it to rank 0, whose save()
+// writes it into the snapshot (the unsharded optimizer's format, which resume() loads at any
+// number of ranks). Before save_snapshot, which every rank enters.
+void consolidate(torch::optim::Optimizer& optimizer) {
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) zero->consolidate_state_dict(0);
 }
 
 }  // namespace
@@ -187,7 +195,10 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   const std::string path = snapshot_path(options_.dir, at.epoch, at.batch);
   refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
-  timed(false, [&] { save_snapshot(path, group_.cpu(), model_, optimizer_, progress, rank_state, extras_); });
+  timed(false, [&] {
+    consolidate(optimizer_);
+    save_snapshot(path, group_.cpu(), model_, optimizer_, progress, rank_state, extras_);
+  });
   if (group_.is_main()) remove_older_step_snapshots(path);
   last_step_ = at.step;
   return path;
@@ -207,7 +218,10 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   progress.batch_size = o.batch_size;
   progress.samples_done = 0;  // the next epoch starts at its beginning
   const std::string path = snapshot_path(o.dir, epoch);
-  timed(true, [&] { save_snapshot(path, group_.cpu(), model_, optimizer_, progress, {}, extras_); });
+  timed(true, [&] {
+    consolidate(optimizer_);
+    save_snapshot(path, group_.cpu(), model_, optimizer_, progress, {}, extras_);
+  });
   last_step_ = step;
   if (!group_.is_main()) return;
   remove_older_step_snapshots(path);
