@@ -13,6 +13,7 @@ namespace ddp {
 
 using detail::Collective;
 using detail::RingSockets;
+using detail::ring_all_reduce;
 
 struct SocketRing::State {
   detail::MpiWorker* worker = nullptr;  // outlives the calls queued on it
@@ -45,9 +46,8 @@ struct SocketRing::State {
   }
 };
 
-namespace {
+namespace detail {
 
-// In place; `tensor` contiguous on the CPU. Avg is left to the caller (finish_avg).
 void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
                      ReduceOp op) {
   const int rank = ring.rank(), size = ring.size();
@@ -82,6 +82,10 @@ void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Ten
     ring.exchange(out.data_ptr(), out.numel() * item, in.data_ptr(), in.numel() * item);
   }
 }
+
+}  // namespace detail
+
+namespace {
 
 // `rows` [size, ...] contiguous, row rank() already this rank's: in size - 1 steps each rank
 // passes on the row it received last.
