@@ -61,6 +61,7 @@ Model make_model(const std::string& name) {
 
 int main(int argc, char** argv) {
   std::string model_name, device_name, grad_sync, compression, label, out, link, timeline_path;
+  std::string hierarchical;
   int64_t batch, warmup, window_steps, windows;
   double bucket_mb;
   po::options_description options("bench_throughput options");
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
     ("grad-sync", po::value(&grad_sync)->default_value("bucketed"), "bucketed or per-parameter")
     ("compression", po::value(&compression)->default_value("none"), "none, fp16 or bf16")
     ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
-    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>])")
+    ("hierarchical", po::value(&hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host: auto, on or off (ProcessGroupOptions::hierarchical)")
+    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>][-hier])")
     ("link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")
     ("timeline", po::value(&timeline_path)->default_value(""), "also write a timeline of the timed steps")
     ("out", po::value(&out)->default_value(""), "append the JSON result line to this file");
@@ -91,7 +93,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   return ddp::run_or_abort(runtime, [&] {
-    ddp::ProcessGroup group(runtime);
+    ddp::ProcessGroupOptions group_options;
+    if (hierarchical == "on") group_options.hierarchical = ddp::HierarchicalAllReduce::On;
+    else if (hierarchical == "off") group_options.hierarchical = ddp::HierarchicalAllReduce::Off;
+    else if (hierarchical != "auto") throw std::invalid_argument("--hierarchical: '" + hierarchical + "' is not one of: auto, on, off");
+    ddp::ProcessGroup group(runtime, group_options);
+    const bool hier = group.cpu().backend() == "mpi-hierarchical";
     if (device_name != "cpu" && device_name != "cuda") {
       throw std::invalid_argument("--device: unknown device '" + device_name + "' (cpu, cuda)");
     }
@@ -154,7 +161,9 @@ int main(int argc, char** argv) {
     std::vector<double> sorted = rates;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
-    if (label.empty()) label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression);
+    if (label.empty()) {
+      label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression) + (hier ? "-hier" : "");
+    }
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     std::ostringstream json;

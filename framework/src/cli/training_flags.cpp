@@ -12,6 +12,8 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -32,6 +34,14 @@ std::function<void(const std::string&)> require_folder_name(const std::string& f
                                   "flag out for none");
     }
   };
+}
+
+// --hierarchical's value as the option; another name throws naming the flag.
+ddp::HierarchicalAllReduce hierarchical_choice(const std::string& name) {
+  if (name == "auto") return ddp::HierarchicalAllReduce::Auto;
+  if (name == "on") return ddp::HierarchicalAllReduce::On;
+  if (name == "off") return ddp::HierarchicalAllReduce::Off;
+  throw std::invalid_argument("--hierarchical '" + name + "' is not one of: auto, on, off");
 }
 
 }  // namespace
@@ -75,6 +85,7 @@ void check_training_flags(const TrainingFlags& f) {
     throw std::invalid_argument("--comm-hook " + f.comm_hook + " and --compression " + f.compression +
                                 " disagree: give one of them");
   }
+  (void)hierarchical_choice(f.hierarchical);
   require_at_least("--powersgd-rank", f.powersgd_rank, 1);
   // PyTorch's rule: the buckets are regrouped after the first step, which would mix up the
   // per-bucket error feedback and warm start.
@@ -162,6 +173,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
+    ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
     ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
      "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");
@@ -183,6 +195,15 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
     ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)");
   d.add(training).add(data).add(distributed).add(checkpoints).add(diagnostics);
+}
+
+ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags) {
+  ddp::ProcessGroupOptions options;
+  if (flags.timeout) {
+    options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
+  }
+  options.hierarchical = hierarchical_choice(flags.hierarchical);
+  return options;
 }
 
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags) {
