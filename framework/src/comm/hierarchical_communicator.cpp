@@ -113,6 +113,7 @@ struct HierarchicalCommunicator::State {
   std::string interfaces;
   std::unique_ptr<detail::RingSockets> ring;  // the leaders' ring, connected by its first call
   torch::Tensor scratch;                      // the ring's received segment
+  torch::Tensor received;                     // the leader's: a host rank's tensor (phase 1)
   bool ring_broken = false;                   // a ring call threw half way: bytes may be in flight
 
   // Sleeps until every rank of `comm` has arrived (before a blocking call, see the header).
@@ -120,19 +121,6 @@ struct HierarchicalCommunicator::State {
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
     worker->wait(request);
-  }
-
-  // One MPI collective per piece of `t`: blocking (after wait_for_all) or non-blocking and waited
-  // for by the worker; `start` makes it, with a request for the non-blocking one, else null.
-  void each_piece(MPI_Comm comm, const torch::Tensor& t, bool blocking,
-                  const std::function<void(void*, int, MPI_Request*)>& start) const {
-    if (blocking) wait_for_all(comm);
-    detail::for_each_chunk(t, max_message_bytes, [&](void* data, int count) {
-      if (blocking) return start(data, count, nullptr);
-      MPI_Request request;
-      start(data, count, &request);
-      worker->wait(request);
-    });
   }
 
   void leaders_ring(const torch::Tensor& t, ReduceOp op) {
@@ -157,44 +145,70 @@ struct HierarchicalCommunicator::State {
     ring_broken = false;
   }
 
+  // Sends `t` to `peer` of the host, or receives it from `peer`, waited for by the worker.
+  void transfer(const torch::Tensor& t, int peer, bool send) const {
+    const MPI_Datatype type = detail::mpi_type(t.scalar_type());
+    detail::for_each_chunk(t, 0, [&](void* data, int count) {
+      MPI_Request request;
+      if (send) {
+        DDP_MPI_CHECK(MPI_Isend(data, count, type, peer, 0, host.comm, &request));
+      } else {
+        DDP_MPI_CHECK(MPI_Irecv(data, count, type, peer, 0, host.comm, &request));
+      }
+      worker->wait(request);
+    });
+  }
+
+  // Phase 1: the leader receives each rank's tensor in host-rank order and combines it in.
+  void reduce_on_host(const torch::Tensor& t, ReduceOp op) {
+    if (!leader) return transfer(t, 0, /*send=*/true);
+    if (!received.defined() || received.scalar_type() != t.scalar_type() ||
+        received.numel() < t.numel()) {
+      received = torch::empty({t.numel()}, t.options());
+    }
+    torch::Tensor in = received.slice(0, 0, t.numel()).view(t.sizes());
+    torch::Tensor out = t;
+    for (int r = 1; r < host_size; ++r) {
+      transfer(in, r, /*send=*/false);
+      switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Avg: out.add_(in); break;  // 16-bit floats: in float, rounded per element
+        case ReduceOp::Min: torch::minimum_out(out, out, in); break;
+        case ReduceOp::Max: torch::maximum_out(out, out, in); break;
+      }
+    }
+  }
+
+  // Phase 3: the leader sends the result to each rank of the host.
+  void broadcast_on_host(const torch::Tensor& t) {
+    if (!leader) return transfer(t, 0, /*send=*/false);
+    for (int r = 1; r < host_size; ++r) transfer(t, r, /*send=*/true);
+  }
+
   // The three phases (the header's comment), in place on `t` (contiguous, on the CPU).
   void all_reduce(const torch::Tensor& t, ReduceOp op, int size) {
-    const MPI_Datatype type = detail::mpi_type(t.scalar_type());
-    const MPI_Op reduce = detail::mpi_op(op, t.scalar_type());  // Avg: the sum
-    const bool blocking = t.nbytes() >= blocking_bytes;
-    if (host_size > 1) {
-      each_piece(host.comm, t, blocking, [&](void* data, int count, MPI_Request* request) {
-        void* send = leader ? MPI_IN_PLACE : data;
-        if (request) {
-          DDP_MPI_CHECK(MPI_Ireduce(send, data, count, type, reduce, 0, host.comm, request));
-        } else {
-          DDP_MPI_CHECK(MPI_Reduce(send, data, count, type, reduce, 0, host.comm));
-        }
-      });
-    }
+    if (host_size > 1) reduce_on_host(t, op);
     if (leader && leaders_size > 1) {
       if (ring_wanted && t.nbytes() >= socket_bytes) {
         leaders_ring(t, detail::without_avg(op));
       } else {
-        each_piece(leaders.comm, t, blocking, [&](void* data, int count, MPI_Request* request) {
-          if (request) {
-            DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm, request));
-          } else {
+        const MPI_Datatype type = detail::mpi_type(t.scalar_type());
+        const MPI_Op reduce = detail::mpi_op(op, t.scalar_type());  // Avg: the sum
+        const bool blocking = t.nbytes() >= blocking_bytes;
+        if (blocking) wait_for_all(leaders.comm);
+        detail::for_each_chunk(t, max_message_bytes, [&](void* data, int count) {
+          if (blocking) {
             DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm));
+            return;
           }
+          MPI_Request request;
+          DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm, &request));
+          worker->wait(request);
         });
       }
     }
     if (leader) detail::finish_avg(t, op, size);
-    if (host_size > 1) {
-      each_piece(host.comm, t, blocking, [&](void* data, int count, MPI_Request* request) {
-        if (request) {
-          DDP_MPI_CHECK(MPI_Ibcast(data, count, type, 0, host.comm, request));
-        } else {
-          DDP_MPI_CHECK(MPI_Bcast(data, count, type, 0, host.comm));
-        }
-      });
-    }
+    if (host_size > 1) broadcast_on_host(t);
   }
 };
 
