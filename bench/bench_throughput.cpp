@@ -62,6 +62,7 @@ Model make_model(const std::string& name) {
 
 int main(int argc, char** argv) {
   std::string model_name, device_name, grad_sync, compression, label, out, link, timeline_path;
+  std::string hierarchical;
   int64_t batch, warmup, window_steps, windows;
   double bucket_mb;
   bool bucket_view = false, reducer_at_one_rank = false;
@@ -79,7 +80,8 @@ int main(int argc, char** argv) {
     ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
     ("gradient-as-bucket-view", po::bool_switch(&bucket_view), "grads are views into the buckets (zeroed in place instead of reset)")
     ("reducer-at-one-rank", po::bool_switch(&reducer_at_one_rank), "run the bucket path at one rank too, as PyTorch's DDP does")
-    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>])")
+    ("hierarchical", po::value(&hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host: auto, on or off (ProcessGroupOptions::hierarchical)")
+    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>][-view][-hier])")
     ("link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")
     ("timeline", po::value(&timeline_path)->default_value(""), "also write a timeline of the timed steps")
     ("out", po::value(&out)->default_value(""), "append the JSON result line to this file");
@@ -95,7 +97,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   return ddp::run_or_abort(runtime, [&] {
-    ddp::ProcessGroup group(runtime);
+    ddp::ProcessGroupOptions group_options;
+    if (hierarchical == "on") group_options.hierarchical = ddp::HierarchicalAllReduce::On;
+    else if (hierarchical == "off") group_options.hierarchical = ddp::HierarchicalAllReduce::Off;
+    else if (hierarchical != "auto") throw std::invalid_argument("--hierarchical: '" + hierarchical + "' is not one of: auto, on, off");
+    ddp::ProcessGroup group(runtime, group_options);
+    const bool hier = group.cpu().backend() == "mpi-hierarchical";
     if (device_name != "cpu" && device_name != "cuda") {
       throw std::invalid_argument("--device: unknown device '" + device_name + "' (cpu, cuda)");
     }
@@ -167,7 +174,8 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     if (label.empty()) {
-      label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression) + (bucket_view ? "-view" : "");
+      label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression) +
+              (bucket_view ? "-view" : "") + (hier ? "-hier" : "");
     }
     char host[256] = {0};
     gethostname(host, sizeof host - 1);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Training throughput at 2 ranks on two emulated hosts: network namespaces h1 and h2 (one rank
-# each) joined by a link shaped with tc tbf, Open MPI (and gloo) over that link only. For each
-# link rate and model: ddp bucketed, ddp per-parameter, ddp bucketed with bf16 on the wire, and
-# PyTorch DDP. Appends to RESULTS/emulated.jsonl and logs commands to RESULTS/commands.txt.
-# Called by bench/run_all.sh; needs root.
+# Training throughput on two emulated hosts: network namespaces h1 and h2 (DDP_BENCH_RANKS_PER_HOST
+# ranks each, default 1) joined by a link shaped with tc tbf, Open MPI (and gloo) over that link
+# only. For each link rate and model, with one rank per host: ddp bucketed, ddp per-parameter,
+# ddp bucketed with bf16 on the wire, and PyTorch DDP; with several: ddp bucketed through the
+# hierarchical all-reduce (--hierarchical on: one leader per host), ddp bucketed flat
+# (--hierarchical off) and PyTorch DDP. Appends to RESULTS/emulated.jsonl and logs commands to
+# RESULTS/commands.txt. Called by bench/run_all.sh; needs root.
 #   bench/emulated_hosts.sh RESULTS_DIR [QUICK(0|1)]
 # DDP_BENCH_MODELS and DDP_BENCH_LINKS pick a subset (default: mlp cnn resnet18; 1gbit 100mbit);
 # DDP_* and OMP_* settings of the caller reach the ranks (DDP_MPI_MESSAGE_KIB=1024, say).
@@ -12,6 +14,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}
 results=$1
 quick=${2:-0}
+per_host=${DDP_BENCH_RANKS_PER_HOST:-1}
+ranks=$((2 * per_host))
 . "$root/tests/cluster/netns_hosts.sh"
 
 work=$(mktemp -d /tmp/ddp-bench-hosts.XXXXXX)
@@ -22,13 +26,13 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-netns_create "$work" "$prefix" 1 h1 h2 || { echo "emulated hosts: $NETNS_ERROR" >&2; exit 1; }
+netns_create "$work" "$prefix" "$per_host" h1 h2 || { echo "emulated hosts: $NETNS_ERROR" >&2; exit 1; }
 export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
 agent=$root/tests/cluster/netns_agent.sh
 
-# Runs a 2-rank job logged in on h1, as a user on a real cluster would with ddprun.
+# Runs the job (all ranks) logged in on h1, as a user on a real cluster would with ddprun.
 launch() {
-  echo "ddprun --hostfile hostfile --iface eth0 -n 2 -t 1 $*" | sed "s|$root/||g" >> "$results/commands.txt"
+  echo "ddprun --hostfile hostfile --iface eth0 -n $ranks -t 1 $*" | sed "s|$root/||g" >> "$results/commands.txt"
   # The agent starts h1's shell with a fresh environment, as sshd would: the caller's DDP_* and
   # OMP_* settings (DDP_MPI_MESSAGE_KIB, say) are passed on explicitly, as a user would export
   # them on h1; ddprun then forwards them to the ranks.
@@ -36,8 +40,16 @@ launch() {
   for var in $(compgen -e | grep -E '^(DDP_|OMP_)' || true); do passed+=("$var=${!var}"); done
   printf -v line '%q ' env "${passed[@]}" OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
     DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
-    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n 2 -t 1 -x MASTER_ADDR "$@"
+    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t 1 -x MASTER_ADDR "$@"
   "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
+}
+
+# launch, then the bytes that crossed h1's link during the run (both directions).
+measured() {
+  local before
+  before=$(netns_bytes h1)
+  launch "$@"
+  echo "    $(( ($(netns_bytes h1) - before) / 1000000 )) MB crossed h1's link"
 }
 
 declare -A batch=([mlp]=64 [cnn]=64 [resnet18]=16)
@@ -53,10 +65,15 @@ for rate in ${DDP_BENCH_LINKS:-1gbit 100mbit}; do
     common=(--model "$model" --batch-size "${batch[$model]}" --warmup-steps "${warmup[$model]}"
             --window-steps "${window[$model]}" --windows "$windows" --out "$results/emulated.jsonl")
     before=$(netns_bytes h1)
-    launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed
-    launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync per-parameter
-    launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --compression bf16
-    launch "${DDP_PYTHON:-$root/.venv/bin/python}" "$root/bench/pytorch_ddp.py" "${common[@]}" --link "$rate"
+    if [ "$per_host" -gt 1 ]; then
+      measured "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --hierarchical on
+      measured "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --hierarchical off
+    else
+      launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed
+      launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync per-parameter
+      launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --compression bf16
+    fi
+    measured "${DDP_PYTHON:-$root/.venv/bin/python}" "$root/bench/pytorch_ddp.py" "${common[@]}" --link "$rate"
     echo "  $model at $rate: $(( ($(netns_bytes h1) - before) / 1000000 )) MB crossed h1's link"
   done
 done

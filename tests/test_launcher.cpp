@@ -273,7 +273,7 @@ TEST(YieldWhenIdle, OnlyWhenTheCommunicationThreadsOversubscribeTheNode) {
 namespace {
 
 // The table of every DDP_* variable the core reads (util/environment.h).
-constexpr int kSettings = static_cast<int>(ddp::Setting::TestSampleLog) + 1;
+constexpr int kSettings = static_cast<int>(ddp::Setting::TestHostSplit) + 1;
 
 std::string setting_error(const ddp::Environment& env, ddp::Setting setting) {
   try {
@@ -297,6 +297,7 @@ TEST(Settings, OneRowPerVariableInTheOrderOfTheEnum) {
   }
   EXPECT_STREQ(ddp::setting_info(ddp::Setting::TestStopInPhase).name, "DDP_TEST_STOP_IN_PHASE");
   EXPECT_STREQ(ddp::setting_info(ddp::Setting::TestSampleLog).name, "DDP_TEST_SAMPLE_LOG");
+  EXPECT_STREQ(ddp::setting_info(ddp::Setting::TestHostSplit).name, "DDP_TEST_HOST_SPLIT");
 }
 
 TEST(Settings, ABadValueNamesTheVariable) {

@@ -8,8 +8,10 @@
 #   test_netns.sh SCENARIO DDP_MNIST REPLICA_CHECK
 #
 #   two_hosts   2 hosts x 2 ranks: the banner and topology (2 nodes, hosts h1 and h2),
-#               ddp_mnist trains and evaluates, replica_check finds identical replicas, and the
-#               byte counters of h1's link show the gradients crossed it
+#               ddp_mnist trains and evaluates through the hierarchical all-reduce (chosen
+#               automatically; its leaders on the TCP ring) and with --hierarchical off (the flat
+#               ring), replica_check finds identical replicas, and the byte counters of h1's link
+#               show the gradients crossed it
 #   lost_host   2 hosts x 2 ranks under ddprun --max-restarts, ddp_mnist with step snapshots:
 #               h2 dies mid-epoch (its processes killed, its namespace deleted); ddprun restarts
 #               the job on h1 alone (2 ranks), which resumes from the newest step snapshot with
@@ -74,14 +76,22 @@ case "$scenario" in
     expect mnist.log "^rank 2/4 local 0/2 node 1/2 host h2 " "rank 2 on h2"
     expect mnist.log "^rank 3/4 local 1/2 node 1/2 host h2 " "rank 3 on h2"
     expect mnist.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation"
-    # Between hosts without InfiniBand the gradients take ddp's TCP ring, on the interface
-    # ddprun --iface names.
-    expect mnist.log "^ddp: socket ring: all-reduces of 256 KiB or more go over TCP between the 4 ranks \(rank 0 at 192\.0\.2\.1:[0-9]+;" "socket ring on eth0"
+    # 2 hosts x 2 ranks: the all-reduces go through one leader per host (hierarchical, chosen
+    # automatically), and between hosts without InfiniBand the leaders' large ones take ddp's
+    # TCP ring, on the interface ddprun --iface names.
+    expect mnist.log "^ddp: hierarchical all-reduce: 2 host\(s\), ranks per host 2,2: reduce on each host, all-reduce among the leaders over TCP" "hierarchical all-reduce"
+    expect mnist.log "^ddp: hierarchical all-reduce: the 2 host leaders' all-reduces of 256 KiB or more go over TCP \(rank 0 at 192\.0\.2\.1:[0-9]+\)" "leaders' ring on eth0"
     # Each of the 3 steps averages the CNN's 1,199,882 float gradients: every byte of one host's
     # sum has to reach the other, so at least 3 x 4,799,528 bytes cross the link (each way).
     echo "bytes through h1's link during ddp_mnist: $crossed"
     [ "$crossed" -ge $((2 * 3 * 4799528)) ] ||
       fail "only $crossed bytes crossed h1's link: the gradients did not go between the hosts"
+
+    # --hierarchical off: the flat ring over the 4 ranks.
+    on_h1 flat.log "${mpi_env[@]}" "${ddprun[@]}" "$ddp_mnist" --no-cuda --epochs 1 \
+      --limit-train-batches 3 --log-interval 0 --hierarchical off
+    expect flat.log "^ddp: socket ring: all-reduces of 256 KiB or more go over TCP between the 4 ranks \(rank 0 at 192\.0\.2\.1:[0-9]+;" "socket ring on eth0"
+    expect flat.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation (flat)"
 
     on_h1 check.log "${mpi_env[@]}" "${ddprun[@]}" "$replica_check"
     expect check.log "^rank 0/4 local 0/2 node 0/2 host h1 " "rank 0 on h1"

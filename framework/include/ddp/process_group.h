@@ -31,6 +31,12 @@ struct ProcessGroupOptions {
   /// its watchdog ends the job. 0: DDP_TIMEOUT_SECONDS, else 600 s (PyTorch's default); NCCL's
   /// still honours the older DDP_NCCL_TIMEOUT_SECONDS. The examples' --timeout sets it.
   std::chrono::seconds timeout{0};
+  /// Whether the CPU communicators' all-reduces go through one leader per host: reduce on each
+  /// host, all-reduce among the leaders (over the transport the flat all-reduce would take
+  /// between hosts), broadcast on each host. Auto: when the ranks span several hosts and some
+  /// host has several ranks. The result is bitwise the same on every rank either way, and
+  /// equals the flat one up to the order of the additions. The examples' --hierarchical sets it.
+  HierarchicalAllReduce hierarchical = HierarchicalAllReduce::Auto;
 };
 
 namespace detail {

@@ -12,8 +12,6 @@
 
 #include <boost/program_options.hpp>
 
-#include <chrono>
-#include <cmath>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -90,11 +88,11 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
                                       : flags_error_text(name, flag_error + " (see --help)");
   int status = 0;
   const int aborted = ddp::run_or_abort(runtime, [&] {
-    ddp::ProcessGroupOptions group_options;
-    if (flag_error.empty() && flags.timeout) {
-      group_options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
-    }
     const bool checked = flag_error.empty() && !help;
+    // A bad flag or --help (flags unchecked): the defaults, so that every rank gets as far as
+    // the flag agreement.
+    const ddp::ProcessGroupOptions group_options =
+        checked ? process_group_options(flags) : ddp::ProcessGroupOptions{};
     if (checked && parallelism == Parallelism::SingleProcess && runtime.world_size() > 1) {
       throw std::runtime_error(name + " trains in one process but was started as " +
                                std::to_string(runtime.world_size()) + " ranks" + instead(program));

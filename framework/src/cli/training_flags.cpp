@@ -12,6 +12,8 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <stdexcept>
@@ -33,6 +35,14 @@ std::function<void(const std::string&)> require_folder_name(const std::string& f
                                   "flag out for none");
     }
   };
+}
+
+// --hierarchical's value as the option; another name throws naming the flag.
+ddp::HierarchicalAllReduce hierarchical_choice(const std::string& name) {
+  if (name == "auto") return ddp::HierarchicalAllReduce::Auto;
+  if (name == "on") return ddp::HierarchicalAllReduce::On;
+  if (name == "off") return ddp::HierarchicalAllReduce::Off;
+  throw std::invalid_argument("--hierarchical '" + name + "' is not one of: auto, on, off");
 }
 
 }  // namespace
@@ -76,6 +86,7 @@ void check_training_flags(const TrainingFlags& f) {
     throw std::invalid_argument("--comm-hook " + f.comm_hook + " and --compression " + f.compression +
                                 " disagree: give one of them");
   }
+  (void)hierarchical_choice(f.hierarchical);
   require_at_least("--powersgd-rank", f.powersgd_rank, 1);
   // PyTorch's rule: the buckets are regrouped after the first step, which would mix up the
   // per-bucket error feedback and warm start.
@@ -165,6 +176,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("gradient-as-bucket-view", po::bool_switch(&f.gradient_as_bucket_view), "gradients are views into the all-reduce buckets: no copy into the buckets and back, no gradient memory of their own (same results)")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
+    ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
     ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
      "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");
@@ -193,6 +205,15 @@ void use_deterministic_kernels() {
   at::globalContext().setDeterministicCuDNN(true);
   at::globalContext().setBenchmarkCuDNN(false);
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+}
+
+ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags) {
+  ddp::ProcessGroupOptions options;
+  if (flags.timeout) {
+    options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
+  }
+  options.hierarchical = hierarchical_choice(flags.hierarchical);
+  return options;
 }
 
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags) {

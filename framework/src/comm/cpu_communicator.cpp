@@ -1,5 +1,6 @@
 #include "comm/cpu_communicator.h"
 
+#include "comm/hierarchical_communicator.h"
 #include "comm/ring_sockets.h"
 #include "util/mpi_check.h"
 
@@ -70,6 +71,12 @@ bool socket_ring_wanted(MPI_Comm comm, CpuOptions::Sockets sockets) {
 }
 
 std::unique_ptr<Communicator> make_cpu_communicator(MPI_Comm comm, CpuOptions options) {
+  if (options.hierarchical != HierarchicalAllReduce::Off) {
+    std::vector<int> hosts = detail::host_of_each_rank(comm, options.host_split);
+    if (hierarchical_wanted(options.hierarchical, hosts)) {
+      return std::make_unique<HierarchicalCommunicator>(comm, std::move(options), std::move(hosts));
+    }
+  }
   if (!socket_ring_wanted(comm, options.sockets)) {
     return std::make_unique<MpiCommunicator>(comm, std::move(options.mpi));
   }

@@ -16,6 +16,11 @@
 // has a faster transport than TCP); Never; Always (on one host too, over loopback). With one rank,
 // never. Without the ring, make_cpu_communicator() returns the MpiCommunicator itself.
 //
+// Hierarchy (CpuOptions::hierarchical): with several hosts and several ranks on some host,
+// make_cpu_communicator() returns a HierarchicalCommunicator instead (reduce on each host,
+// all-reduce among one leader per host, broadcast on each host: comm/hierarchical_communicator.h),
+// whose leaders take the ring between hosts by the policy above, applied to the leaders.
+//
 // The ring connects at the first large all-reduce (collective, on the worker), and rank 0 then
 // prints once: "ddp: socket ring: all-reduces of 256 KiB or more go over TCP between the N ranks
 // (rank 0 at a.b.c.d:port; DDP_MPI_SOCKETS=never keeps them on MPI)".
@@ -42,6 +47,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -56,6 +62,12 @@ struct CpuOptions {
   // The interfaces the ring listens on (SocketRingOptions::interfaces). ProcessGroup reads
   // DDP_SOCKET_IFNAME (`ddprun --iface` sets it).
   std::string socket_interfaces;
+  // Whether the all-reduces go through one leader per host (comm/hierarchical_communicator.h).
+  // ProcessGroup sets it from ProcessGroupOptions::hierarchical.
+  HierarchicalAllReduce hierarchical = HierarchicalAllReduce::Auto;
+  // Tests: ranks per "host", in rank order, instead of the ranks that share memory (empty: the
+  // real hosts). ProcessGroup reads DDP_TEST_HOST_SPLIT.
+  std::vector<int> host_split;
 };
 
 // CpuOptions::sockets by name: "auto", "never", "always" (DDP_MPI_SOCKETS, benchmark flags);
@@ -67,8 +79,9 @@ const char* to_string(CpuOptions::Sockets sockets);
 // Collective.
 bool socket_ring_wanted(MPI_Comm comm, CpuOptions::Sockets sockets);
 
-// An MpiCommunicator over `comm`, or, where socket_ring_wanted(), a SizeRoutedCommunicator.
-// Collective.
+// A HierarchicalCommunicator where CpuOptions::hierarchical says so for the hosts of `comm`
+// (comm/hierarchical_communicator.h); else an MpiCommunicator over `comm`, or, where
+// socket_ring_wanted(), a SizeRoutedCommunicator. Collective.
 std::unique_ptr<Communicator> make_cpu_communicator(MPI_Comm comm, CpuOptions options);
 
 // MPI, with the all-reduces of at least CpuOptions::socket_bytes on the TCP ring (above).

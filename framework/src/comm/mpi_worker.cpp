@@ -116,7 +116,7 @@ std::unique_ptr<Work> MpiWorker::submit(Collective call, std::function<void()> r
   return std::make_unique<MpiWork>(std::move(task), std::move(target), std::move(host));
 }
 
-void MpiWorker::wait(MPI_Request& request) const {
+void MpiWorker::wait(MPI_Request& request, bool spin) const {
   int done = 0;
   DDP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
   if (done) return;
@@ -124,7 +124,7 @@ void MpiWorker::wait(MPI_Request& request) const {
   // without pause is what keeps it fast. Past `spin`, a peer is late (or stopped, or dead), and
   // sleeping between tests frees the core; the sleep doubles so a long wait costs a few
   // wake-ups per second per millisecond of max_sleep, while a peer arriving soon is noticed soon.
-  const auto spin_until = Clock::now() + options_.spin;
+  const auto spin_until = Clock::now() + (spin ? options_.spin : std::chrono::microseconds(0));
   const bool may_sleep = options_.max_sleep.count() > 0;
   std::chrono::microseconds sleep(20);
   for (;;) {

@@ -82,8 +82,11 @@ class MpiWorker {
   std::unique_ptr<Work> submit(Collective call, std::function<void()> run,
                                torch::Tensor target = {}, torch::Tensor host = {});
 
-  // Waits for `request` as described above (spin, then sleeps). Worker thread only.
-  void wait(MPI_Request& request) const;
+  // Waits for `request` as described above (spin, then sleeps). Worker thread only. `spin`
+  // false: sleeps from the start, for waits on a peer that is busy elsewhere (the hierarchical
+  // all-reduce's host phases: comm/hierarchical_communicator.h), where spinning takes the core
+  // that peer's training needs.
+  void wait(MPI_Request& request, bool spin = true) const;
 
  private:
   void loop();

@@ -13,6 +13,7 @@ namespace ddp {
 
 using detail::Collective;
 using detail::RingSockets;
+using detail::ring_all_reduce;
 
 struct SocketRing::State {
   detail::MpiWorker* worker = nullptr;  // outlives the calls queued on it
@@ -98,7 +99,10 @@ void all_gather_phase(RingSockets& ring, const Segments& segment, int owned) {
   }
 }
 
-// In place; `tensor` contiguous on the CPU. Avg is left to the caller (finish_avg).
+}  // namespace
+
+namespace detail {
+
 void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
                      ReduceOp op) {
   const Segments segment{tensor.view({-1}), ring.size()};
@@ -106,6 +110,10 @@ void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Ten
   reduce_scatter_phase(ring, scratch, segment, op, 1);
   all_gather_phase(ring, segment, 1);
 }
+
+}  // namespace detail
+
+namespace {
 
 // From `root` along the ring, in pieces, so that each rank forwards one piece while it
 // receives the next.

@@ -51,6 +51,15 @@
 
 namespace ddp {
 
+namespace detail {
+class RingSockets;
+// The ring's all-reduce, in place on the calling thread over connected `ring` (the hierarchical
+// all-reduce's leaders use it too: comm/hierarchical_communicator.h). `tensor` contiguous on the
+// CPU; `scratch` is reused between calls. Avg is left to the caller (finish_avg).
+void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
+                     ReduceOp op);
+}  // namespace detail
+
 struct SocketRingOptions : WorkerOptions {
   // The interfaces to listen on: comma-separated names, the first one this host has wins.
   // Empty: loopback when every rank is on this host, else the first interface that is up with an

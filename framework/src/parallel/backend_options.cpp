@@ -4,13 +4,37 @@
 #include "runtime/runtime_internals.h"
 #include "util/environment.h"
 
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
 const char* const kSetupWhy =
     "every rank of the job must call it; a rank that has not got here is stopped, hung, or still "
     "loading its data";
+
+namespace {
+
+// DDP_TEST_HOST_SPLIT's "2,2": ranks per host; a bad list throws naming the variable.
+std::vector<int> host_split(const std::string& text) {
+  std::vector<int> split;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    const bool digits = !item.empty() && item.size() <= 6 &&
+                        item.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(item) == 0) {
+      throw std::invalid_argument(std::string(setting_info(Setting::TestHostSplit).name) + "='" +
+                                  text + "': expected ranks per host, e.g. 2,2");
+    }
+    split.push_back(std::stoi(item));
+  }
+  return split;
+}
+
+}  // namespace
 
 std::chrono::seconds collective_timeout(std::chrono::seconds timeout) {
   if (timeout.count() > 0) return timeout;
@@ -32,11 +56,14 @@ CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::sec
   if (const auto mode = read_text(env, Setting::Sockets)) options.sockets = parse_sockets(*mode, setting_info(Setting::Sockets).name);
   if (const auto kib = read_number(env, Setting::SocketThreshold)) options.socket_bytes = std::size_t(*kib) << 10;
   if (const auto names = read_text(env, Setting::SocketInterfaces)) options.socket_interfaces = *names;
+  if (const auto split = read_text(env, Setting::TestHostSplit)) options.host_split = host_split(*split);
   return options;
 }
 
-std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime, std::chrono::seconds timeout) {
-  CpuOptions options = cpu_options_from_environment(runtime, timeout);
+std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime,
+                                                    const ProcessGroupOptions& group) {
+  CpuOptions options = cpu_options_from_environment(runtime, group.timeout);
+  options.hierarchical = group.hierarchical;
   const auto phase = detail::setup_phase("creating a CPU communicator (MPI_Comm_dup)", kSetupWhy);
   return make_cpu_communicator(detail::RuntimeInternals::comm(runtime), options);
 }

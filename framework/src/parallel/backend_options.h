@@ -8,6 +8,7 @@
 #include "comm/cpu_communicator.h"
 #include <ddp/communicator.h>
 #include <ddp/config.h>
+#include <ddp/process_group.h>
 #include <ddp/runtime.h>
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 #include "comm/nccl_communicator.h"
@@ -27,6 +28,7 @@ namespace ddp {
 //   DDP_MPI_SOCKETS       CpuOptions::sockets: auto | never | always
 //   DDP_MPI_SOCKET_KIB    CpuOptions::socket_bytes in KiB
 //   DDP_SOCKET_IFNAME     CpuOptions::socket_interfaces (comma-separated interface names)
+//   DDP_TEST_HOST_SPLIT   CpuOptions::host_split (tests: ranks per emulated host, "2,2")
 // A bad value throws std::invalid_argument naming the variable.
 CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout);
 
@@ -39,8 +41,10 @@ std::chrono::seconds collective_timeout(std::chrono::seconds timeout);
 extern const char* const kSetupWhy;
 
 // A new communicator for CPU tensors over every rank of `runtime` (comm/cpu_communicator.h:
-// MPI, with the TCP ring for large all-reduces where that policy says). Collective.
-std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime, std::chrono::seconds timeout);
+// MPI, with the TCP ring for large all-reduces where that policy says, through one leader per
+// host where ProcessGroupOptions::hierarchical says). Collective.
+std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime,
+                                                    const ProcessGroupOptions& group);
 
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 // timeout 0: DDP_NCCL_TIMEOUT_SECONDS, else DDP_TIMEOUT_SECONDS, else 600 s.

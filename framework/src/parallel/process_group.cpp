@@ -28,7 +28,7 @@ class ProcessMembership final : public detail::GroupMembership {
   int replica() const override { return 0; }
   int replicas_per_process() const override { return 1; }
   std::unique_ptr<Communicator> new_cpu_communicator() override {
-    return make_cpu_communicator(runtime_, options_.timeout);
+    return make_cpu_communicator(runtime_, options_);
   }
   std::shared_ptr<Communicator> gpu_communicator() override {
 #if DDP_WITH_CUDA && DDP_WITH_NCCL

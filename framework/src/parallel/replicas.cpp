@@ -54,8 +54,8 @@ class ReplicaSet {
                             : std::chrono::seconds(collective_timeout_seconds(current_environment()));
     // Each channel's communicator over the processes is what ProcessGroup's would be.
     hub_ = std::make_unique<ReplicaHub>(replicas_, runtime.rank(), runtime.world_size(),
-                                        [owner, timeout] {
-      return make_cpu_communicator(*owner, timeout);
+                                        [owner, options] {
+      return make_cpu_communicator(*owner, options);
     }, hub_timeout);
   }
   ReplicaSet(const ReplicaSet&) = delete;

@@ -40,6 +40,7 @@ enum class Setting {
   StartupTimeout,    // DDP_STARTUP_TIMEOUT_SECONDS
   TestStopInPhase,   // DDP_TEST_STOP_IN_PHASE (tests: stop a rank in a watched phase)
   TestSampleLog,     // DDP_TEST_SAMPLE_LOG (tests: the Trainer logs the samples it trained)
+  TestHostSplit,     // DDP_TEST_HOST_SPLIT (tests: ranks per emulated host, "2,2")
 };
 
 // One row of the table.

@@ -46,6 +46,7 @@ struct TrainingFlags {
   std::string on_nonfinite = "stop";  // --on-nonfinite: stop or skip (ddp::OnNonFinite)
   int64_t max_skipped_steps = 10;
   std::optional<double> timeout;  // --timeout, when given
+  std::string hierarchical = "auto";  // --hierarchical: auto, on or off
   std::optional<double> checkpoint_every_seconds;  // --checkpoint-every-seconds, when given
   // --comm-hook: allreduce, fp16, bf16 or powersgd (with --powersgd-rank, --powersgd-start-iter).
   std::string comm_hook = "allreduce";
@@ -74,7 +75,7 @@ void add_training_flags(boost::program_options::options_description& options, Tr
 // --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume, --timeout
 // not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0 or
 // without --checkpoint-dir, an unknown --comm-hook, --comm-hook fp16/bf16/powersgd with another
-// --compression, --powersgd-rank < 1, --powersgd-start-iter < 2. ddp::cli::run calls it right
+// --compression, --powersgd-rank < 1, --powersgd-start-iter < 2, a --hierarchical other than auto, on or off. ddp::cli::run calls it right
 // after parsing.
 void check_training_flags(const TrainingFlags& flags);
 
@@ -84,6 +85,9 @@ void check_training_flags(const TrainingFlags& flags);
 // deterministic kernel warns), and CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set (cuBLAS reads it
 // when it starts, so this runs before any CUDA work). ddp::cli::run calls it after parsing.
 void use_deterministic_kernels();
+
+// The ProcessGroupOptions of --timeout and --hierarchical.
+ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags);
 
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
