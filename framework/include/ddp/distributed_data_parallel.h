@@ -219,8 +219,9 @@ class DistributedDataParallel {
   void prepare_forward();
 
   /// Wall time the training thread spent on gradient sync that backward did not hide, and the
-  /// bytes all-reduced, since construction (0 with one rank and no Reducer: nothing to
-  /// synchronise).
+  /// bytes of the gradient buckets handed to the comm hook, since construction (0 with one rank
+  /// and no Reducer: nothing to synchronise). The bytes are counted before a hook compresses
+  /// them: with fp16 or PowerSGD fewer cross the network.
   ///@{
   double sync_seconds() const;
   int64_t sync_bytes() const;
