@@ -156,6 +156,13 @@ TEST_F(Nccl, CollectivesAreOrderedByStreamsNotByTheHost) {
 TEST_F(Nccl, AsyncAllReduceHoldsTheCurrentStreamOnlyFromWait) {
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(rt().device().index());
   torch::Tensor t = torch::full({1000}, rt().rank() + 1.0, on_gpu(torch::kFloat));
+  // Every kernel launched between the sleep and the checks runs once first. CUDA loads a kernel's
+  // module on its first launch (lazy loading, the default since CUDA 12.2), and loading may
+  // synchronize the whole context: the first `ones * 3` would then wait for the sleep on the NCCL
+  // stream, and the test would blame the all-reduce (the first H100 run failed here).
+  torch::Tensor warm = torch::full({1000}, 1.0, on_gpu(torch::kFloat));
+  comm().all_reduce(warm, ddp::ReduceOp::Sum);
+  ASSERT_EQ((torch::ones({10}, on_gpu(torch::kFloat)) * 3).sum().item<float>(), 30.0f);
   {
     // Busy the NCCL stream, so the all-reduce queued behind it cannot finish for a while.
     c10::cuda::CUDAStreamGuard on_nccl(comm().stream());
