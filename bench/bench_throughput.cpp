@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   std::string hierarchical;
   int64_t batch, warmup, window_steps, windows;
   double bucket_mb;
-  bool bucket_view = false, reducer_at_one_rank = false;
+  bool bucket_view = false, reducer_at_one_rank = false, overlap_step = false;
   po::options_description options("bench_throughput options");
   options.add_options()
     ("help,h", "print this help")
@@ -79,9 +79,10 @@ int main(int argc, char** argv) {
     ("compression", po::value(&compression)->default_value("none"), "none, fp16 or bf16")
     ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
     ("gradient-as-bucket-view", po::bool_switch(&bucket_view), "grads are views into the buckets (zeroed in place instead of reset)")
+    ("overlap-step", po::bool_switch(&overlap_step), "the optimizer steps each bucket inside backward as its all-reduce completes (overlap_optimizer_step)")
     ("reducer-at-one-rank", po::bool_switch(&reducer_at_one_rank), "run the bucket path at one rank too, as PyTorch's DDP does")
     ("hierarchical", po::value(&hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host: auto, on or off (ProcessGroupOptions::hierarchical)")
-    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>][-view][-hier])")
+    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>][-view][-hier][-overlap])")
     ("link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")
     ("timeline", po::value(&timeline_path)->default_value(""), "also write a timeline of the timed steps")
     ("out", po::value(&out)->default_value(""), "append the JSON result line to this file");
@@ -125,6 +126,8 @@ int main(int argc, char** argv) {
     ddp_options.reducer_at_one_rank = reducer_at_one_rank;
     ddp::DistributedDataParallel ddp_model(group, model.module, ddp_options);
     torch::optim::SGD optimizer(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    // false at one rank without a Reducer: then the step stays after backward.
+    const bool overlapped = overlap_step && ddp_model.overlap_optimizer_step(&optimizer);
 
     torch::manual_seed(1234 + runtime.rank());
     std::vector<int64_t> shape{batch};
@@ -145,7 +148,7 @@ int main(int argc, char** argv) {
       loss.backward();
       if (timeline) timeline->span("backward", "step", t, Clock::now());
       t = Clock::now();
-      optimizer.step();
+      if (!overlapped) optimizer.step();
       if (timeline) timeline->span("optimizer", "step", t, Clock::now());
     };
     for (int64_t i = 0; i < warmup; ++i) step();
@@ -175,7 +178,7 @@ int main(int argc, char** argv) {
     const double median = sorted[sorted.size() / 2];
     if (label.empty()) {
       label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression) +
-              (bucket_view ? "-view" : "") + (hier ? "-hier" : "");
+              (bucket_view ? "-view" : "") + (hier ? "-hier" : "") + (overlapped ? "-overlap" : "");
     }
     char host[256] = {0};
     gethostname(host, sizeof host - 1);

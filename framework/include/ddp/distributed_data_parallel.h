@@ -43,6 +43,10 @@
 #include <utility>
 #include <vector>
 
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
 namespace ddp {
 
 class Reducer;   ///< parallel/reducer.h (internal)
@@ -234,6 +238,28 @@ class DistributedDataParallel {
   /// and no Reducer (DDPOptions::reducer_at_one_rank false) there is nothing to reduce and the
   /// hook never runs.
   void register_comm_hook(CommHook hook);
+
+  /// Steps `optimizer` inside backward, one bucket at a time: as soon as a bucket's all-reduce is
+  /// done, its averages go to grad() and the optimizer steps that bucket's parameters, while the
+  /// later buckets are still in flight; then loss.backward() returns with the model stepped, and
+  /// optimizer.step() must not be called again. Bit-identical to optimizer.step() after backward
+  /// (each parameter's update reads only its own gradient and state, and the state stays in
+  /// `optimizer`: its state_dict, learning-rate schedules and zero_grad() work as before).
+  /// Returns true when backward will step it; false at one rank without a Reducer
+  /// (DDPOptions::reducer_at_one_rank false), where there is no all-reduce to overlap: call
+  /// optimizer.step() as usual then. Null turns it off (and returns false).
+  ///
+  /// Refused (std::invalid_argument, naming the reason) where a step needs more than one bucket:
+  /// an optimizer other than SGD, Adam, AdamW, Adagrad or RMSprop (LBFGS re-evaluates the loss);
+  /// a parameter of `optimizer` that is not one of the module's; find_unused_parameters (a
+  /// parameter no rank used keeps its gradient, known only after the last bucket). It leaves no
+  /// place between the all-reduce and the step, so do not combine it with gradient clipping,
+  /// a GradScaler's inf check and unscale, or ZeroRedundancyOptimizer. no_sync() backward passes
+  /// do not step (nothing is reduced); the next synchronised one does. A parameter that got no
+  /// gradient on any rank is still the error of find_unused_parameters=false, raised after the
+  /// buckets have stepped. It takes effect from the next synchronised backward. The optimizer
+  /// must outlive the wrapper or be unregistered (null) first.
+  bool overlap_optimizer_step(torch::optim::Optimizer* optimizer);
 
   /// The reducer's buckets (parameter indices in registration order); empty with one rank
   /// unless DDPOptions::reducer_at_one_rank.

@@ -141,6 +141,16 @@ void Reducer::set_comm_hook(CommHook hook) {
   hook_ = std::move(hook);
 }
 
+void Reducer::set_bucket_done(BucketDone done) {
+  if (done && options_.find_unused_parameters) {
+    throw std::logic_error(
+        "DistributedDataParallel: the optimizer step cannot overlap the all-reduce with "
+        "DDPOptions::find_unused_parameters: a parameter no rank used must keep its gradient, and "
+        "only the exchange after the last bucket says which");
+  }
+  bucket_done_ = std::move(done);
+}
+
 void Reducer::rebuild_buckets() {
   std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
   std::vector<bool> seen(params_.size(), false);
@@ -253,6 +263,16 @@ void Reducer::wait_for_buckets() {
       }
       bucket.data.copy_(result.reshape(-1));
     }
+    if (bucket_done_) {
+      std::vector<torch::Tensor> params;
+      for (size_t i : bucket.params) {
+        hand_average(i);
+        params.push_back(params_[i]);
+      }
+      const auto step_start = Clock::now();
+      bucket_done_(params);
+      bucket_done_seconds_ += seconds_since(step_start);
+    }
     if (options_.timeline && span) {
       options_.timeline->span("all-reduce bucket " + std::to_string(b) + " (" +
                                   std::to_string(bucket.data.numel() * bucket.data.element_size() / 1024) +
@@ -262,12 +282,25 @@ void Reducer::wait_for_buckets() {
   }
 }
 
+void Reducer::hand_average(size_t param) {
+  const torch::Tensor& average = slots_[param].view;
+  torch::Tensor& grad = params_[param].mutable_grad();
+  if (options_.gradient_as_bucket_view) {
+    if (!grad_is_view(param)) grad = average;  // only a parameter unused on this rank
+  } else if (grad.defined()) {
+    grad.copy_(average);
+  } else {
+    grad = average.clone();
+  }
+}
+
 void Reducer::finish_backward() {
   struct EndBackward {
     bool& flag;
     ~EndBackward() { flag = false; }
   } end{in_backward_};
   const auto start = Clock::now();
+  bucket_done_seconds_ = 0;
 
   // 1. Gradients that never came count as zero here; launch every bucket still waiting.
   const int64_t n = static_cast<int64_t>(params_.size());
@@ -298,19 +331,10 @@ void Reducer::finish_backward() {
   sync_bytes_ += bytes;
   const torch::Tensor used_anywhere = used_by.to(torch::kLong).sum(0).gt(0);
   auto anywhere = used_anywhere.accessor<bool, 1>();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (slots_[i].bucket == kNoBucket || !anywhere[static_cast<int64_t>(i)]) continue;
-    const torch::Tensor& average = slots_[i].view;
-    torch::Tensor& grad = params_[i].mutable_grad();
-    if (options_.gradient_as_bucket_view) {
-      if (!grad_is_view(i)) grad = average;  // only a parameter unused on this rank
-    } else if (grad.defined()) {
-      grad.copy_(average);
-    } else {
-      grad = average.clone();
-    }
+  for (size_t i = 0; i < params_.size() && !bucket_done_; ++i) {  // bucket_done_: handed already
+    if (slots_[i].bucket != kNoBucket && anywhere[static_cast<int64_t>(i)]) hand_average(i);
   }
-  sync_seconds_ += seconds_since(start);
+  sync_seconds_ += seconds_since(start) - bucket_done_seconds_;  // the optimizer's is not sync
   if (options_.timeline) options_.timeline->span("wait for gradient sync", "sync", start, Clock::now());
   if (rebuild_pending_) rebuild_buckets();
 

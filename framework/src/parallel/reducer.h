@@ -54,6 +54,12 @@
 // without the option. The rebuild (step 5) copies every defined grad() into the new buckets and
 // points it there. Results are bit-identical to copying.
 //
+// The optimizer step overlapped (set_bucket_done, DistributedDataParallel::overlap_optimizer_step):
+// in step 3, as soon as bucket b's future is waited for, its averages are handed to grad() and
+// the callback steps the optimizer on that bucket's parameters, while the later buckets are still
+// in flight. Only with find_unused_parameters=false: then every parameter that requires grad
+// gets the average (a parameter no rank used is the error of step 4, raised after the steps).
+//
 // Invariants: every rank has the same bucket layout (checked at construction and after the
 // rebuild); between backward passes no bucket is in flight; params_ never changes after
 // construction; buckets_ and slots_ change at most once, in step 5, identically on all ranks,
@@ -69,6 +75,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -103,6 +110,12 @@ class Reducer {
   // Replaces the comm hook (the default follows DDPOptions::compression). Only before the first
   // synchronised backward; std::logic_error otherwise.
   void set_comm_hook(CommHook hook);
+
+  // Called in step 3 with each bucket's parameters once their grad() holds the average, in
+  // bucket order, before the later buckets are waited for; null: none (the default). Only with
+  // find_unused_parameters=false (std::logic_error otherwise).
+  using BucketDone = std::function<void(const std::vector<torch::Tensor>& params)>;
+  void set_bucket_done(BucketDone done);
 
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
@@ -140,6 +153,8 @@ class Reducer {
   void wait_for_buckets();
   // Whether params_[param].grad() is its slot's view (gradient_as_bucket_view).
   bool grad_is_view(size_t param) const;
+  // Step 3 for one parameter: its slot's average into grad().
+  void hand_average(size_t param);
 
   Communicator& data_comm_;
   Communicator& control_comm_;
@@ -163,6 +178,7 @@ class Reducer {
   std::vector<Hook> hooks_;
 
   CommHook hook_;
+  BucketDone bucket_done_;
   bool sync_enabled_ = true;
   bool in_backward_ = false;
   bool synced_once_ = false;         // a synchronised backward has begun (the hook is fixed)
@@ -170,6 +186,7 @@ class Reducer {
   std::vector<size_t> ready_order_;  // parameters in hook order, while rebuild_pending_
   size_t next_to_launch_ = 0;
   double sync_seconds_ = 0;
+  double bucket_done_seconds_ = 0;   // in bucket_done_ during this backward
   int64_t sync_bytes_ = 0;
 
 };
