@@ -4,6 +4,7 @@
 // optimizer.step() after backward, for each element-wise optimizer, with bucket views, with
 // no_sync() accumulation and a learning rate changed between steps; and what it refuses.
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/train/adadelta.h>
 
 #include "test_support.h"
 
@@ -63,7 +64,7 @@ void backward(ddp::DistributedDataParallel& model, int step) {
 // `accumulate`, each step is a no_sync() backward and a synchronised one. After step 2 both
 // learning rates are halved, as a schedule would. Expects the parameters equal bit for bit.
 void expect_overlap_equals_plain(const Factory& factory, const std::string& name, bool views,
-                                 bool accumulate = false) {
+                                 bool accumulate = false, bool per_parameter = false) {
   SCOPED_TRACE(name + (views ? ", bucket views" : "") + (accumulate ? ", no_sync" : ""));
   Net plain_net, overlap_net;
   ddp::DistributedDataParallel plain(ddp_test::group(), plain_net, small_buckets(views));
@@ -71,7 +72,7 @@ void expect_overlap_equals_plain(const Factory& factory, const std::string& name
   ASSERT_GE(overlap.bucket_layout().size(), 3u) << "the test needs several buckets";
   auto plain_opt = factory(plain_net->parameters());
   auto overlap_opt = factory(overlap_net->parameters());
-  ASSERT_TRUE(overlap.overlap_optimizer_step(overlap_opt.get()));
+  ASSERT_TRUE(overlap.overlap_optimizer_step(overlap_opt.get(), per_parameter));
   for (int step = 0; step < 5; ++step) {
     if (step == 2) {
       for (auto* opt : {plain_opt.get(), overlap_opt.get()}) {
@@ -113,6 +114,12 @@ TEST(OverlapOptimizerStep, EachElementwiseOptimizerEqualsThePlainStep) {
   expect_overlap_equals_plain(make<Adagrad>(AdagradOptions(0.1)), "Adagrad", false);
   expect_overlap_equals_plain(make<RMSprop>(RMSpropOptions(0.01).momentum(0.5).centered(true)),
                               "RMSprop", false);
+}
+
+TEST(OverlapOptimizerStep, AnOptimizerDeclaredPerParameterEqualsThePlainStep) {
+  // The kit's Adadelta (the seed's optimizer), declared with per_parameter.
+  expect_overlap_equals_plain(make<ddp::Adadelta>(ddp::AdadeltaOptions(1.0)), "ddp::Adadelta",
+                              false, false, true);
 }
 
 TEST(OverlapOptimizerStep, EqualsThePlainStepWithBucketViewsAndNoSync) {
@@ -169,13 +176,17 @@ TEST(OverlapOptimizerStep, RefusesWhatNeedsMoreThanOneBucket) {
         try {
           model.overlap_optimizer_step(&lbfgs);
         } catch (const std::invalid_argument& e) {
-          EXPECT_NE(std::string(e.what()).find("only SGD, Adam, AdamW, Adagrad and RMSprop"),
+          EXPECT_NE(std::string(e.what()).find("LBFGS re-evaluates the loss"),
                     std::string::npos)
               << e.what();
           throw;
         }
       },
       std::invalid_argument);
+  EXPECT_THROW(model.overlap_optimizer_step(&lbfgs, true), std::invalid_argument);
+  ddp::Adadelta adadelta(net->parameters());
+  EXPECT_THROW(model.overlap_optimizer_step(&adadelta), std::invalid_argument);
+  EXPECT_TRUE(model.overlap_optimizer_step(&adadelta, true) || ddp_test::group().size() == 1);
   torch::optim::SGD foreign(other->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_THROW(model.overlap_optimizer_step(&foreign), std::invalid_argument);
   options.find_unused_parameters = true;

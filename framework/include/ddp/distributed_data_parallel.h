@@ -250,7 +250,10 @@ class DistributedDataParallel {
   /// optimizer.step() as usual then. Null turns it off (and returns false).
   ///
   /// Refused (std::invalid_argument, naming the reason) where a step needs more than one bucket:
-  /// an optimizer other than SGD, Adam, AdamW, Adagrad or RMSprop (LBFGS re-evaluates the loss);
+  /// an optimizer other than SGD, Adam, AdamW, Adagrad or RMSprop, unless `per_parameter` declares
+  /// that it too updates each parameter from that parameter's gradient and state only (true of
+  /// ddp::Adadelta; false of anything that takes a norm over all parameters; never LBFGS, which
+  /// re-evaluates the loss);
   /// a parameter of `optimizer` that is not one of the module's; find_unused_parameters (a
   /// parameter no rank used keeps its gradient, known only after the last bucket). It leaves no
   /// place between the all-reduce and the step, so do not combine it with gradient clipping,
@@ -259,7 +262,7 @@ class DistributedDataParallel {
   /// gradient on any rank is still the error of find_unused_parameters=false, raised after the
   /// buckets have stepped. It takes effect from the next synchronised backward. The optimizer
   /// must outlive the wrapper or be unregistered (null) first.
-  bool overlap_optimizer_step(torch::optim::Optimizer* optimizer);
+  bool overlap_optimizer_step(torch::optim::Optimizer* optimizer, bool per_parameter = false);
 
   /// The reducer's buckets (parameter indices in registration order); empty with one rank
   /// unless DDPOptions::reducer_at_one_rank.

@@ -210,16 +210,21 @@ bool elementwise(torch::optim::Optimizer& optimizer) {
 
 }  // namespace
 
-bool DistributedDataParallel::overlap_optimizer_step(torch::optim::Optimizer* optimizer) {
+bool DistributedDataParallel::overlap_optimizer_step(torch::optim::Optimizer* optimizer,
+                                                     bool per_parameter) {
   const std::string what = "DistributedDataParallel::overlap_optimizer_step: ";
   if (!optimizer) {
     if (reducer_) reducer_->set_bucket_done(nullptr);
     return false;
   }
-  if (!elementwise(*optimizer)) {
-    throw std::invalid_argument(what + "only SGD, Adam, AdamW, Adagrad and RMSprop step each "
-                                "parameter from its own gradient and state; step this optimizer "
+  if (dynamic_cast<torch::optim::LBFGS*>(optimizer)) {
+    throw std::invalid_argument(what + "LBFGS re-evaluates the loss over all parameters; step it "
                                 "after backward");
+  }
+  if (!per_parameter && !elementwise(*optimizer)) {
+    throw std::invalid_argument(what + "only SGD, Adam, AdamW, Adagrad and RMSprop are known to "
+                                "step each parameter from its own gradient and state; declare "
+                                "another that does with per_parameter, or step it after backward");
   }
   if (options_.find_unused_parameters) {
     throw std::invalid_argument(what + "not with DDPOptions::find_unused_parameters (a parameter no "
