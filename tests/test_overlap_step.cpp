@@ -19,17 +19,7 @@ namespace {
 
 constexpr int64_t kGlobalBatch = 16;  // divides over 1, 2 and 4 ranks
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    torch::manual_seed(1);  // the same weights in both models and on every rank
-    a = register_module("a", torch::nn::Linear(6, 16));
-    b = register_module("b", torch::nn::Linear(16, 8));
-    c = register_module("c", torch::nn::Linear(8, 3));
-  }
-  torch::Tensor forward(torch::Tensor x) { return c(torch::tanh(b(torch::tanh(a(x))))); }
-  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
-};
-TORCH_MODULE(Net);
+using Net = ddp_test::TinyMlp;  // the same weights on every rank and in every copy
 
 using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 

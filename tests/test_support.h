@@ -54,6 +54,20 @@ inline torch::nn::Sequential small_cnn() {
                                torch::nn::Linear(4 * 6 * 6, 10), torch::nn::LogSoftmax(1));
 }
 
+// A small MLP (6 -> 16 -> 8 -> 3, tanh), the same weights wherever it is built: optimizer tests
+// compare two copies stepped two ways.
+struct TinyMlpImpl : torch::nn::Module {
+  TinyMlpImpl() {
+    torch::manual_seed(1);
+    a = register_module("a", torch::nn::Linear(6, 16));
+    b = register_module("b", torch::nn::Linear(16, 8));
+    c = register_module("c", torch::nn::Linear(8, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return c(torch::tanh(b(torch::tanh(a(x))))); }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(TinyMlp);
+
 // Runs a command and returns its stdout; throws if it exits non-zero.
 inline std::string run_command(const std::string& command) {
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);

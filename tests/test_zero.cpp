@@ -27,17 +27,7 @@ constexpr double kTolerance = 1e-6;
 
 MPI_Comm world() { return ddp::detail::RuntimeInternals::comm(ddp_test::runtime()); }
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    torch::manual_seed(1);  // the same weights on every rank and in the reference
-    a = register_module("a", torch::nn::Linear(6, 16));
-    b = register_module("b", torch::nn::Linear(16, 8));
-    c = register_module("c", torch::nn::Linear(8, 3));
-  }
-  torch::Tensor forward(torch::Tensor x) { return c(torch::tanh(b(torch::tanh(a(x))))); }
-  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
-};
-TORCH_MODULE(Net);
+using Net = ddp_test::TinyMlp;  // the same weights on every rank and in every copy
 
 // Step `step`'s global batch, the same on every rank.
 std::pair<torch::Tensor, torch::Tensor> batch(int step) {
