@@ -4,6 +4,7 @@
 // refused naming it.
 #include <ddp/train/image_dataset.h>
 #include <ddp/distributed_sampler.h>
+#include <ddp/train/adadelta.h>
 #include <ddp/train/autocast.h>
 #include <ddp/train/classification.h>
 #include <ddp/train/grad_clip.h>
@@ -170,6 +171,69 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// TrainerOptions::overlap_optimizer_step: the same epoch (accumulation of 2, a per-step schedule,
+// the seed's Adadelta) with the optimizer stepped inside backward ends bit-identical to the
+// Trainer's usual step after it; and it is off, saying why, where a step needs every gradient.
+TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
+  const ddp::ImageDataset data = small_images();
+  ddp::DDPOptions one_rank_too;
+  one_rank_too.reducer_at_one_rank = true;
+  auto run = [&](bool overlap, torch::nn::Sequential& net) {
+    ddp::DistributedDataParallel model(pg(), net.ptr(), one_rank_too);
+    ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(0.5));
+    ddp::LRSchedule schedule(optimizer, warmup_cosine());
+    ddp::TrainerOptions options;
+    options.batch_size = 4;
+    options.report.log_interval = 0;
+    options.seed = 5;
+    options.accumulate = 2;
+    options.lr_schedule = &schedule;
+    options.overlap_optimizer_step = overlap;
+    ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+    ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
+    EXPECT_EQ(trainer.optimizer_step_overlapped(), overlap) << trainer.overlap_off_reason();
+    trainer.train_epoch(1);
+    return trainer.global_step();
+  };
+  torch::nn::Sequential plain = small_cnn(), overlapped = small_cnn();
+  const int64_t steps = run(false, plain);
+  EXPECT_EQ(run(true, overlapped), steps);
+  const auto expected = plain->named_parameters();
+  for (const auto& p : overlapped->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value(), expected[p.key()])) << p.key();
+  }
+  EXPECT_FALSE(torch::equal(plain->parameters()[0], small_cnn()->parameters()[0])) << "nothing trained";
+}
+
+TEST(TrainerStep, OverlappedStepIsOffWhereAStepNeedsEveryGradient) {
+  const ddp::ImageDataset data = small_images();
+  torch::nn::Sequential net = small_cnn();
+  ddp::DDPOptions one_rank_too;
+  one_rank_too.reducer_at_one_rank = true;
+  ddp::DistributedDataParallel model(pg(), net.ptr(), one_rank_too);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  auto reason = [&](auto change) {
+    ddp::TrainerOptions options;
+    options.report.log_interval = 0;
+    options.overlap_optimizer_step = true;
+    change(options);
+    ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
+    EXPECT_FALSE(trainer.optimizer_step_overlapped());
+    return trainer.overlap_off_reason();
+  };
+  EXPECT_EQ(reason([](ddp::TrainerOptions& o) { o.clip_grad_norm = 1.0; }),
+            "clip_grad_norm needs every gradient before the step");
+  EXPECT_EQ(reason([](ddp::TrainerOptions& o) { o.amp = ddp::AmpMode::Fp16; }),
+            "the fp16 GradScaler's inf check needs every gradient before the step");
+  EXPECT_EQ(reason([](ddp::TrainerOptions& o) { o.on_nonfinite = ddp::OnNonFinite::Skip; }),
+            "OnNonFinite::Skip must be able to drop the step");
 }
 
 }  // namespace

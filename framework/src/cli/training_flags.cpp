@@ -174,6 +174,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
     ("gradient-as-bucket-view", po::bool_switch(&f.gradient_as_bucket_view), "gradients are views into the all-reduce buckets: no copy into the buckets and back, no gradient memory of their own (same results)")
+    ("overlap-step", po::bool_switch(&f.overlap_step), "the optimizer steps each gradient bucket inside backward as soon as its all-reduce is done (same results); off, and said, where a step needs every gradient first (--clip-grad-norm, --amp fp16, --on-nonfinite skip)")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
     ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
@@ -283,6 +284,7 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   options.checkpoint.every_steps = flags.checkpoint_every_steps;
   options.checkpoint.every_seconds = flags.checkpoint_every_seconds.value_or(0);
   options.keep_global_batch = flags.keep_global_batch;
+  options.overlap_optimizer_step = flags.overlap_step;
   return options;
 }
 

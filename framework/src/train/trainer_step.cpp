@@ -178,7 +178,7 @@ bool Trainer::optimizer_step(int64_t epoch) {
   if (scaler_) {
     scaler_->step(optimizer_);
     scaler_->update();
-  } else {
+  } else if (!optimizer_step_overlapped()) {  // else backward stepped it
     optimizer_.step();
   }
   if (options_.lr_schedule) options_.lr_schedule->step();

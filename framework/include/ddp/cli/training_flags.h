@@ -36,6 +36,7 @@ struct TrainingFlags {
   bool keep_global_batch = false;  // --keep-global-batch (TrainerOptions::keep_global_batch)
   bool deterministic = false;      // --deterministic (use_deterministic_kernels)
   bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
+  bool overlap_step = false;  // --overlap-step (TrainerOptions::overlap_optimizer_step)
   std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
   std::string progress;
   // The training step.
