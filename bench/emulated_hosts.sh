@@ -18,16 +18,7 @@ per_host=${DDP_BENCH_RANKS_PER_HOST:-1}
 ranks=$((2 * per_host))
 . "$root/tests/cluster/netns_hosts.sh"
 
-work=$(mktemp -d /tmp/ddp-bench-hosts.XXXXXX)
-prefix=ddpb$$-
-cleanup() {
-  netns_destroy
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-netns_create "$work" "$prefix" "$per_host" h1 h2 || { echo "emulated hosts: $NETNS_ERROR" >&2; exit 1; }
-export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
+netns_bench_hosts hosts "$per_host"
 agent=$root/tests/cluster/netns_agent.sh
 
 # Runs the job (all ranks) logged in on h1, as a user on a real cluster would with ddprun.

@@ -25,18 +25,9 @@ mkdir -p "$results"
 results=$(cd "$results" && pwd)
 . "$root/tests/cluster/netns_hosts.sh"
 
-work=$(mktemp -d /tmp/ddp-bench-psgd.XXXXXX)
-prefix=ddpp$$-
-cleanup() {
-  netns_destroy
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-netns_create "$work" "$prefix" 1 h1 h2 || { echo "emulated hosts: $NETNS_ERROR" >&2; exit 1; }
+netns_bench_hosts psgd 1
 netns_shape h1 "$rate"
 netns_shape h2 "$rate"
-export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
 agent=$root/tests/cluster/netns_agent.sh
 
 # One 2-rank ddp_mnist, logged in on h1 as a user would be, started by ddprun.

@@ -10,6 +10,11 @@
 #   netns_bytes HOST                         bytes HOST sent + received over its link
 #   netns_shape HOST RATE                    token-bucket limit (e.g. 1gbit) on both
 #                                            directions of HOST's link
+#   netns_bench_hosts TAG SLOTS              a benchmark's h1 and h2 (SLOTS each): sets `work`
+#                                            (a fresh directory) and `prefix`, exports
+#                                            DDP_NETNS_PREFIX/DDP_NETNS_HOSTS, and removes
+#                                            both when the script exits; exits 1 saying why
+#                                            when the hosts cannot be made
 NETNS_CREATED=()
 NETNS_PREFIX=
 NETNS_BRIDGE=
@@ -66,4 +71,13 @@ netns_shape() {
   local host=$1 rate=$2
   tc -n "$NETNS_BRIDGE" qdisc replace dev "$host" root tbf rate "$rate" burst 256kb latency 100ms
   tc -n "$NETNS_PREFIX$host" qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 100ms
+}
+
+netns_bench_hosts() {
+  work=$(mktemp -d "/tmp/ddp-bench-$1.XXXXXX")
+  prefix=ddp${1:0:1}$$-
+  trap 'netns_destroy; rm -rf "$work"' EXIT
+  trap 'exit 1' INT TERM
+  netns_create "$work" "$prefix" "$2" h1 h2 || { echo "emulated hosts: $NETNS_ERROR" >&2; exit 1; }
+  export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
 }
