@@ -3,7 +3,8 @@
 # one report (report.md) of what it checked, row by row, with the device and the date, and of
 # what one GPU cannot show; docs/gpu.md ("Proving it on a GPU machine") quotes its rows. The
 # steps: the GPU tests (ctest's gpu label: the NCCL communicator, DDP on CUDA, the NCCL Reducer
-# at world size 1 against the CPU result, SyncBatchNorm over NCCL, the watchdog), the unit and
+# at world size 1 against the CPU result, SyncBatchNorm over NCCL, the comm hooks, the overlapped
+# optimizer step and ZeRO-1 on CUDA tensors, the watchdog), the unit and
 # distributed tests on the CPU, `mnist` on the GPU, `ddp_mnist` on one rank over NCCL, a
 # mid-epoch SIGTERM and resume on the GPU compared bit for bit, `--replicas-per-process 1` on the
 # GPU, and the seed CNN's training throughput against PyTorch DDP on the same GPU. Meant for a GPU

@@ -155,7 +155,9 @@ TEST_F(GpuDdp, NcclReducerMatchesTheCpuResult) {
       torch::nn::functional::cross_entropy(net->forward(x[s]), y[s]).backward();
       opt.step();
     }
-    if (model) EXPECT_GT(model->sync_bytes(), 0);
+    if (model) {
+      EXPECT_GT(model->sync_bytes(), 0);
+    }
     return flat_parameters(*net);
   };
   const torch::Tensor cpu = train(torch::kCPU, true), gpu = train(rt().device(), true);
