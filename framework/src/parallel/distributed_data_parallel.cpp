@@ -226,10 +226,6 @@ bool DistributedDataParallel::overlap_optimizer_step(torch::optim::Optimizer* op
                                 "step each parameter from its own gradient and state; declare "
                                 "another that does with per_parameter, or step it after backward");
   }
-  if (options_.find_unused_parameters) {
-    throw std::invalid_argument(what + "not with DDPOptions::find_unused_parameters (a parameter no "
-                                "rank used keeps its gradient, known only after the last bucket)");
-  }
   std::unordered_set<const c10::TensorImpl*> mine;
   for (const auto& p : module_->parameters()) mine.insert(p.unsafeGetTensorImpl());
   const auto& groups = optimizer->param_groups();
@@ -243,6 +239,7 @@ bool DistributedDataParallel::overlap_optimizer_step(torch::optim::Optimizer* op
     }
   }
   if (!reducer_) return false;
+  // The reducer refuses find_unused_parameters.
   reducer_->set_bucket_done(
       [optimizer](const std::vector<torch::Tensor>& params) { step_subset(*optimizer, params); });
   return true;

@@ -143,10 +143,10 @@ void Reducer::set_comm_hook(CommHook hook) {
 
 void Reducer::set_bucket_done(BucketDone done) {
   if (done && options_.find_unused_parameters) {
-    throw std::logic_error(
-        "DistributedDataParallel: the optimizer step cannot overlap the all-reduce with "
-        "DDPOptions::find_unused_parameters: a parameter no rank used must keep its gradient, and "
-        "only the exchange after the last bucket says which");
+    throw std::invalid_argument(
+        "DistributedDataParallel::overlap_optimizer_step: not with "
+        "DDPOptions::find_unused_parameters (a parameter no rank used keeps its gradient, known "
+        "only after the last bucket)");
   }
   bucket_done_ = std::move(done);
 }

@@ -113,7 +113,7 @@ class Reducer {
 
   // Called in step 3 with each bucket's parameters once their grad() holds the average, in
   // bucket order, before the later buckets are waited for; null: none (the default). Only with
-  // find_unused_parameters=false (std::logic_error otherwise).
+  // find_unused_parameters=false (std::invalid_argument otherwise).
   using BucketDone = std::function<void(const std::vector<torch::Tensor>& params)>;
   void set_bucket_done(BucketDone done);
 
