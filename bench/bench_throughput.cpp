@@ -1,6 +1,7 @@
 // Training throughput of ddp on one model: samples/s over all ranks, the median of several
 // timed windows after a warm-up, appended as one JSON line (rank 0) for bench/run_all.sh.
-// The same measurement as bench/pytorch_ddp.py: same models, batch, synthetic data, launcher.
+// The same measurement as bench/pytorch_ddp.py: same models, batch, synthetic data, launcher,
+// mixed precision (--amp: autocast in bf16, or fp16 with the GradScaler, as torch.amp).
 //   mpirun -np 2 bench_throughput --model cnn --batch-size 64 --out results.jsonl
 #include "mnist_cnn.h"
 #include "resnet.h"
@@ -9,12 +10,16 @@
 
 #include <boost/program_options.hpp>
 #include <torch/cuda.h>
+#if DDP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -58,11 +63,27 @@ Model make_model(const std::string& name) {
   throw std::invalid_argument("--model: unknown model '" + name + "' (cnn, resnet18, mlp)");
 }
 
+// The most GPU memory tensors held at once on `device` in this process, in MiB (PyTorch's
+// torch.cuda.max_memory_allocated: the same caching allocator's count); -1 on the CPU.
+double gpu_peak_mib(const torch::Device& device) {
+#if DDP_WITH_CUDA
+  if (device.is_cuda()) {
+    using c10::CachingAllocator::StatType;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(
+               stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak) /
+           (1024.0 * 1024.0);
+  }
+#endif
+  (void)device;
+  return -1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model_name, device_name, grad_sync, compression, label, out, link, timeline_path;
-  std::string hierarchical;
+  std::string hierarchical, amp_name;
   int64_t batch, warmup, window_steps, windows;
   double bucket_mb;
   bool bucket_view = false, reducer_at_one_rank = false, overlap_step = false;
@@ -80,6 +101,7 @@ int main(int argc, char** argv) {
     ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
     ("gradient-as-bucket-view", po::bool_switch(&bucket_view), "grads are views into the buckets (zeroed in place instead of reset)")
     ("overlap-step", po::bool_switch(&overlap_step), "the optimizer steps each bucket inside backward as its all-reduce completes (overlap_optimizer_step)")
+    ("amp", po::value(&amp_name)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and the GradScaler)")
     ("reducer-at-one-rank", po::bool_switch(&reducer_at_one_rank), "run the bucket path at one rank too, as PyTorch's DDP does")
     ("hierarchical", po::value(&hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host: auto, on or off (ProcessGroupOptions::hierarchical)")
     ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>][-view][-hier][-overlap])")
@@ -107,6 +129,17 @@ int main(int argc, char** argv) {
     if (device_name != "cpu" && device_name != "cuda") {
       throw std::invalid_argument("--device: unknown device '" + device_name + "' (cpu, cuda)");
     }
+    const ddp::AmpMode amp = [&] {
+      try {
+        return ddp::parse_amp_mode(amp_name);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(std::string("--amp: ") + e.what());
+      }
+    }();
+    if (amp == ddp::AmpMode::Fp16 && overlap_step) {
+      // The GradScaler steps only after seeing every gradient (unscale, then the inf check).
+      throw std::invalid_argument("--overlap-step with --amp fp16: the GradScaler needs every gradient before the step");
+    }
     const torch::Device device = runtime.device();
     if (device_name == "cuda" && !device.is_cuda()) {
       throw std::runtime_error("--device cuda: rank " + std::to_string(runtime.rank()) +
@@ -128,6 +161,9 @@ int main(int argc, char** argv) {
     torch::optim::SGD optimizer(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     // false at one rank without a Reducer: then the step stays after backward.
     const bool overlapped = overlap_step && ddp_model.overlap_optimizer_step(&optimizer);
+    ddp::GradScalerOptions scaler_options;
+    scaler_options.enabled = amp == ddp::AmpMode::Fp16;  // else a pass-through
+    ddp::GradScaler scaler(&group.cpu(), scaler_options);
 
     torch::manual_seed(1234 + runtime.rank());
     std::vector<int64_t> shape{batch};
@@ -142,13 +178,23 @@ int main(int argc, char** argv) {
       // What a user's step does, and PyTorch DDP's forward: the buffer broadcast (ResNet's
       // BatchNorm statistics) and the hook check before the forward.
       ddp_model.prepare_forward();
-      torch::Tensor loss = torch::nll_loss(model.forward(inputs), targets);
+      torch::Tensor loss;
+      {
+        std::optional<ddp::Autocast> autocast;
+        if (amp != ddp::AmpMode::Off) {
+          autocast.emplace(device.type(), amp == ddp::AmpMode::Fp16 ? torch::kHalf : torch::kBFloat16);
+        }
+        loss = torch::nll_loss(model.forward(inputs), targets);
+      }
       if (timeline) timeline->span("forward", "step", t, Clock::now());
       t = Clock::now();
-      loss.backward();
+      scaler.scale(loss).backward();
       if (timeline) timeline->span("backward", "step", t, Clock::now());
       t = Clock::now();
-      if (!overlapped) optimizer.step();
+      if (!overlapped) {
+        scaler.step(optimizer);
+        scaler.update();
+      }
       if (timeline) timeline->span("optimizer", "step", t, Clock::now());
     };
     for (int64_t i = 0; i < warmup; ++i) step();
@@ -171,6 +217,7 @@ int main(int argc, char** argv) {
     torch::Tensor peak = torch::tensor({static_cast<double>(usage.ru_maxrss) / 1024.0}, torch::kDouble);
     comm.all_reduce(peak, ddp::ReduceOp::Max);
     const double peak_rss_mb = peak.item<double>();
+    const double gpu_peak = gpu_peak_mib(device);  // rank 0's
     if (!runtime.is_main()) return;
 
     std::vector<double> sorted = rates;
@@ -178,23 +225,28 @@ int main(int argc, char** argv) {
     const double median = sorted[sorted.size() / 2];
     if (label.empty()) {
       label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression) +
-              (bucket_view ? "-view" : "") + (hier ? "-hier" : "") + (overlapped ? "-overlap" : "");
+              (bucket_view ? "-view" : "") + (hier ? "-hier" : "") + (overlapped ? "-overlap" : "") +
+              (amp == ddp::AmpMode::Off ? "" : "-" + amp_name);
     }
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     std::ostringstream json;
     json << "{\"impl\": \"" << label << "\", \"model\": \"" << model_name
-         << "\", \"device\": \"" << device_name
+         << "\", \"device\": \"" << device_name << "\", \"amp\": \"" << amp_name
          << "\", \"world\": " << runtime.world_size() << ", \"batch\": " << batch
          << ", \"threads\": " << torch::get_num_threads() << ", \"samples_per_sec\": " << median
          << ", \"step_ms\": " << 1000.0 * runtime.world_size() * batch / median << ", \"windows\": [";
     for (size_t i = 0; i < rates.size(); ++i) json << (i ? ", " : "") << rates[i];
-    json << "], \"peak_rss_mb\": " << peak_rss_mb << ", \"host\": \"" << host << "\"";
+    json << "], \"peak_rss_mb\": " << peak_rss_mb;
+    if (gpu_peak >= 0) json << ", \"gpu_peak_mb\": " << gpu_peak;
+    json << ", \"host\": \"" << host << "\"";
     if (!link.empty()) json << ", \"link\": \"" << link << "\"";
     json << "}";
-    std::printf("%-22s %-9s world %d batch %lld: %9.1f samples/s (%.1f ms/step), peak RSS %.1f MiB\n",
+    std::printf("%-22s %-9s world %d batch %lld: %9.1f samples/s (%.1f ms/step), peak RSS %.1f MiB",
                 label.c_str(), model_name.c_str(), runtime.world_size(), static_cast<long long>(batch),
                 median, 1000.0 * runtime.world_size() * batch / median, peak_rss_mb);
+    if (gpu_peak >= 0) std::printf(", GPU peak %.1f MiB", gpu_peak);
+    std::printf("\n");
     if (!out.empty()) {
       std::ofstream file(out, std::ios::app);
       file << json.str() << "\n";

@@ -115,7 +115,11 @@ def parse_args():
     p.add_argument("--warmup-steps", type=int, required=True)
     p.add_argument("--window-steps", type=int, required=True)
     p.add_argument("--windows", type=int, required=True)
-    p.add_argument("--label", default="pytorch-ddp", help="the \"impl\" value in the output")
+    p.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off",
+                   help="mixed precision of forward and loss: torch.autocast in bf16, or in fp16 "
+                        "with torch.amp.GradScaler")
+    p.add_argument("--label", help="the \"impl\" value in the output "
+                                   "(default pytorch-ddp[-<amp>])")
     p.add_argument("--out", help="append one JSON line here (rank 0 only)")
     p.add_argument("--link", default="", help="tag for emulated-host runs, e.g. 1gbit")
     args = p.parse_args()
@@ -124,6 +128,8 @@ def parse_args():
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup_steps < 0:
         p.error("--warmup-steps must not be negative")
+    if args.label is None:
+        args.label = "pytorch-ddp" + ("" if args.amp == "off" else "-" + args.amp)
     return args
 
 
@@ -161,11 +167,16 @@ def main():
     inputs = torch.randn(args.batch_size, *sample_shape).to(device)
     targets = torch.randint(0, 10, (args.batch_size,)).to(device)
 
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # else a pass-through
+
     def step():
         optimizer.zero_grad()
-        loss = F.nll_loss(ddp(inputs), targets)
-        loss.backward()
-        optimizer.step()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = F.nll_loss(ddp(inputs), targets)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
 
     for _ in range(args.warmup_steps):
         step()
@@ -189,6 +200,7 @@ def main():
             "impl": args.label,
             "model": args.model,
             "device": args.device,
+            "amp": args.amp,
             "world": world,
             "batch": args.batch_size,
             "threads": threads,
@@ -197,6 +209,8 @@ def main():
             "windows": windows,
             "host": socket.gethostname(),
         }
+        if device.type == "cuda":  # what bench_throughput's gpu_peak_mb counts, the same allocator
+            result["gpu_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         if args.link:
             result["link"] = args.link
         if args.out:
@@ -204,7 +218,9 @@ def main():
                 f.write(json.dumps(result) + "\n")
         print(f"{args.label} {args.model}: world {world}, batch {args.batch_size}/rank, "
               f"{threads} thread(s): {median:.1f} samples/s, {result['step_ms']:.2f} ms/step "
-              f"(median of {len(windows)} windows)", flush=True)
+              f"(median of {len(windows)} windows)"
+              + (f", GPU peak {result['gpu_peak_mb']:.1f} MiB" if "gpu_peak_mb" in result else ""),
+              flush=True)
 
     dist.destroy_process_group()
 
