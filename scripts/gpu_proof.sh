@@ -7,13 +7,18 @@
 # optimizer step and ZeRO-1 on CUDA tensors, the watchdog), the unit and
 # distributed tests on the CPU, `mnist` on the GPU, `ddp_mnist` on one rank over NCCL, a
 # mid-epoch SIGTERM and resume on the GPU compared bit for bit, `--replicas-per-process 1` on the
-# GPU, and the seed CNN's training throughput against PyTorch DDP on the same GPU. Meant for a GPU
+# GPU, `ddp_cifar` (ResNet-18) with AMP in bf16 and fp16, and the training throughput of the seed
+# CNN and of ResNet-18 with AMP against PyTorch DDP on the same GPU. Meant for a GPU
 # machine with python3 + CUDA torch, nvcc and CMake, but maybe without MPI, Boost, GoogleTest or
 # zlib headers, and without internet: what is missing is unpacked with `dpkg -x` from .debs/,
 # which scripts/fetch_gpu_debs.sh downloads on a Debian 12 machine.
 #
-# Usage: scripts/gpu_proof.sh [--deps-only | --dry-run]
+# The GPU rows are built and run first; the CPU tests (which CI runs too) are built and run after
+# them with what is left of a time budget, so that one call fits a machine lent 10 minutes a call.
+#
+# Usage: scripts/gpu_proof.sh [--deps-only | --dry-run | --cpu-tests]
 #   --deps-only       unpack and check the dependencies (mpirun -np 1 hostname), build nothing
+#   --cpu-tests       only the CPU tests' rows (for a second call when the budget ran out first)
 #   --dry-run         no GPU needed (ctest's gpu_proof_dry_run): the CPU stands in, so that the
 #                     first run on a GPU fails for no reason but the GPU. Configures a scratch
 #                     tree with the real run's arguments and checks it has every target the real
@@ -26,17 +31,26 @@
 #   DDP_PROOF_UNPACK  "all": use the .debs even for what the machine has
 #   PYTHON            the python with CUDA torch, default python3
 #   JOBS              parallel build jobs, default nproc
-# Exit status: 0 when every step passed; summary.txt and report.md list each step either way.
+#   DDP_PROOF_BUDGET  seconds from the start after which no CPU-test step starts and a running one
+#                     is stopped (it is then SKIP, not FAIL), default 540; the GPU rows always run
+# Exit status: 0 when every step that ran passed; summary.txt and report.md list each step either
+# way (PASS, FAIL, or SKIP with the reason).
 set -uo pipefail
 
+started=$(date +%s)
 root=$(cd "$(dirname "$0")/.." && pwd)
-deps_only=0 dry=0
+deps_only=0 dry=0 gpu_rows=1
 case "${1:-}" in
   --deps-only) deps_only=1 ;;
   --dry-run) dry=1 ;;
+  --cpu-tests) gpu_rows=0 ;;
   "") ;;
-  *) echo "gpu_proof: unknown argument '$1' (expected --deps-only or --dry-run)" >&2; exit 2 ;;
+  *) echo "gpu_proof: unknown argument '$1' (expected --deps-only, --dry-run or --cpu-tests)" >&2
+     exit 2 ;;
 esac
+budget=${DDP_PROOF_BUDGET:-540}
+[[ $budget =~ ^[0-9]+$ ]] ||
+  { echo "gpu_proof: DDP_PROOF_BUDGET='$budget' is not a number of seconds" >&2; exit 2; }
 if [ $dry -eq 1 ]; then
   build=${DDP_PROOF_BUILD:-$root/build}
   out=${OUT:-$build/gpu-proof-dry-run}
@@ -62,16 +76,25 @@ declare -A result   # step name -> "PASS (12 s)" / "FAIL (...)"
 log() { echo "gpu_proof: $*" | tee -a "$out/summary.txt"; }
 
 # step NAME COMMAND...: runs COMMAND with its output in $OUT/NAME.log and records the result.
+# With `step_limit` set (seconds), COMMAND is stopped after that long and is SKIP, not FAIL.
+step_limit=
 step() {
   local name=$1 start status
   shift
   start=$(date +%s)
   echo "gpu_proof: running $name: $*"
-  "$@" > "$out/$name.log" 2>&1
+  if [ -n "$step_limit" ]; then
+    timeout "$step_limit" "$@" > "$out/$name.log" 2>&1
+  else
+    "$@" > "$out/$name.log" 2>&1
+  fi
   status=$?
   if [ $status -eq 0 ]; then
     result[$name]="PASS ($(( $(date +%s) - start )) s)"
     log "PASS $name ($(( $(date +%s) - start )) s)"
+  elif [ -n "$step_limit" ] && [ $status -eq 124 ]; then
+    result[$name]="SKIP (stopped after $step_limit s: the time budget, DDP_PROOF_BUDGET=$budget s, ran out)"
+    log "SKIP $name: ${result[$name]#SKIP }"
   else
     result[$name]="FAIL (exit $status; $name.log)"
     log "FAIL $name (exit $status, $(( $(date +%s) - start )) s; see $name.log)"
@@ -81,33 +104,21 @@ step() {
   return $status
 }
 
-have_system() {
-  [ "${DDP_PROOF_UNPACK:-}" != all ] && "$@" > /dev/null 2>&1
-}
-
-# A development package is there when its header and its library both are: an image may hold a
-# library's headers without the library (Ubuntu's libboost-dev without program_options' .so).
-have_dev() {
-  local header=$1 library=$2
-  have_system test -e "/usr/include/$header" &&
-    { have_system compgen -G "/usr/lib/*/$library" || have_system compgen -G "/usr/lib/$library"; }
-}
-
-unpack() {
-  local component=$1 deb
-  if ! ls "$debs/$component"/*.deb > /dev/null 2>&1; then
-    log "FAIL unpack $component: no $debs/$component/*.deb (run scripts/fetch_gpu_debs.sh)"
-    failed=1
+# budgeted_step NAME COMMAND...: step() within what is left of DDP_PROOF_BUDGET; not started, and
+# SKIP, when nothing is left (--cpu-tests then runs it alone).
+budgeted_step() {
+  local name=$1
+  step_limit=$(( budget - ($(date +%s) - started) ))
+  if [ $step_limit -le 0 ]; then
+    result[$name]="SKIP (not started: the time budget, DDP_PROOF_BUDGET=$budget s, was spent)"
+    log "SKIP $name: ${result[$name]#SKIP }"
+    step_limit=
     return 1
   fi
-  for deb in "$debs/$component"/*.deb; do
-    if command -v dpkg > /dev/null; then
-      dpkg -x "$deb" "$prefix"
-    else  # a .deb is an ar archive holding data.tar.xz (Debian 12)
-      ar p "$deb" data.tar.xz | tar -xJ -C "$prefix"
-    fi
-  done
-  log "unpacked $component ($(find "$debs/$component" -name '*.deb' | wc -l) packages) into $prefix"
+  step "$@"
+  local status=$?
+  step_limit=
+  return $status
 }
 
 # --- The machine -------------------------------------------------------------------------------
@@ -156,118 +167,9 @@ nccl_root=$("$python" -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/
 [ -n "$nccl_root" ] && [ -e "$nccl_root/include/nccl.h" ] || nccl_root=
 
 # --- Dependencies: the machine's own where present, else unpacked from .debs/ ------------------
-# The torch folder first, so its lib/ wins over any other LibTorch in the system's folders.
-torch_root=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
-cmake_prefix="$torch_root;$torch_prefix;$prefix/usr"
-cmake_args=()
-lib=$prefix/usr/lib/x86_64-linux-gnu
-
-if have_system command -v mpicxx && have_system command -v mpirun; then
-  mpirun=$(command -v mpirun)
-  log "MPI: the machine's ($mpirun)"
-else
-  unpack mpi
-  # dpkg -x runs no maintainer scripts, so Debian's alternatives (mpirun, mpicxx) are missing.
-  ln -sf mpirun.openmpi "$prefix/usr/bin/mpirun"
-  ln -sf mpicxx.openmpi "$prefix/usr/bin/mpicxx"
-  # Open MPI and the PMIx it loads look for their plugins and help files under the prefix they
-  # were built for (/usr) unless told where they are now.
-  export OPAL_PREFIX=$prefix/usr
-  export PMIX_PKGDATADIR=$lib/pmix2/share/pmix PMIX_PKGLIBDIR=$lib/pmix2/lib/pmix
-  export PATH=$prefix/usr/bin:$PATH
-  export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  mpirun=$prefix/usr/bin/mpirun
-  cmake_args+=(-DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.openmpi" -DMPIEXEC_EXECUTABLE="$mpirun")
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
-step mpirun_hostname "$mpirun" -np 1 hostname
-if [ -n "${OPAL_PREFIX:-}" ]; then
-  step unpacked_libraries_resolve bash -c \
-    "! ldd '$lib/libmpi.so.40' '$prefix/usr/bin/orterun' 2>&1 | grep -E 'not found|No such file'"
-fi
-# An MPI program built with this MPI's compiler wrapper, on two ranks.
-cat > "$scratch/mpi_hello.cpp" <<'EOF_CPP'
-#include <mpi.h>
-#include <cstdio>
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 0, sum = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int one = 1;
-  MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) std::printf("mpi_hello: %d ranks, all-reduce %d\n", size, sum);
-  MPI_Finalize();
-  return sum == size ? 0 : 1;
-}
-EOF_CPP
-step mpi_hello bash -c \
-  "'$(dirname "$mpirun")/mpicxx' '$scratch/mpi_hello.cpp' -o '$scratch/mpi_hello' &&
-   '$mpirun' -np 2 '$scratch/mpi_hello' | grep 'mpi_hello: 2 ranks, all-reduce 2'"
-
-examples=ON
-if [ "$abi" = 0 ]; then
-  # Debian's (and most distributions') Boost is built with the C++11 ABI, this torch without it:
-  # the examples, which take std::string from Boost.Program_options, would not link.
-  examples=OFF
-  log "SKIP examples: this torch uses the pre-C++11 ABI (_GLIBCXX_USE_CXX11_ABI=0)," \
-      "the packaged Boost does not"
-elif have_dev boost/program_options.hpp "libboost_program_options.so"; then
-  log "Boost: the machine's"
-else
-  unpack boost
-  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  # Named outright: the machine's BoostConfig (another version, headers only) comes first in
-  # CMake's search otherwise, and then refuses the unpacked program_options.
-  for config in "$prefix"/usr/lib/*/cmake/Boost-*/BoostConfig.cmake; do
-    [ -e "$config" ] && cmake_args+=(-DBoost_DIR="$(dirname "$config")")
-  done
-fi
-
-if have_dev zlib.h "libz.so"; then
-  log "zlib: the machine's"
-else
-  unpack zlib
-  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-
-if have_dev xxhash.h "libxxhash.so"; then
-  log "xxHash: the machine's"
-else
-  unpack xxhash
-  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-
-if have_system test -e /usr/include/nlohmann/json.hpp; then
-  log "nlohmann-json: the machine's"
-else
-  unpack json
-fi
-
-data=/usr/share/datasets/fashion-mnist
-if ! have_system test -e "$data/train-images-idx3-ubyte.gz"; then
-  unpack data
-  data=$prefix/usr/share/datasets/fashion-mnist
-fi
-
-# GoogleTest from its sources, built with torch's ABI, unless the machine has one that fits.
-if have_dev gtest/gtest.h "libgtest.*" && [ "$abi" != 0 ]; then
-  log "GoogleTest: the machine's"
-else
-  gtest_src=/usr/src/googletest
-  if ! have_system test -e $gtest_src/CMakeLists.txt; then
-    unpack gtest
-    gtest_src=$prefix/usr/src/googletest
-  fi
-  if [ $deps_only -eq 0 ]; then
-    step gtest_build bash -c "cmake -S '$gtest_src' -B '$scratch/gtest-build' \
-        -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
-        -DCMAKE_INSTALL_PREFIX='$prefix/gtest' -DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=${abi:-1} &&
-      cmake --build '$scratch/gtest-build' -j $jobs && cmake --install '$scratch/gtest-build'"
-    cmake_prefix="$cmake_prefix;$prefix/gtest"
-  fi
-fi
+# Sets mpirun, cmake_prefix, cmake_args, examples (OFF with a pre-C++11-ABI torch) and data (the
+# Fashion-MNIST folder), and exports what an unpacked Open MPI needs.
+. "$root/scripts/gpu_proof_deps.sh"
 
 if [ $deps_only -eq 1 ]; then
   log "deps-only: done"
@@ -278,9 +180,11 @@ fi
 configure_args=(-DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENCH=$examples
   -DDDP_BUILD_EXAMPLES=$examples -DCMAKE_PREFIX_PATH="$cmake_prefix"
   -DDDP_PYTHON="$(command -v "$python")" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} "${cmake_args[@]}")
-targets=(gpu_tests nccl_timeout_probe unit_tests distributed_tests)
-[ $examples = ON ] && targets+=(mnist ddp_mnist ddp_mnist_signal_at_step ddp_compare_models
-                                bench_throughput)
+# The GPU rows' targets first (the CPU tests' two, a third of the build, come after those rows).
+gpu_targets=(gpu_tests nccl_timeout_probe)
+[ $examples = ON ] && gpu_targets+=(mnist ddp_mnist ddp_cifar ddp_mnist_signal_at_step
+                                    ddp_compare_models bench_throughput make_cifar_data)
+cpu_targets=(unit_tests distributed_tests)
 if [ $dry -eq 0 ]; then
   step configure cmake -S "$root" -B "$build" "${configure_args[@]}"
   if ! grep -q "building the NCCL communicator and the GPU tests" "$out/configure.log"; then
@@ -288,16 +192,20 @@ if [ $dry -eq 0 ]; then
     grep "ddp:" "$out/configure.log" | tee -a "$out/summary.txt"
     exit 1
   fi
-  step build cmake --build "$build" -j "$jobs" --target "${targets[@]}" || exit 1
+  if [ $gpu_rows -eq 1 ]; then
+    step build cmake --build "$build" -j "$jobs" --target "${gpu_targets[@]}" || exit 1
+  fi
 else
   # The real run's configure line, in a scratch tree (a CPU LibTorch has no GPU targets: the
   # dry run then looks only for the others), and the binaries of the tree the steps run from.
   step configure cmake -S "$root" -B "$scratch/configure-check" "${configure_args[@]}" || exit 1
+  targets=("${gpu_targets[@]}" "${cpu_targets[@]}")
   grep -q "building the NCCL communicator and the GPU tests" "$out/configure.log" ||
     targets=("${targets[@]:2}")
   binaries=(tests/unit_tests tests/distributed_tests)
-  [ $examples = ON ] && binaries+=(examples/mnist examples/ddp_mnist tests/ddp_mnist_signal_at_step
-                                   tools/ddp_compare_models bench/bench_throughput)
+  [ $examples = ON ] && binaries+=(examples/mnist examples/ddp_mnist examples/ddp_cifar
+                                   tests/ddp_mnist_signal_at_step tools/ddp_compare_models
+                                   bench/bench_throughput tests/make_cifar_data)
   step build bash -c "cmake --build '$scratch/configure-check' --target help > '$out/targets.txt' &&
     for t in ${targets[*]}; do grep -Eq \"(^|[ .:/])\$t(\$|[ :])\" '$out/targets.txt' ||
       { echo \"the configured tree has no target \$t\"; exit 1; }; done &&
@@ -312,22 +220,31 @@ if [ $dry -eq 0 ]; then
   device=cuda no_cuda=() limit=0 replica_limit=50 unit_filter='*' dist_filter='*'
   ctest_dist='^distributed_np'
   bench_steps=(--warmup-steps 50 --window-steps 500 --windows 5)
+  # ResNet-18 with AMP: 100 steps of batch 128 in ddp_cifar; 3 windows of 100 in the benchmark.
+  cifar_train=12800 cifar_test=1000 cifar_batch=128 cifar_limit=100
+  amp_bench=(--model resnet18 --batch-size 128 --warmup-steps 20 --window-steps 100 --windows 3)
 else
   device=cpu no_cuda=(--no-cuda) limit=4 replica_limit=4 unit_filter='Bucketing*'
   dist_filter='ReducerAtOneRank.*:SnapshotCudaGenerator.*' ctest_dist='^distributed_np1$'
   bench_steps=(--warmup-steps 2 --window-steps 3 --windows 1)
+  # fp16 on a CPU is emulated (seconds per ResNet-18 step): two samples, two steps.
+  cifar_train=64 cifar_test=32 cifar_batch=8 cifar_limit=2
+  amp_bench=(--model resnet18 --batch-size 2 --warmup-steps 1 --window-steps 1 --windows 1)
 fi
-step gpu_tests bash -c "cd '$build' && ctest -L '^gpu\$' --output-on-failure"
-# One GPU runs the NCCL Reducer only with DDPOptions::reducer_at_one_rank: its own row. The dry
-# run, with no GPU, runs the CPU side of it (the option at one rank equals a plain step).
-if [ $dry -eq 0 ]; then
-  step nccl_reducer_one_rank env GTEST_FILTER='GpuDdp.NcclReducer*' \
-    "$mpirun" -np 1 "$build/tests/gpu/gpu_tests"
-else
-  step nccl_reducer_one_rank env GTEST_FILTER='ReducerAtOneRank.*' \
-    "$mpirun" -np 1 "$build/tests/distributed_tests"
-fi
-if [ $examples = ON ]; then
+
+gpu_steps() {
+  step gpu_tests bash -c "cd '$build' && ctest -L '^gpu\$' --output-on-failure"
+  # One GPU runs the NCCL Reducer only with DDPOptions::reducer_at_one_rank: its own row. The dry
+  # run, with no GPU, runs the CPU side of it (the option at one rank equals a plain step).
+  if [ $dry -eq 0 ]; then
+    step nccl_reducer_one_rank env GTEST_FILTER='GpuDdp.NcclReducer*' \
+      "$mpirun" -np 1 "$build/tests/gpu/gpu_tests"
+  else
+    step nccl_reducer_one_rank env GTEST_FILTER='ReducerAtOneRank.*' \
+      "$mpirun" -np 1 "$build/tests/distributed_tests"
+  fi
+  [ $examples = ON ] || return 0
+
   step mnist_gpu "$build/examples/mnist" --epochs 1 --data-dir "$data" \
     --limit-train-batches $limit "${no_cuda[@]}"
   if ! grep -q "device $device" "$out/mnist_gpu.log" ||
@@ -346,7 +263,7 @@ if [ $examples = ON ]; then
     failed=1
   fi
   # The data pipeline's share of mnist's step (the whole data set lives on the GPU).
-  grep "^Epoch" "$out/mnist_gpu.log" | tee -a "$out/summary.txt"
+  grep "^Epoch" "$out/mnist_gpu.log" | sed "s/^/mnist: /" | tee -a "$out/summary.txt"
 
   # A mid-epoch SIGTERM and --resume on the GPU, against the same run uninterrupted (2 epochs of
   # 6 steps, the signal after step 9): the seed CNN's dropout draws on the GPU, so the resumed
@@ -380,45 +297,92 @@ if [ $examples = ON ]; then
   step replicas_one "$mpirun" -np 1 "$build/examples/ddp_mnist" --epochs 1 --data-dir "$data" \
     --replicas-per-process 1 --show-topology --limit-train-batches $replica_limit "${no_cuda[@]}"
 
-  # Training steps of the seed CNN at batch 64 on this GPU: ddp (C++) against PyTorch DDP from
-  # this python, both at one rank over NCCL, the same model, batch and synthetic data.
-  bench=(--model cnn --batch-size 64 "${bench_steps[@]}" --device $device
-         --out "$out/throughput_gpu.jsonl")
-  rm -f "$out/throughput_gpu.jsonl"
+  # ddp_cifar's ResNet-18 with mixed precision, through the Trainer and its data path (the data
+  # set on the GPU, the crops and flips there): that it trains to a test result in bf16 and in
+  # fp16 with the GradScaler, and what share of its step the data takes.
+  cifar_data=$scratch/cifar_synthetic
+  step cifar_amp bash -c "
+    set -eo pipefail
+    '$build/tests/make_cifar_data' '$cifar_data' --train $cifar_train --test $cifar_test
+    for amp in bf16 fp16; do
+      '$mpirun' -np 1 '$build/examples/ddp_cifar' --data-dir '$cifar_data' --model resnet18 \
+        --amp \$amp --epochs 1 --batch-size $cifar_batch --limit-train-batches $cifar_limit \
+        --test-batch-size $cifar_test --log-interval 0 ${no_cuda[*]} \
+        --metrics-file '$out/cifar_amp_'\$amp'.jsonl' | tee '$out/cifar_amp_'\$amp'.log'
+      grep -q 'Test set: Average loss' '$out/cifar_amp_'\$amp'.log'
+    done"
+  for amp in bf16 fp16; do
+    grep -s "^Epoch" "$out/cifar_amp_$amp.log" | sed "s/^/ddp_cifar --amp $amp: /" |
+      tee -a "$out/summary.txt"
+  done
+
+  # Training steps on this GPU, ddp (C++) against PyTorch DDP from this python, both at one rank
+  # over NCCL, the same model, batch, precision and synthetic data: the seed CNN at batch 64 in
+  # fp32, then ResNet-18 with AMP in bf16 and in fp16 with the GradScaler (ddp's and torch.amp's).
+  jsonl=$out/throughput_gpu.jsonl
+  rm -f "$jsonl"
+  bench=(--model cnn --batch-size 64 "${bench_steps[@]}" --device $device --out "$jsonl")
   step throughput_ddp "$mpirun" -np 1 "$build/bench/bench_throughput" "${bench[@]}"
   step throughput_pytorch "$mpirun" -np 1 "$python" "$root/bench/pytorch_ddp.py" "${bench[@]}"
-  "$python" - "$out/throughput_gpu.jsonl" <<'EOF_PY' 2>&1 | tee -a "$out/summary.txt" > "$out/throughput.txt"
+  local amp_args="${amp_bench[*]} --device $device --out '$jsonl'"
+  step amp_throughput_ddp bash -c "for amp in bf16 fp16; do
+    '$mpirun' -np 1 '$build/bench/bench_throughput' $amp_args --amp \$amp || exit; done"
+  step amp_throughput_pytorch bash -c "for amp in bf16 fp16; do
+    '$mpirun' -np 1 '$python' '$root/bench/pytorch_ddp.py' $amp_args --amp \$amp || exit; done"
+  "$python" - "$jsonl" <<'EOF_PY' 2>&1 | tee -a "$out/summary.txt" > "$out/throughput.txt"
 import json, sys
-rate = {r["impl"]: r["samples_per_sec"] for r in map(json.loads, open(sys.argv[1]))}
-for impl in sorted(rate):
-    print(f"gpu_proof: {impl}: {rate[impl]:.0f} samples/s")
-if "ddp-bucketed" in rate and "pytorch-ddp" in rate:
-    print(f"gpu_proof: ddp / PyTorch DDP = {rate['ddp-bucketed'] / rate['pytorch-ddp']:.2f}x")
+runs = [json.loads(line) for line in open(sys.argv[1])]
+mib = lambda r: f", GPU memory peak {r['gpu_peak_mb']:.0f} MiB" if "gpu_peak_mb" in r else ""
+for r in runs:
+    print(f"gpu_proof: {r['impl']} {r['model']}: {r['samples_per_sec']:.0f} samples/s{mib(r)}")
+by = {(r["model"], r.get("amp", "off"), r["impl"].startswith("pytorch")): r for r in runs}
+for (model, amp, pytorch), r in by.items():
+    if not pytorch and (model, amp, True) in by:
+        pt = by[(model, amp, True)]
+        print(f"gpu_proof: {model} amp {amp}: ddp / PyTorch DDP = "
+              f"{r['samples_per_sec'] / pt['samples_per_sec']:.2f}x" +
+              (f", GPU memory peak {r['gpu_peak_mb'] / pt['gpu_peak_mb']:.2f}x PyTorch's"
+               if "gpu_peak_mb" in r and "gpu_peak_mb" in pt else ""))
 EOF_PY
-fi
+}
+[ $gpu_rows -eq 1 ] && gpu_steps
 
-# Last, the CPU tests (CI runs them too; 80 s on a 16-core machine): the GPU rows come first,
-# should the run meet a time limit.
+# Last, the CPU tests (CI runs them too): built only now, and within what is left of the budget,
+# so that the GPU rows come first (about 80 s of running and a third of the build on 16 cores).
 # The tests that read Fashion-MNIST look in DDP_MNIST_DIR: here it may be the unpacked copy.
-step unit_tests env GTEST_FILTER="$unit_filter" DDP_MNIST_DIR="$data" "$build/tests/unit_tests"
-# Several ranks share this machine's GPUs only on the CPU: NCCL cannot put two ranks on one GPU.
-step distributed_tests_cpu env GTEST_FILTER="$dist_filter" DDP_MNIST_DIR="$data" bash -c \
-  "cd '$build' && CUDA_VISIBLE_DEVICES= ctest -R '$ctest_dist' --output-on-failure"
+cpu_built=1
+if [ $dry -eq 0 ]; then
+  budgeted_step build_cpu_tests cmake --build "$build" -j "$jobs" --target "${cpu_targets[@]}" ||
+    cpu_built=0
+fi
+if [ $cpu_built -eq 1 ]; then
+  budgeted_step unit_tests env GTEST_FILTER="$unit_filter" DDP_MNIST_DIR="$data" \
+    "$build/tests/unit_tests"
+  # Several ranks share the GPU only on the CPU: NCCL cannot put two ranks on one GPU.
+  budgeted_step distributed_tests_cpu env GTEST_FILTER="$dist_filter" DDP_MNIST_DIR="$data" \
+    bash -c "cd '$build' && CUDA_VISIBLE_DEVICES= ctest -R '$ctest_dist' --output-on-failure"
+else
+  result[unit_tests]="not run: build_cpu_tests ${result[build_cpu_tests]}"
+  result[distributed_tests_cpu]=${result[unit_tests]}
+fi
 
 # --- The report ---------------------------------------------------------------------------------
 # One row per step: what it proves. docs/gpu.md quotes these rows; the dry run checks it names
 # every one.
 rows=(
-  "gpu_tests|ctest -L gpu: the NCCL communicator at one rank (every dtype and op, stream ordering, async all-reduce, barrier), DDP over NCCL equal to one process on the global batch, backward not waiting for the GPU, SyncBatchNorm over NCCL, and the NCCL watchdog ending a job stuck behind a 10 s kernel with a 1 s timeout"
+  "gpu_tests|ctest -L gpu: the NCCL communicator at one rank (every dtype and op, stream ordering, async all-reduce, barrier), DDP over NCCL equal to one process on the global batch, backward not waiting for the GPU, SyncBatchNorm over NCCL, the comm hooks (fp16, bf16, PowerSGD) on CUDA against the CPU, the optimizer stepped inside backward against the plain step, ZeroRedundancyOptimizer over NCCL's reduce_scatter/all_gather_into against the unsharded optimizer, and the NCCL watchdog ending a job stuck behind a 10 s kernel with a 1 s timeout"
   "nccl_reducer_one_rank|the NCCL Reducer at world size 1 (DDPOptions::reducer_at_one_rank: hooks, buckets, the all-reduce on the NCCL stream and its events, rebuild): equal to the CPU result within 1e-5, and bit for bit to plain GPU steps"
-  "unit_tests|the single-process tests, with the GPU visible"
-  "distributed_tests_cpu|the multi-rank tests at 1, 2 and 4 ranks on the CPU (one GPU cannot hold several NCCL ranks)"
   "mnist_gpu|mnist, one epoch on the GPU, to a test result; its epoch line gives the data's share of the step"
   "ddp_mnist_nccl|ddp_mnist, one epoch on one rank over NCCL (NCCL_DEBUG=INFO shows NCCL starting)"
   "resume_gpu|a mid-epoch SIGTERM and --resume of ddp_mnist on the GPU (dropout on the GPU): the resumed model equals the uninterrupted one bit for bit, with the CUDA generator state from the snapshot (after two uninterrupted runs were equal: the kernels are deterministic)"
   "replicas_one|--replicas-per-process 1 on the GPU: the replica thread and its communicator, with one replica"
   "throughput_ddp|the seed CNN at batch 64, one rank: ddp's samples/s (bench_throughput)"
   "throughput_pytorch|the same with PyTorch DDP over NCCL from the same python (bench/pytorch_ddp.py); the ratio below"
+  "cifar_amp|ddp_cifar's ResNet-18 on synthetic CIFAR-format data, 100 steps of batch 128 with --amp bf16 and with --amp fp16 (the GradScaler), to a test result; its epoch lines give samples/s and the data's share of the step"
+  "amp_throughput_ddp|ResNet-18 at batch 128, one rank, autocast in bf16 and in fp16 with the GradScaler: ddp's samples/s and GPU memory peak (bench_throughput --amp)"
+  "amp_throughput_pytorch|the same with PyTorch DDP (torch.autocast, torch.amp.GradScaler) from the same python; the ratios below"
+  "unit_tests|the single-process tests, with the GPU visible (built and run last, within DDP_PROOF_BUDGET)"
+  "distributed_tests_cpu|the multi-rank tests at 1, 2 and 4 ranks on the CPU (one GPU cannot hold several NCCL ranks)"
 )
 cannot=(
   "NCCL between GPUs: real all-reduce traffic (NVLink, PCIe, the network), its overlap with backward, and bucket order agreed across ranks"
@@ -426,10 +390,6 @@ cannot=(
   "the NCCL watchdog naming another rank that never arrived (one rank cannot be missing)"
   "SyncBatchNorm statistics over several GPUs, and DDP on GPUs against one process on the global batch with more than one replica"
   "scaling: samples/s at 2 to 8 GPUs against PyTorch DDP, and NCCL's bootstrap across hosts"
-)
-not_yet=(
-  "ddp_cifar (ResNet-18) samples/s against PyTorch DDP with AMP (bf16, and fp16 with the GradScaler), the loader's share of its step and the GPU memory peak"
-  "the comm hooks and ZeRO-1 on CUDA tensors (their issue has not landed)"
 )
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 {
@@ -462,13 +422,22 @@ gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
   echo "What one GPU cannot show:"
   echo
   for line in "${cannot[@]}"; do echo "- $line"; done
-  echo
-  echo "Not in this proof yet:"
-  echo
-  for line in "${not_yet[@]}"; do echo "- $line"; done
 } > "$out/report.md"
 
 if [ $dry -eq 1 ]; then
+  # The budget's two ways to skip a step, neither a failure: no time left to start it, and the
+  # time running out while it runs.
+  was_failed=$failed budget_was=$budget
+  budget=$(( $(date +%s) - started ))
+  budgeted_step budget_spent true
+  budget=$(( $(date +%s) - started + 1 ))
+  budgeted_step budget_runs_out sleep 5
+  budget=$budget_was
+  if [[ ${result[budget_spent]} != "SKIP (not started"* ]] ||
+     [[ ${result[budget_runs_out]} != "SKIP (stopped"* ]] || [ $failed -ne $was_failed ]; then
+    log "FAIL budget: ${result[budget_spent]}; ${result[budget_runs_out]}"
+    failed=1
+  fi
   # The template itself: every row ran and passed, and docs/gpu.md lists every row.
   for row in "${rows[@]}"; do
     name=${row%%|*}
