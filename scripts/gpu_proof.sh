@@ -370,7 +370,7 @@ fi
 # One row per step: what it proves. docs/gpu.md quotes these rows; the dry run checks it names
 # every one.
 rows=(
-  "gpu_tests|ctest -L gpu: the NCCL communicator at one rank (every dtype and op, stream ordering, async all-reduce, barrier), DDP over NCCL equal to one process on the global batch, backward not waiting for the GPU, SyncBatchNorm over NCCL, the comm hooks (fp16, bf16, PowerSGD) on CUDA against the CPU, the optimizer stepped inside backward against the plain step, ZeroRedundancyOptimizer over NCCL's reduce_scatter/all_gather_into against the unsharded optimizer, and the NCCL watchdog ending a job stuck behind a 10 s kernel with a 1 s timeout"
+  "gpu_tests|ctest -L gpu: the NCCL communicator at one rank (every dtype and op, stream ordering, async all-reduce, barrier), DDP over NCCL equal to one process on the global batch, backward not waiting for the GPU, SyncBatchNorm over NCCL, the comm hooks (fp16, bf16, PowerSGD) on CUDA against the CPU, the optimizer stepped inside backward against the plain step, ZeroRedundancyOptimizer over NCCL's reduce_scatter/all_gather_into against the unsharded optimizer, the data path (gather, crop and flip, normalise) not waiting for the GPU, and the NCCL watchdog ending a job stuck behind a 10 s kernel with a 1 s timeout"
   "nccl_reducer_one_rank|the NCCL Reducer at world size 1 (DDPOptions::reducer_at_one_rank: hooks, buckets, the all-reduce on the NCCL stream and its events, rebuild): equal to the CPU result within 1e-5, and bit for bit to plain GPU steps"
   "mnist_gpu|mnist, one epoch on the GPU, to a test result; its epoch line gives the data's share of the step"
   "ddp_mnist_nccl|ddp_mnist, one epoch on one rank over NCCL (NCCL_DEBUG=INFO shows NCCL starting)"

@@ -1,5 +1,7 @@
 #include <ddp/train/augment.h>
 
+#include "util/host_to_device.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -72,10 +74,15 @@ torch::Tensor RandomCropFlip::operator()(const torch::Tensor& images,
   const torch::Tensor padded =
       padding > 0 ? torch::constant_pad_nd(images, {padding, padding, padding, padding}, 0)
                   : images;
-  const torch::Tensor row_index =
-      rows.to(device).view({batch, 1, height, 1}).expand({batch, channels, height, padded.size(3)});
-  const torch::Tensor col_index =
-      cols.to(device).view({batch, 1, 1, width}).expand({batch, channels, height, width});
+  // One copy of both index sets, without the host waiting for the GPU (util/host_to_device.h).
+  const torch::Tensor both =
+      detail::to_device_without_waiting(torch::cat({rows.reshape(-1), cols.reshape(-1)}), device);
+  const torch::Tensor row_index = both.slice(0, 0, batch * height)
+                                      .view({batch, 1, height, 1})
+                                      .expand({batch, channels, height, padded.size(3)});
+  const torch::Tensor col_index = both.slice(0, batch * height)
+                                      .view({batch, 1, 1, width})
+                                      .expand({batch, channels, height, width});
   return padded.gather(2, row_index).gather(3, col_index);
 }
 

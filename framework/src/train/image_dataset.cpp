@@ -4,6 +4,7 @@
 #if DDP_WITH_CUDA
 #include "util/cuda_device.h"
 #endif
+#include "util/host_to_device.h"
 
 #include <torch/torch.h>
 
@@ -36,11 +37,8 @@ Batch ImageDataset::gather(const std::vector<int64_t>& indices, int64_t begin, i
     return Batch{detail::gather_to_device_async(images, index, device),
                  detail::gather_to_device_async(labels, index, device)};
   }
-  // A plain copy of the indices to the GPU would make the host wait for all the work queued
-  // there, and the data phase would time the previous step.
-  if (images.is_cuda()) index = detail::copy_to_device_async(index, images.device());
 #endif
-  index = index.to(images.device());
+  index = detail::to_device_without_waiting(index, images.device());
   return Batch{images.index_select(0, index).to(device), labels.index_select(0, index).to(device)};
 }
 
@@ -51,9 +49,14 @@ torch::Tensor ImageDataset::normalise(const torch::Tensor& pixels) const {
     throw std::invalid_argument("ImageDataset: mean/stddev need one value per channel (" +
                                 std::to_string(channels) + ")");
   }
-  auto options = torch::TensorOptions().dtype(torch::kDouble).device(pixels.device());
-  torch::Tensor scale = torch::tensor(stddev, options).to(torch::kFloat);
-  torch::Tensor shift = torch::tensor(mean, options).to(torch::kFloat);
+  // Made on the host (double to float rounds alike there and on a GPU) and copied without
+  // waiting: this runs for every batch, inside the data phase.
+  std::vector<double> values(stddev);
+  values.insert(values.end(), mean.begin(), mean.end());
+  const torch::Tensor constants = detail::to_device_without_waiting(
+      torch::tensor(values, torch::kDouble).to(torch::kFloat), pixels.device());
+  const torch::Tensor scale = constants.slice(0, 0, channels);
+  const torch::Tensor shift = constants.slice(0, channels, 2 * channels);
   return pixels.to(torch::kFloat)
       .div_(255.0f)
       .sub_(shift.view({1, channels, 1, 1}))
