@@ -23,7 +23,16 @@ double largest_abs_gradient(const std::vector<torch::Tensor>& parameters) {
   const double inf = std::numeric_limits<double>::infinity();
   const torch::Device first = grads.front().device();
   std::vector<torch::Tensor> largest = at::_foreach_norm(grads, inf);
-  for (torch::Tensor& l : largest) l = l.to(first, torch::kDouble);
+  // One max in the gradients' own dtype where they share it (widening to double is exact and
+  // keeps the order, so the result is the same), rather than a conversion kernel per tensor:
+  // on a GPU this runs every step.
+  bool alike = true;
+  for (const torch::Tensor& l : largest) {
+    alike = alike && l.device() == first && l.scalar_type() == largest.front().scalar_type();
+  }
+  if (!alike) {
+    for (torch::Tensor& l : largest) l = l.to(first, torch::kDouble);
+  }
   return torch::stack(largest).max().item<double>();
 }
 

@@ -116,20 +116,23 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
   // same order as adding each at once): a dropped step's NaN stays out of the epoch's sums.
   pending_.push_back(PendingBatch{loss.detach(), out.samples, out.sums});
   if (group_end) {
-    bool dropped = false;
-    phase("optimizer", phases.optimizer, [&] { dropped = optimizer_step(epoch); });
+    bool dropped = false, losses_finite = true;
+    phase("optimizer", phases.optimizer, [&] {
+      // Read before the step, not after: on a GPU the host then goes on to the next batch while
+      // the optimizer's kernels run. The read waits for backward, which the gradient check or
+      // the GradScaler waits for next anyway. Agreed at the next stop check (stop_at) or the
+      // epoch's end (fit), and counted only for a step that is kept.
+      if (nonfinite_loss_step_ < 0) {
+        std::vector<torch::Tensor> losses;
+        for (const PendingBatch& p : pending_) losses.push_back(p.loss.reshape({}));
+        losses_finite = torch::isfinite(torch::stack(losses)).all().item<bool>();
+      }
+      dropped = optimizer_step(epoch);
+    });
     ++global_step_;
     if (!dropped) {
-      std::vector<torch::Tensor> losses;
-      for (const PendingBatch& p : pending_) {
-        meter.add(p.loss, p.samples, p.sums);
-        losses.push_back(p.loss.reshape({}));
-      }
-      // Read here, where the step has waited for the device already (the gradient check or the
-      // GradScaler); agreed at the next stop check (stop_at) or the epoch's end (fit).
-      if (nonfinite_loss_step_ < 0 && !torch::isfinite(torch::stack(losses)).all().item<bool>()) {
-        nonfinite_loss_step_ = global_step_;
-      }
+      for (const PendingBatch& p : pending_) meter.add(p.loss, p.samples, p.sums);
+      if (!losses_finite) nonfinite_loss_step_ = global_step_;
     }
     pending_.clear();
     if (options_.on_step) options_.on_step(global_step_, group_.rank());
