@@ -4,7 +4,8 @@
 // constants) and copy them over; a plain copy would first wait for every kernel queued on the
 // current stream, and the Trainer's data phase would then time the previous step's GPU work.
 // Each test queues half a second of GPU sleep, runs one part of the data path, and checks the
-// sleep is still running when it returns; then that the result equals the CPU's.
+// sleep is still running when it returns; then that the result equals the CPU's. And the
+// Trainer's step waits for the GPU before its optimizer step only, never after it.
 #include <ddp/train/augment.h>
 #include <ddp/train/image_dataset.h>
 #include <ddp/train/train.h>
@@ -18,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -105,6 +107,40 @@ TEST_F(GpuData, CropAndFlipDoNotWait) {
   at::Generator replay = ddp::augmentation_generator(4, 0, 1);
   (void)augment(images, replay);
   EXPECT_TRUE(torch::equal(on_gpu.cpu(), augment(images, replay)));
+}
+
+// SGD that queues the GPU sleep after its step: whatever of the Trainer's step comes after the
+// optimizer's step then finds the GPU busy, unless it waits for it.
+struct SleepAfterStep : torch::optim::SGD {
+  using torch::optim::SGD::SGD;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::Tensor loss = torch::optim::SGD::step(std::move(closure));
+    at::cuda::sleep(kSleepCycles / 8);
+    return loss;
+  }
+};
+
+TEST_F(GpuData, TrainerDoesNotWaitAfterTheOptimizerStep) {
+  const ddp::ImageDataset data = small_dataset(1).to(device());
+  auto net = torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(144, 10),
+                                   torch::nn::LogSoftmax(1));
+  net->to(device());
+  SleepAfterStep optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device().index());
+  std::vector<bool> idle_after_step;
+  ddp::TrainerOptions options;
+  options.batch_size = 8;  // 5 steps
+  options.report.log_interval = 0;
+  options.on_step = [&](int64_t, int) { idle_after_step.push_back(current.query()); };
+  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  ddp::Trainer trainer(ddp_test::group(), *net, task, optimizer, options);
+  trainer.train_epoch(1);
+  torch::cuda::synchronize();
+  ASSERT_EQ(idle_after_step.size(), 5u);
+  // The first step loads kernels (which may synchronize); from the second on, none may wait.
+  for (size_t i = 1; i < idle_after_step.size(); ++i) {
+    EXPECT_FALSE(idle_after_step[i]) << "the Trainer waited for the GPU after step " << i + 1;
+  }
 }
 
 }  // namespace
