@@ -11,7 +11,7 @@
 #include <boost/program_options.hpp>
 #include <torch/cuda.h>
 #if DDP_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
+#include "util/cuda_device.h"
 #endif
 
 #include <algorithm>
@@ -68,11 +68,7 @@ Model make_model(const std::string& name) {
 double gpu_peak_mib(const torch::Device& device) {
 #if DDP_WITH_CUDA
   if (device.is_cuda()) {
-    using c10::CachingAllocator::StatType;
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return static_cast<double>(
-               stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak) /
-           (1024.0 * 1024.0);
+    return static_cast<double>(ddp::detail::cuda_memory_peak_bytes(device.index())) / (1024.0 * 1024.0);
   }
 #endif
   (void)device;

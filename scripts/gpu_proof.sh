@@ -378,7 +378,7 @@ rows=(
   "replicas_one|--replicas-per-process 1 on the GPU: the replica thread and its communicator, with one replica"
   "throughput_ddp|the seed CNN at batch 64, one rank: ddp's samples/s (bench_throughput)"
   "throughput_pytorch|the same with PyTorch DDP over NCCL from the same python (bench/pytorch_ddp.py); the ratio below"
-  "cifar_amp|ddp_cifar's ResNet-18 on synthetic CIFAR-format data, 100 steps of batch 128 with --amp bf16 and with --amp fp16 (the GradScaler), to a test result; its epoch lines give samples/s and the data's share of the step"
+  "cifar_amp|ddp_cifar's ResNet-18 on synthetic CIFAR-format data, 100 steps of batch 128 with --amp bf16 and with --amp fp16 (the GradScaler), to a test result; its epoch lines give samples/s, the data's share of the step and the GPU memory peak"
   "amp_throughput_ddp|ResNet-18 at batch 128, one rank, autocast in bf16 and in fp16 with the GradScaler: ddp's samples/s and GPU memory peak (bench_throughput --amp)"
   "amp_throughput_pytorch|the same with PyTorch DDP (torch.autocast, torch.amp.GradScaler) from the same python; the ratios below"
   "unit_tests|the single-process tests, with the GPU visible (built and run last, within DDP_PROOF_BUDGET)"

@@ -117,6 +117,18 @@ TEST(ReportFormat, ClassificationLinesAreTheSeedScripts) {
             "gradient sync 4.8%, optimizer 4.4%\n\n");
 }
 
+TEST(ReportFormat, EpochLineShowsTheGpuMemoryPeakOnlyOnAGpu) {
+  ddp::EpochResult r = epoch_result(1, 8743);
+  const std::string timed = "Epoch 1: 50.21 s, 1195 samples/s over 1 rank(s) | data 0.1%, "
+                            "forward+backward 89.6%, gradient sync 4.8%, optimizer 4.4%";
+  EXPECT_EQ(ddp::ReportFormat::timing_line(r, "1 rank(s)"), timed);  // -1: the CPU
+  r.gpu_memory_peak_mb = 1536.4;
+  EXPECT_EQ(ddp::ReportFormat::timing_line(r, "1 rank(s)"), timed + " | GPU memory peak 1536 MiB");
+  r.phases = ddp::PhaseTimes{};  // untimed
+  EXPECT_EQ(ddp::ReportFormat::timing_line(r, "1 rank(s)"),
+            "Epoch 1: 50.21 s, 1195 samples/s over 1 rank(s) | GPU memory peak 1536 MiB");
+}
+
 TEST(ReportFormat, GenericLinesNameEveryMetricAndNoAccuracy) {
   const ddp::ReportFormat format;
   ddp::ProgressLine line;

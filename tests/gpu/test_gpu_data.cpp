@@ -5,7 +5,8 @@
 // current stream, and the Trainer's data phase would then time the previous step's GPU work.
 // Each test queues half a second of GPU sleep, runs one part of the data path, and checks the
 // sleep is still running when it returns; then that the result equals the CPU's. And the
-// Trainer's step waits for the GPU before its optimizer step only, never after it.
+// Trainer's step waits for the GPU before its optimizer step only, never after it; its epoch
+// reports the GPU memory peak.
 #include <ddp/train/augment.h>
 #include <ddp/train/image_dataset.h>
 #include <ddp/train/train.h>
@@ -134,8 +135,10 @@ TEST_F(GpuData, TrainerDoesNotWaitAfterTheOptimizerStep) {
   options.on_step = [&](int64_t, int) { idle_after_step.push_back(current.query()); };
   ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
   ddp::Trainer trainer(ddp_test::group(), *net, task, optimizer, options);
-  trainer.train_epoch(1);
+  const ddp::EpochResult result = trainer.train_epoch(1);
   torch::cuda::synchronize();
+  // The data set lives on the GPU through the epoch: the peak holds at least its bytes.
+  EXPECT_GE(result.gpu_memory_peak_mb * 1024 * 1024, static_cast<double>(data.bytes()));
   ASSERT_EQ(idle_after_step.size(), 5u);
   // The first step loads kernels (which may synchronize); from the second on, none may wait.
   for (size_t i = 1; i < idle_after_step.size(); ++i) {

@@ -65,11 +65,18 @@ std::string ReportFormat::timing_line(const EpochResult& r, const std::string& r
   char text[320];
   std::snprintf(text, sizeof text, "Epoch %lld: %.2f s, %.0f samples/s over %s",
                 static_cast<long long>(r.epoch), r.seconds, r.samples_per_sec, ranks.c_str());
+  std::string line = text;
   const PhaseTimes& p = r.phases;
-  if (p.data == 0 && p.forward_backward == 0 && p.sync == 0 && p.optimizer == 0) return text;  // untimed
-  return text + (" | data " + percent(p.data, r.seconds) + ", forward+backward " +
-                 percent(p.forward_backward, r.seconds) + ", gradient sync " +
-                 percent(p.sync, r.seconds) + ", optimizer " + percent(p.optimizer, r.seconds));
+  if (p.data != 0 || p.forward_backward != 0 || p.sync != 0 || p.optimizer != 0) {  // timed
+    line += " | data " + percent(p.data, r.seconds) + ", forward+backward " +
+            percent(p.forward_backward, r.seconds) + ", gradient sync " +
+            percent(p.sync, r.seconds) + ", optimizer " + percent(p.optimizer, r.seconds);
+  }
+  if (r.gpu_memory_peak_mb >= 0) {
+    std::snprintf(text, sizeof text, " | GPU memory peak %.0f MiB", r.gpu_memory_peak_mb);
+    line += text;
+  }
+  return line;
 }
 
 std::string ReportFormat::summary_table(const std::vector<EpochResult>& epochs) const {

@@ -166,6 +166,7 @@ void Reporter::write_metrics(const EpochResult& r) {
   line["forward_backward_seconds"] = r.phases.forward_backward;
   line["sync_seconds"] = r.phases.sync;
   line["optimizer_seconds"] = r.phases.optimizer;
+  if (r.gpu_memory_peak_mb >= 0) line["gpu_memory_peak_mb"] = r.gpu_memory_peak_mb;
   errno = 0;
   metrics_ << line.dump() << "\n" << std::flush;
   if (!metrics_) {

@@ -1,6 +1,7 @@
 #include <ddp/train/trainer.h>
 #include <ddp/zero_redundancy_optimizer.h>
 
+#include <ddp/config.h>
 #include <ddp/train/adadelta.h>
 #include <ddp/train/augment.h>
 #include <ddp/train/grad_clip.h>
@@ -8,6 +9,9 @@
 
 #include "util/clock.h"
 #include "util/environment.h"
+#if DDP_WITH_CUDA
+#include "util/cuda_device.h"
+#endif
 
 #include <torch/torch.h>
 
@@ -85,6 +89,21 @@ void check_metric_names(const TrainingTask& task) {
       }
     }
   }
+}
+
+// The most GPU memory tensors held at once on any rank since the epoch's start, in MiB; -1 when
+// every rank trains on the CPU. Collective.
+double largest_gpu_memory_peak_mb(ProcessGroup& group) {
+  double mib = -1;
+#if DDP_WITH_CUDA
+  if (group.device().is_cuda()) {
+    mib = static_cast<double>(detail::cuda_memory_peak_bytes(group.device().index())) /
+          (1024.0 * 1024.0);
+  }
+#endif
+  torch::Tensor largest = torch::tensor({mib}, torch::kDouble);
+  group.cpu().all_reduce(largest, ReduceOp::Max);
+  return largest.item<double>();
 }
 
 }  // namespace
@@ -286,6 +305,9 @@ void Trainer::log_samples(int64_t epoch, int64_t step, int64_t b,
 EpochResult Trainer::train_epoch(int64_t epoch) {
   model_.train();
   start_sampler(epoch);
+#if DDP_WITH_CUDA
+  if (group_.device().is_cuda()) detail::reset_cuda_memory_peak(group_.device().index());
+#endif
   const int64_t batches = batches_to_train();
   EpochMeter meter(task_.train_metrics(), group_.device());
   at::Generator generator =
@@ -313,7 +335,9 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
     reporter_.batch_done(b, out.loss, out.samples);
   }
   reporter_.end_epoch();
-  return meter.reduce(group_.cpu(), epoch, sync_seconds() - sync_at_start);
+  EpochResult result = meter.reduce(group_.cpu(), epoch, sync_seconds() - sync_at_start);
+  result.gpu_memory_peak_mb = largest_gpu_memory_peak_mb(group_);
+  return result;
 }
 
 int64_t Trainer::continue_epoch(int64_t epoch, at::Generator& generator, EpochMeter& meter) {

@@ -38,6 +38,17 @@ int64_t cuda_free_bytes(int index, int rank) {
   return static_cast<int64_t>(free);
 }
 
+int64_t cuda_memory_peak_bytes(int index) {
+  const auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+  // [0] is StatType::AGGREGATE (every pool) in every LibTorch; the enum's namespace has moved.
+  return stats.allocated_bytes[0].peak;
+}
+
+void reset_cuda_memory_peak(int index) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+}
+
 torch::Tensor copy_to_device_async(const torch::Tensor& host, torch::Device device) {
   // Only a copy from pinned memory leaves the host free; from pageable memory CUDA stages it
   // through a buffer of its own, synchronously.

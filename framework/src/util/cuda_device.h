@@ -21,6 +21,12 @@ std::string cuda_device_uuid(int index, int rank);
 // Bytes free on CUDA device `index` now (cudaMemGetInfo).
 int64_t cuda_free_bytes(int index, int rank);
 
+// The most bytes tensors held at once on CUDA device `index` in this process since the last
+// reset_cuda_memory_peak (the caching allocator's count: PyTorch's torch.cuda.max_memory_allocated
+// and torch.cuda.reset_peak_memory_stats).
+int64_t cuda_memory_peak_bytes(int index);
+void reset_cuda_memory_peak(int index);
+
 // `host` (a CPU tensor) copied to CUDA `device` without the host waiting: staged in pinned memory
 // (unless it is pinned already) and copied on a side stream, which the current stream waits for
 // through an event. The copy thus overlaps the kernels queued before it, and whatever is queued

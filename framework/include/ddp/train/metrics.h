@@ -56,6 +56,10 @@ struct EpochResult {
   double seconds = 0;           // wall time of the training phase (slowest rank)
   double samples_per_sec = 0;   // samples / seconds
   PhaseTimes phases;
+  // The most GPU memory tensors held at once during the epoch, the largest over the ranks, in
+  // MiB (the caching allocator's count, as torch.cuda.max_memory_allocated; the Trainer resets
+  // the device's peak when an epoch starts). -1 when training on the CPU.
+  double gpu_memory_peak_mb = -1;
   std::vector<Metric> train_metrics;
   // Set when the epoch was evaluated:
   std::optional<double> test_loss;
