@@ -20,6 +20,7 @@
 
 #include <ddp/communicator.h>
 
+#include <torch/serialize/archive.h>
 #include <torch/types.h>
 
 #include <cstddef>
@@ -29,6 +30,9 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ddp {
@@ -66,8 +70,55 @@ class BucketFuture {
   std::vector<std::function<torch::Tensor(torch::Tensor)>> next_;
 };
 
-/// What DistributedDataParallel calls for each bucket (see the top of this file).
-using CommHook = std::function<BucketFuture(Communicator& comm, GradBucket& bucket)>;
+/// What a comm hook keeps from one step to the next (PowerSGD's error feedback, its P and Q
+/// matrices, its step count and random generator). A hook that has some hands it to CommHook, so
+/// that training snapshots (snapshot.h) save it and a run resumed from one continues exactly as
+/// if it had never stopped. Each rank's state is its own: save() writes this rank's, load() reads
+/// what this rank saved (a snapshot keeps every rank's). A hook whose state is not handed over
+/// resumes with whatever it captured, as constructed: a different run, said nowhere.
+class CommHookState {
+ public:
+  virtual ~CommHookState() = default;
+  /// Writes everything the hook's next steps depend on.
+  virtual void save(torch::serialize::OutputArchive& archive) const = 0;
+  /// Reads what save() wrote (of a hook with the same description); throws on a foreign archive.
+  virtual void load(torch::serialize::InputArchive& archive) = 0;
+};
+
+/// What DistributedDataParallel calls for each bucket (see the top of this file): a function,
+/// with the state it keeps between steps, if any, and a description of what it does (saved in
+/// snapshots, so that a resume with another hook or other hook options is named). A lambda or
+/// function converts to a stateless CommHook described as "custom".
+class CommHook {
+ public:
+  using Function = std::function<BucketFuture(Communicator& comm, GradBucket& bucket)>;
+
+  /// No hook (false): as std::function's empty state, which register_comm_hook refuses.
+  CommHook() = default;
+  CommHook(std::nullptr_t) {}  // NOLINT: source-compatible with the std::function it was
+  /// `function` for every bucket; `state` (may be null: stateless) what it keeps between steps;
+  /// `description` its name and options ("powersgd(matrix_approximation_rank=4, ...)").
+  CommHook(Function function, std::shared_ptr<CommHookState> state, std::string description);
+  /// A stateless hook described as "custom": register_comm_hook([](auto& comm, auto& bucket) {...}).
+  template <typename F, typename = std::enable_if_t<
+                            std::is_invocable_r_v<BucketFuture, F&, Communicator&, GradBucket&> &&
+                            !std::is_same_v<std::decay_t<F>, CommHook>>>
+  CommHook(F function) : CommHook(Function(std::move(function)), nullptr, "custom") {}  // NOLINT
+
+  /// Starts the reduction of `bucket` (the hook's function).
+  BucketFuture operator()(Communicator& comm, GradBucket& bucket) const { return function_(comm, bucket); }
+  /// Whether there is a function to call.
+  explicit operator bool() const { return static_cast<bool>(function_); }
+  /// What the hook keeps between steps; null for a stateless hook.
+  const std::shared_ptr<CommHookState>& state() const { return state_; }
+  /// Its name and options, as given.
+  const std::string& description() const { return description_; }
+
+ private:
+  Function function_;
+  std::shared_ptr<CommHookState> state_;
+  std::string description_;
+};
 
 /// Divides the buffer by the number of ranks and sums it over them: the default, the gradients'
 /// own dtype on the wire (PyTorch's allreduce_hook).
@@ -127,7 +178,10 @@ struct PowerSGDState {
 
 /// The PowerSGD hook over `state` (checked here: rank >= 1, min_compression_rate > 0,
 /// start_powerSGD_iter > 1 with error feedback or warm start; std::invalid_argument naming the
-/// PowerSGDState field otherwise). Seeds state->rng from state->random_seed.
+/// PowerSGDState field otherwise). Seeds state->rng from state->random_seed. The hook's
+/// CommHookState is `state`'s second half (iter, the dictionaries, the totals, rng): snapshots
+/// save it; the hyper-parameters are in its description ("powersgd(matrix_approximation_rank=1,
+/// start_powerSGD_iter=1000, ...)"), which a resume compares rather than restores.
 CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state);
 
 }  // namespace ddp

@@ -268,6 +268,23 @@ class DistributedDataParallel {
   /// unless DDPOptions::reducer_at_one_rank.
   std::vector<std::vector<size_t>> bucket_layout() const;
 
+  /// The comm hook that reduces the buckets, described ("allreduce", "fp16", "powersgd(...)",
+  /// "custom"); "none" with one rank and no Reducer, where nothing is reduced.
+  std::string comm_hook_description() const;
+
+  /// What the wrapper keeps between steps that the next steps depend on: the comm hook's state
+  /// (CommHookState: PowerSGD's error feedback and matrices) and the bucket order the first
+  /// synchronised backward rebuilt (a hook's state is per bucket). This rank's: the hook's state
+  /// differs between ranks. Training snapshots save every rank's (snapshot.h), so a run resumed
+  /// from one continues exactly; the Checkpointer does this when given the wrapper.
+  void save_state(torch::serialize::OutputArchive& archive) const;
+  /// Restores what save_state() wrote, before the first training backward (std::logic_error
+  /// after it). Collective (every rank checks the bucket layout). The hook's state is restored
+  /// only into a hook of the same description, and only when `same_rank` (the archive is this
+  /// rank's own: a resume on as many ranks); the bucket order always. Returns what was not
+  /// restored and why, one line each ("" when everything was), for the caller to say.
+  std::string load_state(torch::serialize::InputArchive& archive, bool same_rank = true);
+
  private:
   DistributedDataParallel(ProcessGroup& group, std::shared_ptr<torch::nn::Module> module,
                           DDPOptions options, torch::nn::AnyModule forward);
@@ -286,6 +303,7 @@ class DistributedDataParallel {
   Communicator* comm_ = nullptr;
   std::unique_ptr<Communicator> owned_comm_;
   std::unique_ptr<Reducer> reducer_;  ///< destroyed first: it uses the communicators
+  std::string hook_description_ = "allreduce";  ///< what register_comm_hook was given, if ever
 };
 
 }  // namespace ddp

@@ -31,20 +31,25 @@ std::optional<Work::Span> BucketFuture::host_span() const {
   return work_ ? work_->host_span() : std::nullopt;
 }
 
+CommHook::CommHook(Function function, std::shared_ptr<CommHookState> state, std::string description)
+    : function_(std::move(function)), state_(std::move(state)), description_(std::move(description)) {}
+
 CommHook allreduce_hook() {
-  return [](Communicator& comm, GradBucket& bucket) {
-    bucket.buffer.div_(comm.size());
-    return BucketFuture(comm.all_reduce_async(bucket.buffer, ReduceOp::Sum), bucket.buffer);
-  };
+  return CommHook(
+      [](Communicator& comm, GradBucket& bucket) {
+        bucket.buffer.div_(comm.size());
+        return BucketFuture(comm.all_reduce_async(bucket.buffer, ReduceOp::Sum), bucket.buffer);
+      },
+      nullptr, "allreduce");
 }
 
 namespace {
 
-CommHook compress_hook(torch::ScalarType wire_dtype) {
+CommHook compress_hook(torch::ScalarType wire_dtype, const char* description) {
   // One wire tensor per bucket, kept: with NCCL it is in use on another stream until the end of
   // backward, and a tensor allocated per step could be handed out again too early.
   auto wires = std::make_shared<std::map<size_t, torch::Tensor>>();
-  return [wires, wire_dtype](Communicator& comm, GradBucket& bucket) {
+  auto hook = [wires, wire_dtype](Communicator& comm, GradBucket& bucket) {
     torch::Tensor& wire = (*wires)[bucket.index];
     if (!wire.defined() || wire.numel() != bucket.buffer.numel()) {
       wire = torch::empty({bucket.buffer.numel()}, bucket.buffer.options().dtype(wire_dtype));
@@ -58,12 +63,14 @@ CommHook compress_hook(torch::ScalarType wire_dtype) {
           return buffer;
         });
   };
+  // The wires are scratch memory, overwritten every step: no state to save.
+  return CommHook(std::move(hook), nullptr, description);
 }
 
 }  // namespace
 
-CommHook fp16_compress_hook() { return compress_hook(torch::kHalf); }
+CommHook fp16_compress_hook() { return compress_hook(torch::kHalf, "fp16"); }
 
-CommHook bf16_compress_hook() { return compress_hook(torch::kBFloat16); }
+CommHook bf16_compress_hook() { return compress_hook(torch::kBFloat16, "bf16"); }
 
 }  // namespace ddp

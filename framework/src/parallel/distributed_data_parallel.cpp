@@ -171,7 +171,64 @@ int64_t DistributedDataParallel::sync_bytes() const {
 
 void DistributedDataParallel::register_comm_hook(CommHook hook) {
   if (!hook) throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
+  hook_description_ = hook.description();
   if (reducer_) reducer_->set_comm_hook(std::move(hook));
+}
+
+std::string DistributedDataParallel::comm_hook_description() const {
+  return reducer_ ? reducer_->comm_hook().description() : "none";
+}
+
+void DistributedDataParallel::save_state(torch::serialize::OutputArchive& archive) const {
+  archive.write("comm_hook", c10::IValue(comm_hook_description()));
+  std::vector<int64_t> order;
+  if (reducer_) order.assign(reducer_->rebuilt_order().begin(), reducer_->rebuilt_order().end());
+  archive.write("bucket_order", torch::tensor(order, torch::kLong));
+  const CommHookState* state = reducer_ ? reducer_->comm_hook().state().get() : nullptr;
+  if (state) {
+    torch::serialize::OutputArchive hook_archive;
+    state->save(hook_archive);
+    archive.write("comm_hook_state", hook_archive);
+  }
+}
+
+std::string DistributedDataParallel::load_state(torch::serialize::InputArchive& archive,
+                                                bool same_rank) {
+  c10::IValue saved_hook;
+  torch::Tensor order;
+  archive.read("comm_hook", saved_hook);
+  archive.read("bucket_order", order);
+  if (!saved_hook.isString() || order.scalar_type() != torch::kLong || order.dim() != 1) {
+    throw std::runtime_error("DistributedDataParallel::load_state: not a saved state of a "
+                             "DistributedDataParallel");
+  }
+  if (!reducer_) return "";  // one rank: nothing is bucketed or reduced
+  order = order.contiguous();
+  if (order.numel() > 0) {
+    reducer_->restore_order(std::vector<size_t>(order.data_ptr<int64_t>(),
+                                                order.data_ptr<int64_t>() + order.numel()));
+  }
+  torch::serialize::InputArchive hook_archive;
+  const bool saved_state = archive.try_read("comm_hook_state", hook_archive);
+  CommHookState* state = reducer_->comm_hook().state().get();
+  if (!state && !saved_state) return "";
+  const std::string& now = reducer_->comm_hook().description();
+  if (saved_hook.toStringRef() != now) {
+    // The settings check names the change of hook; a stateful hook starts afresh.
+    return state ? "the comm hook " + now + " starts with a fresh state (the snapshot's run used " +
+                       saved_hook.toStringRef() + ")"
+                 : "";
+  }
+  if (!saved_state) {
+    return "the comm hook " + now + " starts with a fresh state: the snapshot holds none (written "
+           "by an older ddp)";
+  }
+  if (!same_rank) {
+    return "the comm hook " + now + " starts with a fresh state: its state is per rank (error "
+           "feedback), and the snapshot was written by another number of ranks";
+  }
+  state->load(hook_archive);
+  return "";
 }
 
 namespace {

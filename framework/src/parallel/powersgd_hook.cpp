@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -91,13 +93,104 @@ struct PendingBucket {
   std::unique_ptr<Work> p_sum;  // the all-reduce of p_memory, started with the hook
 };
 
+// What a PowerSGD run keeps between steps (PowerSGDState's second half), for snapshots. Tensors
+// are saved on the CPU and moved to the bucket's device when next used (on_device), so a
+// snapshot loads on any device.
+class SavedPowerSGD final : public CommHookState {
+ public:
+  explicit SavedPowerSGD(std::shared_ptr<PowerSGDState> state) : state_(std::move(state)) {}
+
+  void save(torch::serialize::OutputArchive& archive) const override {
+    const PowerSGDState& s = *state_;
+    archive.write("counters", torch::tensor({s.iter, s.total_numel_before_compression,
+                                             s.total_numel_after_compression}, torch::kLong));
+    std::ostringstream rng;
+    rng << s.rng;  // the standard's text form of the engine's whole state
+    const std::string text = rng.str();
+    archive.write("rng", torch::tensor(std::vector<uint8_t>(text.begin(), text.end()), torch::kByte));
+    write_dict(archive, "error", s.error_dict);
+    write_dict(archive, "p", s.p_memory_dict);
+    write_dict(archive, "q", s.q_memory_dict);
+  }
+
+  void load(torch::serialize::InputArchive& archive) override {
+    PowerSGDState& s = *state_;
+    torch::Tensor counters, rng;
+    archive.read("counters", counters);
+    archive.read("rng", rng);
+    if (counters.scalar_type() != torch::kLong || counters.numel() != 3 ||
+        rng.scalar_type() != torch::kByte) {
+      throw std::runtime_error("powersgd_hook: the saved state is not PowerSGD's");
+    }
+    rng = rng.contiguous();
+    std::istringstream text(std::string(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel()));
+    std::mt19937 engine;
+    if (!(text >> engine)) throw std::runtime_error("powersgd_hook: the saved random generator is unreadable");
+    s.iter = counters[0].item<int64_t>();
+    s.total_numel_before_compression = counters[1].item<int64_t>();
+    s.total_numel_after_compression = counters[2].item<int64_t>();
+    s.rng = engine;
+    s.error_dict = read_dict(archive, "error");
+    s.p_memory_dict = read_dict(archive, "p");
+    s.q_memory_dict = read_dict(archive, "q");
+  }
+
+ private:
+  static void write_dict(torch::serialize::OutputArchive& archive, const std::string& name,
+                         const std::map<size_t, torch::Tensor>& dict) {
+    torch::serialize::OutputArchive entries;
+    std::vector<int64_t> keys;
+    for (const auto& [index, tensor] : dict) {
+      keys.push_back(static_cast<int64_t>(index));
+      entries.write(std::to_string(index), tensor.cpu());
+    }
+    entries.write("buckets", torch::tensor(keys, torch::kLong));
+    archive.write(name, entries);
+  }
+  static std::map<size_t, torch::Tensor> read_dict(torch::serialize::InputArchive& archive,
+                                                   const std::string& name) {
+    torch::serialize::InputArchive entries;
+    archive.read(name, entries);
+    torch::Tensor keys;
+    entries.read("buckets", keys);
+    std::map<size_t, torch::Tensor> dict;
+    keys = keys.to(torch::kLong).contiguous();
+    for (int64_t i = 0; i < keys.numel(); ++i) {
+      const int64_t index = keys.data_ptr<int64_t>()[i];
+      torch::Tensor tensor;
+      entries.read(std::to_string(index), tensor);
+      dict[static_cast<size_t>(index)] = tensor;
+    }
+    return dict;
+  }
+
+  std::shared_ptr<PowerSGDState> state_;
+};
+
+std::string describe(const PowerSGDState& s) {
+  std::ostringstream text;
+  text << "powersgd(matrix_approximation_rank=" << s.matrix_approximation_rank
+       << ", start_powerSGD_iter=" << s.start_powerSGD_iter
+       << ", min_compression_rate=" << s.min_compression_rate
+       << ", use_error_feedback=" << s.use_error_feedback << ", warm_start=" << s.warm_start
+       << ", orthogonalization_epsilon=" << s.orthogonalization_epsilon
+       << ", random_seed=" << s.random_seed << ")";
+  return text.str();
+}
+
+// A saved tensor comes back on the CPU: on the bucket's device from its first use on.
+torch::Tensor& on_device(torch::Tensor& tensor, const torch::Device& device) {
+  if (tensor.device() != device) tensor = tensor.to(device);
+  return tensor;
+}
+
 }  // namespace
 
 CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
   if (!state) throw std::invalid_argument("powersgd_hook: the state is null");
   check(*state);
   state->rng.seed(state->random_seed);
-  return [state](Communicator& comm, GradBucket& bucket) -> BucketFuture {
+  auto hook = [state](Communicator& comm, GradBucket& bucket) -> BucketFuture {
     PowerSGDState& s = *state;
     const int64_t world = comm.size();
     torch::Tensor input = bucket.buffer;
@@ -116,7 +209,7 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
     if (s.use_error_feedback) {
       auto error = s.error_dict.find(index);
       if (error != s.error_dict.end()) {
-        input.add_(error->second);
+        input.add_(on_device(error->second, input.device()));
       } else {
         s.error_dict[index] = torch::zeros({input.numel()}, options);
       }
@@ -169,8 +262,8 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
         same->push_back(matrix);
       }
     }
-    job->p_memory = s.p_memory_dict[index];
-    job->q_memory = s.q_memory_dict[index];
+    job->p_memory = on_device(s.p_memory_dict[index], input.device());
+    job->q_memory = on_device(s.q_memory_dict[index], input.device());
     int64_t p_at = 0, q_at = 0;
     for (const auto& group : by_shape) {
       for (const torch::Tensor& matrix : group) {
@@ -239,6 +332,7 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
       return input;
     });
   };
+  return CommHook(std::move(hook), std::make_shared<SavedPowerSGD>(state), describe(*state));
 }
 
 }  // namespace ddp

@@ -169,6 +169,32 @@ void Reducer::rebuild_buckets() {
   check_layout_across_ranks();
   rebuild_pending_ = false;
   ready_order_.clear();
+  rebuilt_order_ = agreed;
+}
+
+void Reducer::restore_order(const std::vector<size_t>& order) {
+  if (synced_once_) {
+    throw std::logic_error("DistributedDataParallel::load_state: after the first synchronised "
+                           "backward pass; load the state before training");
+  }
+  std::vector<bool> listed(params_.size(), false);
+  for (size_t k : order) {
+    if (k >= params_.size() || slots_[k].bucket == kNoBucket || listed[k]) {
+      throw std::invalid_argument("DistributedDataParallel::load_state: the saved bucket order "
+                                  "does not fit this model's parameters");
+    }
+    listed[k] = true;
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (slots_[k].bucket != kNoBucket && !listed[k]) {
+      throw std::invalid_argument("DistributedDataParallel::load_state: the saved bucket order "
+                                  "lacks parameter " + names_[k]);
+    }
+  }
+  build_buckets(order);
+  check_layout_across_ranks();
+  rebuild_pending_ = false;
+  rebuilt_order_ = order;
 }
 
 void Reducer::check_layout_across_ranks() {

@@ -119,6 +119,19 @@ class Reducer {
 
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
+  // The comm hook in use (the default until set_comm_hook).
+  const CommHook& comm_hook() const { return hook_; }
+
+  // The order step 5 regrouped the buckets in (rank 0's, the same on every rank), once it has
+  // run; empty before (or without rebuild_buckets). A snapshot keeps it: a run resumed from one
+  // must bucket as the run that wrote it did, since a comm hook's state (PowerSGD's) is per
+  // bucket.
+  const std::vector<size_t>& rebuilt_order() const { return rebuilt_order_; }
+  // Regroups the buckets in `order` (a rebuilt_order() of a reducer over the same parameters) as
+  // step 5 would have, which then does not run again. Collective (the layout check); before the
+  // first synchronised backward only (std::logic_error after it); std::invalid_argument when
+  // `order` does not list exactly the parameters that have buckets.
+  void restore_order(const std::vector<size_t>& order);
 
   // Re-registers the gradient hook of every parameter whose grad accumulator autograd has
   // replaced since the hooks were registered: Module::load (torch::load) and set_() give a
@@ -184,6 +197,7 @@ class Reducer {
   bool synced_once_ = false;         // a synchronised backward has begun (the hook is fixed)
   bool rebuild_pending_ = false;     // until step 5 has run
   std::vector<size_t> ready_order_;  // parameters in hook order, while rebuild_pending_
+  std::vector<size_t> rebuilt_order_;  // the order of step 5, once it has run
   size_t next_to_launch_ = 0;
   double sync_seconds_ = 0;
   double bucket_done_seconds_ = 0;   // in bucket_done_ during this backward
