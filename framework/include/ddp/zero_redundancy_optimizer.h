@@ -62,6 +62,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ddp {
@@ -91,7 +92,9 @@ class ZeroRedundancyOptimizer final : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// Collective: gathers every shard's state to rank `to` (-1: to every rank), for save().
-  /// step() discards it.
+  /// step() discards it. Throws std::runtime_error on every rank when the shard optimizer keeps
+  /// state that its torch::optim::Optimizer::state() does not hold (consolidating moves the state
+  /// by parameter through state(): what is elsewhere would be lost), naming the optimizer.
   void consolidate_state_dict(int to = 0);
   /// Writes the consolidated state (the unsharded optimizer's format); throws on a rank that
   /// holds none (consolidate_state_dict() was not called, or a step came after it).
@@ -113,6 +116,11 @@ class ZeroRedundancyOptimizer final : public torch::optim::Optimizer {
   static std::unique_ptr<Impl> make_impl(std::vector<torch::Tensor> parameters,
                                          Communicator& comm, Factory factory,
                                          ZeroOptions options);
+  // The unsharded optimizer holding every rank's `shards` state; `error` says why it would
+  // lose some (then the result must not be used).
+  std::unique_ptr<torch::optim::Optimizer> consolidate(const Impl& z,
+                                                       const std::vector<std::string>& shards,
+                                                       std::string& error) const;
   std::unique_ptr<Impl> impl_;
 };
 

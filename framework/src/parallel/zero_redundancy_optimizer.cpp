@@ -1,5 +1,6 @@
 #include <ddp/zero_redundancy_optimizer.h>
 
+#include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <utility>
 
 namespace ddp {
@@ -33,6 +35,50 @@ std::vector<int> partition(const std::vector<torch::Tensor>& params, int ranks) 
 
 // The key torch::optim keeps a parameter's state under.
 void* key(const torch::Tensor& param) { return param.unsafeGetTensorImpl(); }
+
+// Whether two serialised archives hold the same entries with the same values (tensors equal
+// in dtype, shape and every element; other values alike as printed). Not the bytes: the order
+// an archive lists its entries in is the order they were written.
+bool same_entries(torch::serialize::InputArchive& a, torch::serialize::InputArchive& b) {
+  std::vector<std::string> keys = a.keys(), other = b.keys();
+  std::sort(keys.begin(), keys.end());
+  std::sort(other.begin(), other.end());
+  if (keys != other) return false;
+  for (const std::string& k : keys) {
+    torch::serialize::InputArchive sub_a, sub_b;
+    const bool nested = a.try_read(k, sub_a);
+    if (nested != b.try_read(k, sub_b)) return false;
+    if (nested) {
+      if (!same_entries(sub_a, sub_b)) return false;
+      continue;
+    }
+    c10::IValue x, y;
+    if (!a.try_read(k, x) || !b.try_read(k, y)) return false;
+    if (x.isTensor() != y.isTensor()) return false;
+    if (x.isTensor()) {
+      const torch::Tensor& s = x.toTensor();
+      const torch::Tensor& t = y.toTensor();
+      if (s.defined() != t.defined()) return false;
+      if (s.defined() && (s.scalar_type() != t.scalar_type() || s.sizes() != t.sizes() ||
+                          !torch::equal(s.cpu(), t.cpu()))) {
+        return false;
+      }
+      continue;
+    }
+    std::ostringstream text_x, text_y;
+    text_x << x;
+    text_y << y;
+    if (text_x.str() != text_y.str()) return false;
+  }
+  return true;
+}
+
+bool same_archive(const std::string& a, const std::string& b) {
+  torch::serialize::InputArchive x, y;
+  x.load_from(a.data(), a.size());
+  y.load_from(b.data(), b.size());
+  return same_entries(x, y);
+}
 
 std::string bytes_of(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
@@ -193,23 +239,51 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   z.consolidated.reset();
   // Every shard's state, serialised by its own optimizer (so any optimizer's state travels).
   const std::vector<std::string> shards = all_gather_strings(*z.comm, bytes_of(*z.shard));
-  if (to != -1 && to != z.rank()) return;
+  std::string error;  // the consolidating ranks' verdict, sent to every rank below
+  if (to == -1 || to == z.rank()) {
+    z.consolidated = consolidate(z, shards, error);
+    if (!error.empty()) z.consolidated.reset();
+  }
+  for (const std::string& said : all_gather_strings(*z.comm, error)) {
+    if (!said.empty()) throw std::runtime_error(said);  // on every rank alike
+  }
+}
+
+std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::consolidate(
+    const Impl& z, const std::vector<std::string>& shards, std::string& error) const {
   auto full = z.factory(z.params);
   for (int r = 0; r < z.comm->size(); ++r) {
     // Rank r's optimizer, remade here over the same parameters, reads its state; the state then
-    // moves to the full optimizer under the same parameters' keys.
+    // goes to the full optimizer under the same parameters' keys.
     const std::vector<torch::Tensor> shard_params = z.shard_of(r);
+    const std::string& saved = shards[static_cast<size_t>(r)];
     auto shard = z.factory(shard_params);
     torch::serialize::InputArchive archive;
-    archive.load_from(shards[static_cast<size_t>(r)].data(), shards[static_cast<size_t>(r)].size());
+    archive.load_from(saved.data(), saved.size());
     shard->load(archive);
+    // The state moves by parameter through state(), the one place torch::optim's optimizers
+    // keep it. An optimizer that keeps some elsewhere would lose it here, silently: so a shard
+    // rebuilt from what moves must save what the shard saves.
+    const std::string loaded = bytes_of(*shard);
+    auto rebuilt = z.factory(shard_params);
+    rebuilt->param_groups()[0].set_options(shard->param_groups()[0].options().clone());
     for (const torch::Tensor& p : shard_params) {
       auto found = shard->state().find(key(p));
-      if (found != shard->state().end()) full->state()[key(p)] = std::move(found->second);
+      if (found == shard->state().end() || !found->second) continue;
+      rebuilt->state()[key(p)] = found->second->clone();
+      full->state()[key(p)] = std::move(found->second);
+    }
+    if (error.empty() && !same_archive(loaded, bytes_of(*rebuilt))) {
+      error = std::string(kWhere) + "::consolidate_state_dict: the optimizer of rank " +
+              std::to_string(r) + "'s shard (" + c10::demangle(typeid(*shard).name()) +
+              ") saves state that its state() does not hold, so the shards cannot be put "
+              "together into one optimizer's state and a snapshot would lose it: keep every "
+              "parameter's state in torch::optim::Optimizer::state(), as torch::optim's "
+              "optimizers and ddp::Adadelta do";
     }
   }
   full->param_groups()[0].set_options(param_groups_[0].options().clone());
-  z.consolidated = std::move(full);
+  return full;
 }
 
 void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive& archive) const {

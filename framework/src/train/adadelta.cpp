@@ -23,6 +23,19 @@ void AdadeltaOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
 }
 
+void AdadeltaParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  archive.write("square_avg", square_avg());
+  archive.write("acc_delta", acc_delta());
+}
+
+void AdadeltaParamState::serialize(torch::serialize::InputArchive& archive) {
+  torch::Tensor square, delta;
+  archive.read("square_avg", square);
+  archive.read("acc_delta", delta);
+  square_avg(square);
+  acc_delta(delta);
+}
+
 Adadelta::Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults)
     : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                 std::make_unique<AdadeltaOptions>(defaults)) {
@@ -55,16 +68,21 @@ torch::Tensor Adadelta::step(LossClosure closure) {
       torch::Tensor grad = param.grad();
       if (options.weight_decay() != 0) grad = grad.add(param, options.weight_decay());
 
-      State& state = state_by_param_[param.unsafeGetTensorImpl()];
-      if (!state.square_avg.defined()) {
-        state.square_avg = torch::zeros_like(param, at::MemoryFormat::Preserve);
-        state.acc_delta = torch::zeros_like(param, at::MemoryFormat::Preserve);
+      auto& slot = state_[param.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<AdadeltaParamState>();
+        fresh->square_avg(torch::zeros_like(param, at::MemoryFormat::Preserve));
+        fresh->acc_delta(torch::zeros_like(param, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
       }
+      auto& state = static_cast<AdadeltaParamState&>(*slot);
+      torch::Tensor& square_avg = state.square_avg();
+      torch::Tensor& acc_delta = state.acc_delta();
       // The exact operation order of torch.optim.Adadelta, so results match bit for bit.
-      state.square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho);
-      torch::Tensor std = state.square_avg.add(eps).sqrt_();
-      torch::Tensor delta = state.acc_delta.add(eps).sqrt_().div_(std).mul_(grad);
-      state.acc_delta.mul_(rho).addcmul_(delta, delta, 1 - rho);
+      square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho);
+      torch::Tensor std = square_avg.add(eps).sqrt_();
+      torch::Tensor delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad);
+      acc_delta.mul_(rho).addcmul_(delta, delta, 1 - rho);
       param.add_(delta, -lr);
     }
   }
@@ -78,11 +96,12 @@ void Adadelta::save(torch::serialize::OutputArchive& archive) const {
     param_groups_[g].options().serialize(options);
     archive.write("group" + std::to_string(g), options);
     for (const auto& param : param_groups_[g].params()) {
-      auto it = state_by_param_.find(param.unsafeGetTensorImpl());
-      if (it != state_by_param_.end()) {
+      auto it = state_.find(param.unsafeGetTensorImpl());
+      if (it != state_.end() && it->second) {
+        const auto& state = static_cast<const AdadeltaParamState&>(*it->second);
         const std::string key = "param" + std::to_string(position);
-        archive.write(key + ".square_avg", it->second.square_avg);
-        archive.write(key + ".acc_delta", it->second.acc_delta);
+        archive.write(key + ".square_avg", state.square_avg());
+        archive.write(key + ".acc_delta", state.acc_delta());
       }
       ++position;
     }
@@ -107,10 +126,15 @@ void Adadelta::load(torch::serialize::InputArchive& archive) {
     param_groups_[g].options().serialize(options);
     for (const auto& param : param_groups_[g].params()) {
       const std::string key = "param" + std::to_string(position++);
-      State state;
-      if (archive.try_read(key + ".square_avg", state.square_avg)) {
-        archive.read(key + ".acc_delta", state.acc_delta);
-        state_by_param_[param.unsafeGetTensorImpl()] = std::move(state);
+      torch::Tensor square_avg, acc_delta;
+      if (archive.try_read(key + ".square_avg", square_avg)) {
+        archive.read(key + ".acc_delta", acc_delta);
+        auto state = std::make_unique<AdadeltaParamState>();
+        state->square_avg(square_avg);
+        state->acc_delta(acc_delta);
+        state_[param.unsafeGetTensorImpl()] = std::move(state);
+      } else {
+        state_.erase(param.unsafeGetTensorImpl());
       }
     }
   }

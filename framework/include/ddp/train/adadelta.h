@@ -7,7 +7,6 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
-#include <unordered_map>
 #include <vector>
 
 namespace ddp {
@@ -26,6 +25,18 @@ struct AdadeltaOptions : public torch::optim::OptimizerCloneableOptions<Adadelta
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
+// A parameter's running averages, kept in the base class's state() as torch::optim's
+// optimizers keep theirs, so that code that moves state between optimizers by parameter
+// (ZeroRedundancyOptimizer's consolidation) sees it.
+struct AdadeltaParamState : public torch::optim::OptimizerCloneableParamState<AdadeltaParamState> {
+  TORCH_ARG(torch::Tensor, square_avg);  // running average of grad^2
+  TORCH_ARG(torch::Tensor, acc_delta);   // running average of update^2
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
 class Adadelta : public torch::optim::Optimizer {
  public:
   explicit Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults = {});
@@ -34,15 +45,6 @@ class Adadelta : public torch::optim::Optimizer {
   // Saves and restores the running averages with the options, by parameter position.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
-
- private:
-  struct State {
-    torch::Tensor square_avg;  // running average of grad^2
-    torch::Tensor acc_delta;   // running average of update^2
-  };
-  // Keyed by the parameter's TensorImpl: the base class's state map changed its key type
-  // between LibTorch 1.13 and 2.x, so this optimizer keeps its own.
-  std::unordered_map<const void*, State> state_by_param_;
 };
 
 }  // namespace ddp
