@@ -296,7 +296,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   checkpoints.resume = flags.resume ? "latest" : "";
   checkpoints.every_steps = flags.checkpoint_every_steps;
   checkpoints.seed = flags.seed;
-  ddp::Checkpointer checkpointer(group, *net, optimizer, checkpoints, {&schedule});
+  ddp::Checkpointer checkpointer(group, model, optimizer, checkpoints, {&schedule});
   ddp::ReporterOptions report;
   report.log_interval = flags.log_interval;
   report.metrics_file = flags.metrics_file;

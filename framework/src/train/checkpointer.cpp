@@ -9,12 +9,15 @@
 #include "train/reached_position.h"
 #include "util/clock.h"
 
+#include <c10/util/Type.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -24,6 +27,40 @@ namespace {
 
 std::invalid_argument option_error(const std::string& field, const std::string& why) {
   return std::invalid_argument("CheckpointerOptions::" + field + " " + why);
+}
+
+// The optimizer's type, and each param group's options as serialised ("lr=0.01, momentum=0.9"),
+// read back from the archive so that any optimizer's options are described.
+std::string describe_optimizer(const torch::optim::Optimizer& optimizer) {
+  std::string text = c10::demangle(typeid(optimizer).name());
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    torch::serialize::OutputArchive out;
+    groups[g].options().serialize(out);
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    const std::string saved = bytes.str();
+    torch::serialize::InputArchive in;
+    in.load_from(saved.data(), saved.size());
+    std::vector<std::string> keys = in.keys();
+    std::sort(keys.begin(), keys.end());
+    text += g == 0 ? " (" : "; group " + std::to_string(g) + " (";
+    for (size_t k = 0; k < keys.size(); ++k) {
+      c10::IValue value;
+      std::ostringstream item;  // 6 significant digits: 0.1, not 0.10000000000000001
+      if (!in.try_read(keys[k], value)) continue;
+      if (value.isDouble()) {
+        item << value.toDouble();
+      } else if (value.isBool()) {
+        item << (value.toBool() ? "true" : "false");
+      } else {
+        item << value;
+      }
+      text += (k ? ", " : "") + keys[k] + "=" + item.str();
+    }
+    text += ")";
+  }
+  return text;
 }
 
 std::string model_path(const std::string& dir, int64_t epoch) {
@@ -42,7 +79,12 @@ void consolidate(torch::optim::Optimizer& optimizer) {
 Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                            TrainingExtras extras)
-    : group_(group), model_(model), optimizer_(optimizer), options_(std::move(options)), extras_(extras) {
+    : group_(group),
+      model_(model),
+      optimizer_(optimizer),
+      options_(std::move(options)),
+      extras_(extras),
+      optimizer_settings_(describe_optimizer(optimizer)) {
   const CheckpointerOptions& o = options_;
   if (o.keep < 0) throw option_error("keep", "must be >= 0 (got " + std::to_string(o.keep) + ")");
   if (o.batch_size < 0) {
@@ -87,6 +129,56 @@ Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
     std::printf("Removed %s, left by an interrupted write of an earlier run\n", path.c_str());
   }
   std::fflush(stdout);
+}
+
+Checkpointer::Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
+                           torch::optim::Optimizer& optimizer, CheckpointerOptions options,
+                           TrainingExtras extras)
+    : Checkpointer(group, model.module(), optimizer, std::move(options),
+                   [&] {
+                     extras.ddp = &model;
+                     return extras;
+                   }()) {}
+
+Settings Checkpointer::settings() const {
+  Settings all{{"optimizer", optimizer_settings_}};
+  if (extras_.ddp) all.emplace_back("comm hook", extras_.ddp->comm_hook_description());
+  all.insert(all.end(), options_.settings.begin(), options_.settings.end());
+  return all;
+}
+
+void Checkpointer::say_changed_settings(const TrainingProgress& saved) const {
+  if (!group_.is_main()) return;
+  const char* cost = "the run goes on, but no longer on the trajectory the snapshot's run would "
+                     "have followed";
+  if (saved.world_size == group_.size() && saved.batch_size > 0 && options_.batch_size > 0 &&
+      saved.batch_size != options_.batch_size) {
+    std::printf("Warning: the per-rank batch size is %lld, the snapshot's run had %lld: every "
+                "sample is still trained once, but %s\n",
+                static_cast<long long>(options_.batch_size), static_cast<long long>(saved.batch_size),
+                cost);
+  }
+  for (const auto& [name, value] : settings()) {
+    const auto found = std::find_if(saved.settings.begin(), saved.settings.end(),
+                                    [&](const auto& entry) { return entry.first == name; });
+    if (found == saved.settings.end() || found->second == value) continue;
+    std::printf("Warning: the %s is %s, the snapshot's run had %s: %s\n", name.c_str(), value.c_str(),
+                found->second.c_str(), cost);
+  }
+}
+
+TrainingProgress Checkpointer::progress_at(int64_t epochs_done, int64_t batches_done, int64_t step,
+                                           int64_t samples_done) const {
+  TrainingProgress progress;
+  progress.epoch = epochs_done;
+  progress.batches_done = batches_done;
+  progress.global_step = step;
+  progress.seed = options_.seed;
+  progress.world_size = group_.size();
+  progress.batch_size = options_.batch_size;
+  progress.samples_done = samples_done;
+  progress.settings = settings();
+  return progress;
 }
 
 ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
@@ -158,6 +250,7 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
                     "are not restored (they are per rank)\n",
                     p.world_size, group_.size());
       }
+      say_changed_settings(p);
       if (p.seed != o.seed) {
         std::printf("Warning: continuing with the snapshot's seed %lld (not %lld) so the data "
                     "order continues as it was\n",
@@ -184,14 +277,7 @@ std::string Checkpointer::at_boundary(bool stopping, const TrainingPosition& at,
 
 std::string Checkpointer::save_step(const TrainingPosition& at, const RankState& rank_state) {
   if (options_.dir.empty()) return "";
-  TrainingProgress progress;
-  progress.epoch = at.epoch - 1;
-  progress.batches_done = at.batch;
-  progress.global_step = at.step;
-  progress.seed = options_.seed;
-  progress.world_size = group_.size();
-  progress.batch_size = options_.batch_size;
-  progress.samples_done = at.samples;
+  const TrainingProgress progress = progress_at(at.epoch - 1, at.batch, at.step, at.samples);
   const std::string path = snapshot_path(options_.dir, at.epoch, at.batch);
   refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
@@ -210,13 +296,8 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   refuse_nonfinite(model_path(o.dir, epoch), epoch, step);  // so nothing is rotated out either
   create_directory();
   if (group_.is_main()) save_module(model_, model_path(o.dir, epoch));
-  TrainingProgress progress;
-  progress.epoch = epoch;
-  progress.global_step = step;
-  progress.seed = o.seed;
-  progress.world_size = group_.size();
-  progress.batch_size = o.batch_size;
-  progress.samples_done = 0;  // the next epoch starts at its beginning
+  // samples_done 0: the next epoch starts at its beginning.
+  const TrainingProgress progress = progress_at(epoch, 0, step, 0);
   const std::string path = snapshot_path(o.dir, epoch);
   timed(true, [&] {
     consolidate(optimizer_);

@@ -7,6 +7,7 @@
 
 #include "train/snapshot_cuda.h"
 #include "train/snapshot_format.h"
+#include "train/snapshot_state.h"
 #include "util/hash.h"
 #include "util/tensor_description.h"
 
@@ -30,6 +31,13 @@
 #include <utility>
 
 namespace ddp {
+
+using detail::decode_settings;
+using detail::encode_settings;
+using detail::gather_ddp_states;
+using detail::GatheredStates;
+using detail::restore_ddp_state;
+using detail::well_formed;
 
 namespace {
 
@@ -222,6 +230,7 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
       rank_state.values.defined()
           ? comm.all_gather(rank_state.values.to(torch::kDouble).contiguous())
           : torch::Tensor();
+  const GatheredStates ddp_states = extras.ddp ? gather_ddp_states(comm, *extras.ddp) : GatheredStates{};
   if (comm.rank() != 0) return;
 
   torch::serialize::OutputArchive archive;
@@ -255,6 +264,13 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
     extras.grad_scaler->save(scaler_archive);
     archive.write("grad_scaler", scaler_archive);
   }
+  if (extras.ddp) {
+    torch::serialize::OutputArchive ddp_archive;
+    ddp_archive.write("bytes", ddp_states.bytes);
+    ddp_archive.write("lengths", ddp_states.lengths);
+    archive.write("ddp_states", ddp_archive);
+  }
+  archive.write("settings", c10::IValue(encode_settings(progress.settings)));
 
   std::ostringstream payload_stream;
   archive.save_to(payload_stream);
@@ -318,9 +334,10 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   check_snapshot_payload(header, payload, size, path);
 
   torch::serialize::InputArchive archive, model_archive, optimizer_archive, schedule_archive,
-      scaler_archive;
-  bool has_schedule = false, has_scaler = false;
-  c10::IValue description, optimizer_type;
+      scaler_archive, ddp_archive;
+  bool has_schedule = false, has_scaler = false, has_ddp = false, has_settings = false;
+  c10::IValue description, optimizer_type, settings;
+  GatheredStates ddp_states;
   torch::Tensor progress_values, generators, rank_generators, rank_values, cuda_generators;
   try {
     archive.load_from(payload, size);
@@ -335,13 +352,19 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
     has_schedule = archive.try_read("lr_schedule", schedule_archive);
     has_scaler = archive.try_read("grad_scaler", scaler_archive);
     cuda.in_file = archive.try_read("cuda_generator_states", cuda_generators);
+    has_ddp = archive.try_read("ddp_states", ddp_archive);
+    if (has_ddp) {
+      ddp_archive.read("bytes", ddp_states.bytes);
+      ddp_archive.read("lengths", ddp_states.lengths);
+    }
+    has_settings = archive.try_read("settings", settings);
   } catch (const c10::Error& e) {
     throw fail(std::string("unreadable snapshot: ") + e.what_without_backtrace());
   }
   // Values of the right type and shape before they are used: an archive with a valid checksum
   // may still come from elsewhere.
-  if (!description.isString() || !optimizer_type.isString()) {
-    throw fail("unreadable snapshot: model_description or optimizer_type is not a string");
+  if (!description.isString() || !optimizer_type.isString() || (has_settings && !settings.isString())) {
+    throw fail("unreadable snapshot: model_description, optimizer_type or settings is not a string");
   }
   if (progress_values.scalar_type() != torch::kLong || progress_values.dim() != 1) {
     throw fail("unreadable snapshot: progress is not a 1-dimensional int64 tensor");
@@ -390,10 +413,15 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
                ": a snapshot inside an epoch resumes only on as many ranks as wrote it (each "
                "rank's shard depends on the count); resume from an epoch-end snapshot instead");
   }
+  if (has_settings) progress.settings = decode_settings(settings.toStringRef());
   // Checked before anything is restored: the rows are indexed by rank below.
   if (progress.world_size == comm.size() && generators.size(0) != comm.size()) {
     throw fail("unreadable snapshot: cpu_generator_states has " + std::to_string(generators.size(0)) +
                " rows for the " + std::to_string(comm.size()) + " ranks that wrote it");
+  }
+  if (has_ddp && !well_formed(ddp_states, progress.world_size)) {
+    throw fail("unreadable snapshot: ddp_states is not uint8 rows, one for each of the " +
+               std::to_string(progress.world_size) + " ranks that wrote it");
   }
   if (cuda.in_file && (cuda_generators.dim() != 2 || cuda_generators.scalar_type() != torch::kByte ||
                        cuda_generators.size(0) != progress.world_size)) {
@@ -409,6 +437,13 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
     // After the optimizer: the schedule sets the rates of its position over the loaded ones.
     if (extras.lr_schedule) extras.lr_schedule->load(schedule_archive);
     if (extras.grad_scaler) extras.grad_scaler->load(scaler_archive);
+    if (extras.ddp && has_ddp) {
+      const std::string not_restored =
+          restore_ddp_state(*extras.ddp, ddp_states, progress.world_size, comm.rank(), comm.size());
+      if (!not_restored.empty() && comm.rank() == 0) {
+        std::fprintf(stderr, "Warning: %s: %s\n", path.c_str(), not_restored.c_str());
+      }
+    }
   } catch (const c10::Error& e) {
     throw fail(std::string("cannot restore the training state: ") + e.what_without_backtrace());
   } catch (const std::runtime_error& e) {

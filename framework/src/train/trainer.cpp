@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -59,6 +60,14 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
   }
   options.checkpoint.seed = options.seed;
   options.checkpoint.batch_size = options.batch_size;
+  // What else shapes the trajectory: named at a resume that changes it (Checkpointer::resume).
+  std::ostringstream clip;
+  clip << options.clip_grad_norm;
+  options.checkpoint.settings.insert(
+      options.checkpoint.settings.begin(),
+      {{"gradient accumulation (micro-batches per step)", std::to_string(options.accumulate)},
+       {"mixed precision", amp_mode_name(options.amp)},
+       {"gradient clipping (global norm, 0: off)", clip.str()}});
   return options;
 }
 
@@ -135,7 +144,7 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
                   : std::nullopt),
       stop_(group, options_.stop_check_every),
       checkpointer_(group, model, optimizer, options_.checkpoint,
-                    TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr}),
+                    TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr, ddp}),
       reporter_(group, options_.report),
       source_(task.train_source_any()),
       sampler_(std::max<int64_t>(task.train_size(), 0), group.size(), group.rank(), options_.shuffle,

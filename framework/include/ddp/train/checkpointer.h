@@ -55,6 +55,7 @@
 // writes that a killed run left behind are removed (remove_stale_temporaries), each named.
 // docs/reliability.md says what flock does not cover (NFS and Lustre mounts without it).
 
+#include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
 #include <ddp/train/snapshot.h>
 
@@ -103,6 +104,10 @@ struct CheckpointerOptions {
   // global batch (TrainerOptions::keep_global_batch), and the samples a crash cost counted
   // (reached_position.h). 0: not saved.
   int64_t batch_size = 0;
+  // What else shapes the trajectory, as the caller names it (the Trainer: accumulation, mixed
+  // precision, clipping): recorded in every snapshot with the optimizer's type and options and
+  // the comm hook, and compared at resume (resume() names each difference).
+  Settings settings;
 };
 
 // What resume() found.
@@ -144,6 +149,11 @@ class Checkpointer {
   // dir: <dir> is in use by another job (host n1, pid 1234, since ... holds <dir>/.ddp.lock)").
   Checkpointer(ProcessGroup& group, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options, TrainingExtras extras = {});
+  // The same for the module `model` wraps, with the wrapper's own state too (its comm hook's
+  // state and bucket order: TrainingExtras::ddp). Pass the wrapper when training with it.
+  Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
+               torch::optim::Optimizer& optimizer, CheckpointerOptions options,
+               TrainingExtras extras = {});
 
   // Collective. Loads the snapshot `resume` names (restoring the model, the optimizer, the
   // extras and every rank's CPU generator; replaying `scheduler`, a per-epoch LibTorch
@@ -151,7 +161,10 @@ class Checkpointer {
   // `resume` is empty, or "latest" finds none. Rank 0 prints what it resumed from (or that there
   // was nothing), and warns when the seed differs, or the world size: then each rank's random
   // generators and, inside an epoch, its RankState are not restored, and the rest of the epoch
-  // is re-sharded (the line says so: the epoch's metrics cover only its rest). Throws std::runtime_error
+  // is re-sharded (the line says so: the epoch's metrics cover only its rest). It also warns,
+  // one line each, for every setting (Settings: the optimizer, the comm hook, the per-rank batch
+  // size, CheckpointerOptions::settings) that differs from the snapshot's run: the run goes on,
+  // but no longer on the trajectory the snapshot's run would have followed. Throws std::runtime_error
   // naming the file when it cannot be read or does not fit the run (snapshot.h).
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
@@ -189,6 +202,7 @@ class Checkpointer {
   torch::optim::Optimizer& optimizer_;
   CheckpointerOptions options_;
   TrainingExtras extras_;
+  std::string optimizer_settings_;  // the optimizer's type and options, as constructed
   int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
   double last_time_ = 0;   // now() when it ended (or at construction, resume())
   SnapshotCost cost_;
@@ -198,6 +212,13 @@ class Checkpointer {
   std::shared_ptr<detail::ReachedRecord> reached_;
 
   double now() const;  // options_.clock, else the steady clock
+  // What this run records in its snapshots: the optimizer, the comm hook, the caller's.
+  Settings settings() const;
+  // Rank 0: a warning line for each of this run's settings that `saved` has otherwise.
+  void say_changed_settings(const TrainingProgress& saved) const;
+  // The progress every snapshot records, at `at` (epoch: the epochs finished).
+  TrainingProgress progress_at(int64_t epochs_done, int64_t batches_done, int64_t step,
+                               int64_t samples_done) const;
   // Times `save` (a collective save) into cost_ and restarts the timer.
   void timed(bool epoch_end, const std::function<void()>& save);
   void create_directory() const;

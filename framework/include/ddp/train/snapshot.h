@@ -16,7 +16,11 @@
 // LRSchedule and a GradScaler (TrainingExtras) are saved as entries of their own ("lr_schedule",
 // "grad_scaler"; their position, base rates, scale and growth tracker) when the caller has them:
 // a file without them is still format 3, and loading refuses a file that lacks one the run has,
-// or has one the run lacks, naming it, rather than silently restart or drop it.
+// or has one the run lacks, naming it, rather than silently restart or drop it. So is every
+// rank's DistributedDataParallel state when the caller hands in the wrapper ("ddp_states": the
+// comm hook's state and the rebuilt bucket order), restored at the same world size (at another
+// only the bucket order: the hook's state is per rank, and a warning says it starts afresh); and
+// the run's Settings (the entry "settings"). Files without these two entries still load.
 //
 // CUDA generators: when the ranks compute on CUDA (the model's first parameter is on a GPU),
 // every rank's state of that device's default generator (what dropout on the GPU draws from) is
@@ -53,9 +57,18 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp {
+
+class DistributedDataParallel;  // distributed_data_parallel.h
+
+// What shaped a run's trajectory besides the model and the position, as (name, value) pairs in
+// the order recorded: the optimizer's type and options, the comm hook, the caller's own (the
+// Trainer's accumulation, mixed precision, clipping). A snapshot records its run's; a resume
+// compares them with its own and names each difference (Checkpointer::resume).
+using Settings = std::vector<std::pair<std::string, std::string>>;
 
 // Where a run stands, as a training loop counts: the epoch in progress (1-based), the batches of
 // it trained (the sampler's position: batch `batch` is the next one), the optimizer steps taken
@@ -86,6 +99,8 @@ struct TrainingProgress {
   // end; -1: not recorded (an older file, or a loop that did not say), and then a snapshot
   // inside an epoch resumes only on as many ranks as wrote it.
   int64_t samples_done = -1;
+  // The run's settings (Settings above); empty: not recorded (an older file).
+  Settings settings;
 };
 
 // What each rank holds inside an epoch that the others do not. Every rank's is saved; loading
@@ -99,6 +114,10 @@ struct RankState {
 struct TrainingExtras {
   LRSchedule* lr_schedule = nullptr;
   GradScaler* grad_scaler = nullptr;
+  // The wrapper around the model: its comm hook's state (PowerSGD's error feedback and
+  // matrices, per rank) and its rebuilt bucket order (DistributedDataParallel::save_state), for
+  // every rank. Without it a stateful hook restarts from scratch on resume.
+  DistributedDataParallel* ddp = nullptr;
 };
 
 // "<dir>/snapshot_epoch<epoch>.pt": written at the end of `epoch`.
