@@ -29,7 +29,8 @@
 #                     step); default <build>/out (dry run: <build>/gpu-proof-dry-run)
 #   DDP_PROOF_BUILD   build directory, default build-gpu-proof in the repository (dry run: build)
 #   DDP_PROOF_UNPACK  "all": use the .debs even for what the machine has
-#   PYTHON            the python with CUDA torch, default python3
+#   PYTHON            the python with CUDA torch; default the project's .venv/bin/python
+#                     (scripts/setup.sh makes it) where it exists, else python3 (a GPU machine's)
 #   JOBS              parallel build jobs, default nproc
 #   DDP_PROOF_BUDGET  seconds from the start after which no CPU-test step starts and a running one
 #                     is stopped (it is then SKIP, not FAIL), default 540; the GPU rows always run
@@ -61,7 +62,9 @@ else
 fi
 # By its full path, found once before PATH changes below: on the first GPU machine the
 # throughput step's `mpirun -np 1 python3` found no torch, though python3 had found it at the start.
-python=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
+default_python=python3
+[ -x "$root/.venv/bin/python" ] && default_python=$root/.venv/bin/python
+python=$(command -v "${PYTHON:-$default_python}" || echo "${PYTHON:-$default_python}")
 jobs=${JOBS:-$(nproc)}
 debs=$root/.debs
 # The dry run writes nothing into the built tree it runs from but $out.
