@@ -373,9 +373,10 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     // The epoch over all ranks, the test loss over the whole test set, then the snapshot.
     ddp::EpochResult result = meter.reduce(group.cpu(), epoch);
     result.test_loss = test_loss(model, test_set, flags.noise, flags.seed, group, device);
-    reporter.epoch_done(result);  // its lines and the metrics file (rank 0)
+    reporter.print_epoch(result);  // its lines (rank 0)
     results.push_back(result);
     checkpointer.save_epoch(epoch, step);
+    reporter.write_metrics(result);  // after the save: a failed write does not cost the epoch
   }
   reporter.end_run(results);
   return 0;

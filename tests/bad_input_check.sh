@@ -32,6 +32,8 @@ os.makedirs(f"{tmp}/directory/train-images-idx3-ubyte")
 dataset("fifo", 4, 2)
 os.remove(f"{tmp}/fifo/train-images-idx3-ubyte")
 os.mkfifo(f"{tmp}/fifo/train-images-idx3-ubyte")  # no writer: an open() for reading would wait
+# A snapshot of a format newer than this build's (issue 38): "DDPSNAP4", a size and a hash.
+open(f"{tmp}/newer_format.pt", "wb").write(b"DDPSNAP4" + struct.pack("<QQ", 64, 0) + bytes(64))
 PY
 
 # A CIFAR-format set of CIFAR-10's size (random pixels), for the memory check.
@@ -39,6 +41,26 @@ cifar_data=$tmp/cifar
 "$make_cifar" "$cifar_data" --train 50000 --test 16 > /dev/null || exit 1
 
 failures=0
+# says NAME REGEX COMMAND...: status 0 and a line of the output matches REGEX (issue 38: what is
+# not an error must still be said).
+says() {
+  local name=$1 regex=$2
+  shift 2
+  local output status verdict=ok
+  output=$("$@" 2>&1)
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    verdict="FAIL: exit status $status"
+  elif ! printf '%s\n' "$output" | grep -Eq -- "$regex"; then
+    verdict="FAIL: the output does not match: $regex"
+  fi
+  printf '%-28s status %3d  %s\n' "$name" "$status" "$verdict"
+  if [ "$verdict" != ok ]; then
+    printf '%s\n' "$output" | tail -n 15 | sed 's/^/    | /'
+    failures=$((failures + 1))
+  fi
+}
+
 # check NAME REGEX COMMAND...: non-zero, not a signal, the output matches REGEX; with
 # want_status=N set for the call, the status must be N.
 check() {
@@ -109,6 +131,28 @@ check replicas_per_process_1000 '--replicas-per-process must be at most [0-9]+, 
   timeout 60 "$mnist" "${data[@]}" --replicas-per-process 1000
 check resume_from_directory "$tmp: cannot read the snapshot: not a regular file: it is a directory" \
   "$mnist" "${data[@]}" --resume="$tmp"
+# Issue 38, said, not silent. --resume on a mistyped folder (created, empty) or on one without a
+# snapshot: one line naming it, at 2 ranks as the issue ran it; training goes on from scratch.
+says resume_mistyped_folder "^No snapshot in $tmp/typo: the folder is empty \(created now if it did not exist\); training starts from scratch at epoch 1\$" \
+  on2 "$mnist" "${data[@]}" --epochs 1 --log-interval 0 --checkpoint-dir "$tmp/typo" --resume
+mkdir -p "$tmp/no_snapshot" && echo notes > "$tmp/no_snapshot/notes.txt"
+says resume_folder_no_snapshot "^No snapshot in $tmp/no_snapshot: none of its 1 file\(s\) is a snapshot_epoch\*\.pt; training starts from scratch at epoch 1\$" \
+  "$mnist" "${data[@]}" --epochs 1 --log-interval 0 --checkpoint-dir "$tmp/no_snapshot" --resume
+# A snapshot of a newer ddp names its format and this build's (it was "not a ddp training snapshot").
+check snapshot_newer_format "$tmp/newer_format.pt: a snapshot of format 4 \(DDPSNAP4\), written by a newer ddp; this build reads format 3 \(DDPSNAP3\)" \
+  "$mnist" "${data[@]}" --resume="$tmp/newer_format.pt"
+# An unwritable --metrics-file is refused with the reason.
+check metrics_file_unwritable "$tmp/no/such/folder/metrics.jsonl: cannot open the metrics file for writing: No such file or directory" \
+  "$mnist" "${data[@]}" --metrics-file "$tmp/no/such/folder/metrics.jsonl"
+# A metrics write that fails (/dev/full: ENOSPC, as a full disk) ends the job after the epoch's
+# checkpoint, not before it.
+check metrics_write_fails "/dev/full: cannot write the metrics file: No space left on device \(after epoch 1's snapshot $tmp/metrics_ck/snapshot_epoch1.pt was written" \
+  "$mnist" "${data[@]}" --epochs 2 --metrics-file /dev/full --checkpoint-dir "$tmp/metrics_ck"
+if [ ! -s "$tmp/metrics_ck/snapshot_epoch1.pt" ] || [ ! -s "$tmp/metrics_ck/model_with_epoch1.pt" ] ||
+   [ -e "$tmp/metrics_ck/snapshot_epoch2.pt" ]; then
+  echo "metrics_write_fails: FAIL: epoch 1's checkpoint (and nothing later) should be there: $(ls "$tmp/metrics_ck" 2>&1 | tr '\n' ' ')"
+  failures=$((failures + 1))
+fi
 # Ranks started with different flags (mpirun's MPMD syntax: one command line per rank), or a bad
 # flag on one rank only: refused with status 2 before training, naming the flag and the ranks
 # (issue 26: before, Open MPI's MPI_ERR_TRUNCATE in the first step, status 15; a hang).

@@ -11,7 +11,9 @@
 #   read-only        a read-only checkpoint directory is refused before any training.
 #   metrics-full-disk  --metrics-file on a full file system (issue 26): the job fails at the
 #                    epoch's line naming the file and "No space left on device" (it said only
-#                    "write failed").
+#                    "write failed"), after the epoch's checkpoint is written (issue 38: it ended
+#                    before it); with room again, --resume continues from that checkpoint and
+#                    the metrics file holds the next epoch's line.
 #   kill-mid-write   rank 0 is killed (kill -9) half-way through writing the epoch-2 snapshot
 #                    (held there by STALL_WRITE_LIB): the epoch-1 snapshot is unchanged, and
 #                    the next run removes the stale temporary file and resumes from epoch 1.
@@ -93,10 +95,19 @@ metrics-full-disk)
   disk=$work/metrics_disk
   mkdir -p "$disk" && mount -t tmpfs -o size=4k tmpfs "$disk"
   head -c 4096 /dev/zero > "$disk/filler" 2> /dev/null || true  # every page of the tmpfs
-  expect_failure metrics_full --epochs 1 --metrics-file "$disk/metrics.jsonl"
+  expect_failure metrics_full --epochs 2 --metrics-file "$disk/metrics.jsonl" --checkpoint-dir "$work/checkpoints"
   grep -q "ddp: rank 0 (.*): $disk/metrics.jsonl: cannot write the metrics file: No space left on device" \
     "$work/metrics_full.log" || fail "the message does not name the metrics file and the reason"
   grep -q "Train set:\|Test set:" "$work/metrics_full.log" || fail "it failed before the epoch's end"
+  test -s "$work/checkpoints/snapshot_epoch1.pt" || fail "the failed metrics write cost epoch 1's snapshot"
+  [ ! -e "$work/checkpoints/snapshot_epoch2.pt" ] || fail "the job went on after the failed write"
+  rm "$disk/filler"
+  train --epochs 2 --metrics-file "$disk/metrics.jsonl" --checkpoint-dir "$work/checkpoints" --resume \
+    > "$work/metrics_resumed.log" 2>&1 || fail "the resumed run failed: $(tail -n 3 "$work/metrics_resumed.log")"
+  grep -q "Resumed from $work/checkpoints/snapshot_epoch1.pt: epoch 1 done" "$work/metrics_resumed.log" ||
+    fail "the resumed run did not continue from epoch 1's snapshot"
+  grep -q '^{"epoch":2,' "$disk/metrics.jsonl" && [ "$(wc -l < "$disk/metrics.jsonl")" -eq 1 ] ||
+    fail "the metrics file should hold epoch 2's line only: $(cat "$disk/metrics.jsonl")"
   umount "$disk"
   ;;
 read-only)

@@ -235,6 +235,27 @@ TEST(SnapshotFormat, HeaderIsCheckedAgainstTheFileSize) {
   EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(bad_batch, 7, "s.pt"); }), "batch size -16");
 }
 
+// Issue 38: a snapshot of a newer ddp is not "not a ddp training snapshot": its version and this
+// build's are named. At the exact header size and shorter (a newer header may be longer or
+// shorter than this one's), and not for a digit that is not newer.
+TEST(SnapshotFormat, NewerFormatNamesItsVersionAndThisBuilds) {
+  for (const std::string& tail : {std::string(16, '\0'), std::string()}) {
+    const std::string head = "DDPSNAP4" + tail;
+    EXPECT_EQ(error_of([&] { ddp::parse_snapshot_header(head.data(), head.size(), 5000, "s.pt"); }),
+              "s.pt: a snapshot of format 4 (DDPSNAP4), written by a newer ddp; this build reads "
+              "format 3 (DDPSNAP3): resume with the ddp that wrote it (or a newer one), or start "
+              "the run afresh");
+  }
+  const std::string nine = "DDPSNAP9" + std::string(16, '\0');
+  EXPECT_HAS(error_of([&] { ddp::parse_snapshot_header(nine.data(), nine.size(), 5000, "s.pt"); }),
+             "s.pt: a snapshot of format 9 (DDPSNAP9), written by a newer ddp");
+  for (const char* magic : {"DDPSNAP0", "DDPSNAPX", "DDPSNAP:"}) {
+    const std::string head = magic + std::string(16, '\0');
+    EXPECT_HAS(error_of([&] { ddp::parse_snapshot_header(head.data(), head.size(), 5000, "s.pt"); }),
+               "s.pt: not a ddp training snapshot (no DDPSNAP3 header");
+  }
+}
+
 TEST(OptionChecks, NonFiniteAndOutOfRangeValuesNameTheField) {
   torch::Tensor w = torch::zeros({2}, torch::requires_grad());
   const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -269,7 +269,8 @@ TEST(Reporter, AResumedRunKeepsTheMetricsOfTheEpochsItsSnapshotFinished) {
   options.progress = ddp::ProgressMode::None;
   options.metrics_file = dir + "/metrics.jsonl";
   if (rt().is_main()) {
-    std::ofstream(options.metrics_file) << "{\"epoch\": 1}\n{\"epoch\": 2}\n{\"epoch\": 3}\n";
+    // Epoch 3's line torn by a full disk (issue 38): dropped, not continued by the next line.
+    std::ofstream(options.metrics_file) << "{\"epoch\": 1}\n{\"epoch\": 2}\n{\"epoch\": 3, \"tr";
   }
   ddp::EpochResult epoch2;
   epoch2.epoch = 2;
@@ -280,7 +281,7 @@ TEST(Reporter, AResumedRunKeepsTheMetricsOfTheEpochsItsSnapshotFinished) {
     ddp::Reporter reporter(pg(), options);
     ddp::ResumePoint start;
     start.path = "snapshot_epoch1.pt";
-    start.position = {2, 0, 10};  // epoch 1 done: its line stays, 2 and 3 go
+    start.position = {2, 0, 10};  // epoch 1 done: its line stays, 2 and the torn 3 go
     reporter.start_run(start);
     reporter.epoch_done(epoch2);
   }
@@ -304,6 +305,16 @@ TEST(Reporter, AResumedRunKeepsTheMetricsOfTheEpochsItsSnapshotFinished) {
   fresh.start_run(ddp::ResumePoint{});  // a fresh run starts a new file
   if (rt().is_main()) {
     EXPECT_TRUE(lines().empty());
+  }
+  // A file that cannot be opened is refused with the reason (issue 38: it had none); rank 0
+  // opens it, the other ranks have no file.
+  const std::vector<std::pair<std::string, std::string>> unwritable_files{
+      {dir + "/no/such/folder/m.jsonl", "No such file or directory"}, {dir, "Is a directory"}};
+  for (const auto& [file, reason] : unwritable_files) {
+    options.metrics_file = file;
+    ddp::Reporter unwritable(pg(), options);
+    EXPECT_EQ(message_of([&] { unwritable.start_run(ddp::ResumePoint{}); }),
+              rt().is_main() ? file + ": cannot open the metrics file for writing: " + reason : "");
   }
   options.log_interval = -1;
   EXPECT_EQ(message_of([&] { ddp::Reporter(pg(), options); }),

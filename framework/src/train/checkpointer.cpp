@@ -201,7 +201,25 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
   std::istringstream lines(all_gather_strings(comm, names)[0]);
   for (std::string line; std::getline(lines, line);) candidates.push_back(line);
   if (candidates.empty()) {
-    if (group_.is_main()) std::printf("No snapshot in %s: starting at epoch 1\n", o.dir.c_str());
+    // One line, flushed at once (a rank killed before the next flush would lose it): a first
+    // run under a requeue script is the expected case, a mistyped folder the one to catch, so
+    // the line names the folder and what it holds. The constructor has created the folder when
+    // it did not exist, so such a folder holds only this job's lock file.
+    if (group_.is_main()) {
+      int64_t files = 0;
+      std::error_code error;
+      for (std::filesystem::directory_iterator it(o.dir, error), end; !error && it != end;
+           it.increment(error)) {
+        const std::string name = it->path().filename().string();
+        files += name != detail::kLockFileName && name != detail::kReachedFileName;
+      }
+      const std::string what =
+          files == 0 ? "the folder is empty (created now if it did not exist)"
+                     : "none of its " + std::to_string(files) + " file(s) is a snapshot_epoch*.pt";
+      std::printf("No snapshot in %s: %s; training starts from scratch at epoch 1\n",
+                  o.dir.c_str(), what.c_str());
+      std::fflush(stdout);
+    }
     return start;
   }
   for (size_t i = 0;; ++i) {

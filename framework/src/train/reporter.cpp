@@ -41,14 +41,16 @@ void Reporter::start_run(const ResumePoint& start) {
   if (metrics_.is_open()) metrics_.close();
   if (start.resumed()) {
     // Keep the lines of the epochs the snapshot had finished, drop any of later epochs (written
-    // after the snapshot by the run that stopped; this run trains them again).
+    // after the snapshot by the run that stopped; this run trains them again) and any that is
+    // not a JSON object: the torn end of a write that failed (a full disk), which the next line
+    // appended would otherwise continue.
     std::ifstream in(file);
     std::string kept, line;
     bool dropped = false;
     while (std::getline(in, line)) {
       const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (json.is_object() && json.contains("epoch") && json["epoch"].is_number_integer() &&
-          json["epoch"].get<int64_t>() > start.epochs_done()) {
+      if (!json.is_object() || (json.contains("epoch") && json["epoch"].is_number_integer() &&
+                                json["epoch"].get<int64_t>() > start.epochs_done())) {
         dropped = true;
         continue;
       }
@@ -56,8 +58,15 @@ void Reporter::start_run(const ResumePoint& start) {
     }
     if (dropped) write_atomically(file, kept);  // names the file and errno's reason on failure
   }
+  errno = 0;
   metrics_.open(file, start.resumed() ? std::ios::app : std::ios::trunc);
-  if (!metrics_) throw std::runtime_error(file + ": cannot open the metrics file for writing");
+  if (!metrics_) {
+    // The stream keeps no reason; the failed open(2) left it in errno (ENOENT for a missing
+    // folder, EISDIR, EACCES).
+    const int error = errno;
+    throw std::runtime_error(file + ": cannot open the metrics file for writing: " +
+                             (error ? std::strerror(error) : "the open failed"));
+  }
 }
 
 void Reporter::start_epoch(const EpochPlan& plan) {
@@ -114,10 +123,14 @@ void Reporter::end_epoch() {
 }
 
 void Reporter::epoch_done(const EpochResult& result) {
+  print_epoch(result);
+  write_metrics(result);
+}
+
+void Reporter::print_epoch(const EpochResult& result) {
   if (!group_.is_main()) return;
   std::printf("%s", format_->epoch_lines(result, ranks()).c_str());
   std::fflush(stdout);
-  write_metrics(result);
 }
 
 void Reporter::end_run(const std::vector<EpochResult>& epochs, const SnapshotCost& snapshots,
@@ -152,7 +165,7 @@ void Reporter::stopped(const StopAgreement& stop, const TrainingPosition& at,
 }
 
 void Reporter::write_metrics(const EpochResult& r) {
-  if (!metrics_.is_open()) return;
+  if (!group_.is_main() || !metrics_.is_open()) return;
   // Each metric's mean per sample beside the loss of its set.
   nlohmann::ordered_json line = {{"epoch", r.epoch}, {"train_loss", r.train_loss}};
   for (const Metric& m : r.train_metrics) line["train_" + m.name] = m.mean();

@@ -35,6 +35,17 @@ SnapshotHeader parse_snapshot_header(const char* bytes, size_t size, uint64_t fi
                "this one reads format 3 (DDPSNAP3, with the position inside an epoch): start the "
                "run afresh, or resume with the ddp that wrote it");
   }
+  // "DDPSNAP" and a later digit: a format this build does not know, written by a newer ddp. Said
+  // so, with both versions, rather than "not a snapshot": the file is fine, the reader is old.
+  constexpr size_t kPrefix = sizeof kSnapshotMagic - 1;
+  const char version = size >= sizeof kSnapshotMagic ? bytes[kPrefix] : '\0';
+  if (size >= sizeof kSnapshotMagic && std::memcmp(bytes, kSnapshotMagic, kPrefix) == 0 &&
+      version > kSnapshotMagic[kPrefix] && version <= '9') {
+    fail(path, std::string("a snapshot of format ") + version + " (DDPSNAP" + version +
+                   "), written by a newer ddp; this build reads format " + kSnapshotMagic[kPrefix] +
+                   " (DDPSNAP" + kSnapshotMagic[kPrefix] +
+                   "): resume with the ddp that wrote it (or a newer one), or start the run afresh");
+  }
   if (size < kSnapshotHeaderBytes || file_bytes < kSnapshotHeaderBytes ||
       std::memcmp(bytes, kSnapshotMagic, sizeof kSnapshotMagic) != 0) {
     fail(path, "not a ddp training snapshot (no DDPSNAP3 header; " + std::to_string(file_bytes) +

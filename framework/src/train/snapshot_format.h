@@ -26,8 +26,8 @@ struct SnapshotHeader {
 // Parses the header from the first `size` bytes of a file of `file_bytes` bytes (`size` may be
 // less than the header when the file is shorter) and checks that the payload it promises is
 // exactly what follows it in the file: so a reader knows the size is right before it allocates
-// the payload. Throws std::runtime_error naming `path` for format 1 or 2, another file, or a
-// truncated or padded file.
+// the payload. Throws std::runtime_error naming `path` for format 1 or 2, a newer format
+// ("DDPSNAP4": naming its version and this build's), another file, or a truncated or padded file.
 SnapshotHeader parse_snapshot_header(const char* bytes, size_t size, uint64_t file_bytes,
                                      const std::string& path);
 

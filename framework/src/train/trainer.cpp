@@ -115,6 +115,20 @@ double largest_gpu_memory_peak_mb(ProcessGroup& group) {
   return largest.item<double>();
 }
 
+// The epoch's metrics-file line (rank 0), after its snapshot in `dir` (none when empty) was
+// written: a failed write throws naming the file, the reason and that snapshot.
+void write_metrics_after_save(Reporter& reporter, const EpochResult& r, const std::string& dir,
+                              int64_t epoch) {
+  try {
+    reporter.write_metrics(r);
+  } catch (const std::runtime_error& e) {
+    if (dir.empty()) throw;
+    throw std::runtime_error(std::string(e.what()) + " (after epoch " + std::to_string(epoch) +
+                             "'s snapshot " + snapshot_path(dir, epoch) +
+                             " was written: resuming from it loses only this epoch's line)");
+  }
+}
+
 }  // namespace
 
 GlobalBatchNotDivisible::GlobalBatchNotDivisible(int64_t snapshot_batch_size, int snapshot_ranks,
@@ -235,10 +249,13 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
       r.test_loss = eval.loss;
       r.test_metrics = eval.metrics;
     }
-    reporter_.epoch_done(r);
+    reporter_.print_epoch(r);
     results.push_back(r);
     if (scheduler) scheduler->step();
+    // The checkpoint before the metrics line (issue 38): a metrics write that fails (a full
+    // disk) then ends the job with the epoch saved, not lost with it.
     checkpointer_.save_epoch(epoch, global_step_);
+    write_metrics_after_save(reporter_, r, options_.checkpoint.dir, epoch);
     if (options_.dry_run) break;
   }
   reporter_.end_run(results, checkpointer_.cost(), seconds_since(started));

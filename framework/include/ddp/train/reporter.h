@@ -12,7 +12,7 @@
 //     for (b ...) { ...; reporter.batch_done(b, loss, samples); }
 //     reporter.end_epoch();
 //     reporter.epoch_done(result);                             // EpochMeter::reduce, + evaluation
-//   }
+//   }                                 // (with a checkpoint: print_epoch, save, write_metrics)
 //   reporter.end_run(results);
 //
 // The text is a ReportFormat's: generic lines by default ("Epoch 1 [640/60000 (1%)] loss 0.52
@@ -113,7 +113,7 @@ class Reporter {
 
   // Before the first epoch: opens the metrics file (rank 0) as `start` says (a fresh run starts
   // a new file, a resumed one keeps the lines of start.epochs_done() epochs). Throws
-  // std::runtime_error naming the file when it cannot be written.
+  // std::runtime_error naming the file and the reason (strerror) when it cannot be written.
   void start_run(const ResumePoint& start);
   void start_epoch(const EpochPlan& plan);
   // After batch `b` of the epoch, with its mean loss (on any device) and its samples. Every
@@ -123,8 +123,15 @@ class Reporter {
   void batch_done(int64_t b, const torch::Tensor& loss, int64_t samples);
   // After the epoch's batches: ends the bar's line.
   void end_epoch();
-  // Rank 0: the epoch's lines (the format's) and its metrics-file line.
+  // Rank 0: the epoch's lines (the format's) and its metrics-file line: print_epoch, then
+  // write_metrics. A loop that saves a checkpoint at the epoch's end calls the two itself with
+  // the save between them, so that a metrics write that fails ends the job with the epoch saved.
   void epoch_done(const EpochResult& result);
+  // Rank 0: the epoch's lines.
+  void print_epoch(const EpochResult& result);
+  // Rank 0: the epoch's line in the metrics file, when there is one. Throws std::runtime_error
+  // naming the file and the reason (strerror: ENOSPC for a full disk) when the write fails.
+  void write_metrics(const EpochResult& result);
   // Rank 0: "Summary over 2 rank(s):" and the table of `epochs` (nothing when empty); then,
   // when snapshots were written, their cost over `run_seconds` (ReportFormat::snapshot_line).
   void end_run(const std::vector<EpochResult>& epochs, const SnapshotCost& snapshots = {},
@@ -149,8 +156,6 @@ class Reporter {
   int64_t samples_ = 0;      // this rank's, since start_epoch
   double shown_loss_ = -1;   // the latest averaged loss; -1 before the first
   bool bar_drawn_ = false;
-
-  void write_metrics(const EpochResult& result);
 };
 
 }  // namespace ddp
