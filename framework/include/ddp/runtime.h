@@ -44,9 +44,10 @@ struct RuntimeOptions {
   /// rank.
   int replicas_per_process = 0;
   /// How long MPI start-up (MPI_Init and the Runtime's first collectives) may wait for the other
-  /// ranks before the phase watchdog ends the job (WatchedPhase below). 0: DDP_STARTUP_TIMEOUT_
-  /// SECONDS, else 600 s. ddp::cli sets --timeout here, so that a job given a timeout is bounded
-  /// by it from its first moment, not by a start-up default it never asked for. Must be >= 0.
+  /// ranks before the phase watchdog ends the job (WatchedPhase below). 0: the start-up default,
+  /// DDP_STARTUP_TIMEOUT_SECONDS, else 600 s. ddp::cli sets --timeout here, so that a job given
+  /// a timeout is bounded by it from its first moment, not by a default it never asked for.
+  /// Must be >= 0.
   std::chrono::seconds startup_timeout{0};
 };
 
