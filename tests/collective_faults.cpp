@@ -14,10 +14,22 @@
 //   collective_faults ring      as stop, on ProcessGroup's CPU communicator with every all-reduce
 //                               on the TCP ring (#1 connects it): the others hang in the ring's
 //                               #3 until the watchdog fires, as in MPI's
+//   collective_faults across    issue 38: a DistributedDataParallel over the group; rank 0 trains
+//                               a step (its gradient communicator all-reduces) while rank 1
+//                               all-reduces on group.cpu(). Without DDP_DEBUG=DETAIL both wait,
+//                               each in its own communicator; with it every rank names both sides
+//   collective_faults interleave every rank calls the same collectives on group.cpu(), a
+//                               DistributedDataParallel's two communicators and a communicator of
+//                               its own, interleaved, asynchronous ones too (run with DETAIL: the
+//                               group's check passes them; results checked)
+//   collective_faults mpi_error what a failing MPI call of a mismatch's error class says (rank 0
+//                               prints it): it points to DDP_DEBUG=DETAIL
 #include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/backend_options.h"
 #include "runtime/runtime_internals.h"
+#include "util/mpi_check.h"
+#include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>
 #include <ddp/stop_signal.h>
@@ -31,11 +43,70 @@
 #include <string>
 #include <thread>
 
+namespace {
+
+// One step of a DistributedDataParallel Linear(4, 2): its gradients all-reduced (Reducer).
+void train_step(ddp::DistributedDataParallel& model, int rank) {
+  torch::Tensor x = torch::full({3, 4}, 1.0 + rank);
+  model.forward(x).sum().backward();
+}
+
+// "across", "interleave": the group's communicators called together (see the top).
+void across_communicators(ddp::ProcessGroup& group, const std::string& mode) {
+  ddp::DDPOptions options;
+  options.backend = ddp::Backend::Mpi;
+  ddp::DistributedDataParallel model(group, std::make_shared<torch::nn::LinearImpl>(4, 2), options);
+  const int rank = group.rank(), size = group.size();
+  if (mode == "across") {
+    if (rank == 0) {
+      train_step(model, rank);
+    } else {
+      group.cpu().all_reduce(torch::ones({4}));
+    }
+    throw std::runtime_error("collective_faults across: the mismatch went unnoticed");
+  }
+  std::unique_ptr<ddp::Communicator> own = group.new_cpu_communicator("the test's own");
+  double expected = 0;
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor mine = torch::full({2}, double(rank + step), torch::kDouble);
+    auto pending = own->all_reduce_async(mine);  // queued before the step's, waited after
+    train_step(model, rank);
+    torch::Tensor grads = model.module().parameters()[0].grad().clone();
+    group.cpu().broadcast(grads, 0);  // every replica has rank 0's averaged gradients
+    if (!torch::allclose(grads, model.module().parameters()[0].grad())) {
+      throw std::runtime_error("collective_faults interleave: gradients differ at step " +
+                               std::to_string(step));
+    }
+    pending->wait();
+    expected = size * step + size * (size - 1) / 2.0;
+    if (mine[1].item<double>() != expected) {
+      throw std::runtime_error("collective_faults interleave: wrong sum at step " +
+                               std::to_string(step));
+    }
+  }
+  group.cpu().barrier();
+  if (group.is_main()) {
+    std::printf("collective_faults: 3 steps on 4 communicators of one group agreed, results "
+                "checked: OK\n");
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ddp::Runtime runtime(argc, argv);
   const std::string mode = argc > 1 ? argv[1] : "agree";
   return ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroup group(runtime);
+    if (mode == "across" || mode == "interleave") return across_communicators(group, mode);
+    if (mode == "mpi_error") {
+      try {
+        DDP_MPI_CHECK(MPI_ERR_TRUNCATE);
+      } catch (const std::runtime_error& e) {
+        if (runtime.is_main()) std::printf("%s\n", e.what());
+      }
+      return;
+    }
     // "signal": a communicator of its own, with a short stop grace and a long timeout, so only
     // the stop grace can end the wait.
     std::unique_ptr<ddp::Communicator> own;

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Usage: startup_stall_check.sh mpi-init|loading-data|shutdown MPIEXEC DDP_MNIST WORK_DIR
+# Usage: startup_stall_check.sh mpi-init|mpi-init-timeout|loading-data|shutdown MPIEXEC DDP_MNIST WORK_DIR
 # A rank that stalls outside any collective ends the job by the timeout, naming the phase
 # (issue 26; <ddp/runtime.h>: WatchedPhase). Rank 1 of 2 stops itself (SIGSTOP) on entering a
 # phase (DDP_TEST_STOP_IN_PHASE), as a rank on a stuck file system or a stopped node would:
-#   mpi-init      in MPI start-up: rank 0 waits in MPI_Init; DDP_STARTUP_TIMEOUT_SECONDS=5 must
-#                 end it, rank 0 naming "MPI start-up (MPI_Init)" and the variable
+#   mpi-init      in MPI start-up: rank 0 waits in MPI_Init; without --timeout,
+#                 DDP_STARTUP_TIMEOUT_SECONDS=5 must end it, rank 0 naming "MPI start-up
+#                 (MPI_Init)" and the variable
+#   mpi-init-timeout  the same with --timeout 5 and DDP_STARTUP_TIMEOUT_SECONDS=600 (issue 38:
+#                 --timeout, when given, bounds start-up too, the start-up default only applies
+#                 without it): --timeout must end it within 40 s, rank 0 naming it as the limit
 #   loading-data  while loading MNIST, after MPI start-up: rank 0 goes on to the
 #                 DistributedDataParallel constructor and waits in MPI_Comm_dup; --timeout 5
 #                 must end it, rank 0 naming the communicator's creation in the constructor
@@ -19,17 +23,25 @@ now_ms() { date +%s%3N; }
 
 case "$mode" in
   mpi-init) phase="MPI start-up"; expect="rank 0 .*watchdog: MPI start-up \(MPI_Init\) unfinished after [0-9]+ s \(limit 5 s: DDP_STARTUP_TIMEOUT_SECONDS\)" ;;
+  mpi-init-timeout) phase="MPI start-up"; expect="rank 0 .*watchdog: MPI start-up \(MPI_Init\) unfinished after [0-9]+ s \(limit 5 s: RuntimeOptions::startup_timeout, --timeout\)" ;;
   loading-data) phase="loading data"; expect="rank 0 .*watchdog: creating a CPU communicator \(MPI_Comm_dup\), in the DistributedDataParallel constructor unfinished after [0-9]+ s \(limit 5 s: ProcessGroupOptions::timeout, --timeout, DDP_TIMEOUT_SECONDS\): every rank of the job must call it" ;;
   shutdown) phase="MPI shutdown"; expect="rank 0 .*watchdog: MPI shutdown \(MPI_Finalize\) unfinished after [0-9]+ s \(limit 5 s" ;;
   *) fail "unknown mode $mode" ;;
 esac
 
+# The limits: mpi-init the start-up variable alone, mpi-init-timeout --timeout against a
+# start-up variable that would wait 10 minutes, the others both.
+startup=5 timeout=(--timeout 5)
+case "$mode" in
+  mpi-init) timeout=() ;;
+  mpi-init-timeout) startup=600 ;;
+esac
 log="$work/job.log"
 started=$(now_ms)
-DDP_TEST_STOP_IN_PHASE="1:$phase" DDP_STARTUP_TIMEOUT_SECONDS=5 \
+DDP_TEST_STOP_IN_PHASE="1:$phase" DDP_STARTUP_TIMEOUT_SECONDS=$startup \
   "$mpiexec" -np 2 -x DDP_TEST_STOP_IN_PHASE -x DDP_STARTUP_TIMEOUT_SECONDS "$ddp_mnist" \
   --epochs 1 --limit-train-batches 3 --batch-size 32 --log-interval 0 --progress none \
-  --timeout 5 > "$log" 2>&1 &
+  "${timeout[@]}" > "$log" 2>&1 &
 job=$!
 while kill -0 $job 2>/dev/null; do
   if [ $(( $(now_ms) - started )) -gt 60000 ]; then

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 namespace ddp {
 
@@ -93,7 +94,13 @@ class ProcessGroup {
 
   /// A new MPI communicator over all ranks, with a worker thread of its own. Collective. With
   /// several replicas per process: a new channel of the replicas' in-memory hub.
-  std::unique_ptr<Communicator> new_cpu_communicator();
+  /// Under DDP_DEBUG=DETAIL the calls of all the group's MPI communicators (cpu(), these,
+  /// for_device()'s) are checked as one sequence: a rank calling a collective on one while
+  /// another calls one on a second is named at once instead of hanging (docs/reliability.md);
+  /// `name` says which communicator it is in that message ("" : "made by
+  /// ProcessGroup::new_cpu_communicator()"). So the order of the calls across the group's
+  /// communicators must then be the same on every rank, as it is within one.
+  std::unique_ptr<Communicator> new_cpu_communicator(const std::string& name = "");
 
  private:
   Runtime& runtime_;

@@ -43,6 +43,12 @@ struct RuntimeOptions {
   /// this process sees per local rank on a GPU, 1 on the CPU. Must come out the same on every
   /// rank.
   int replicas_per_process = 0;
+  /// How long MPI start-up (MPI_Init and the Runtime's first collectives) may wait for the other
+  /// ranks before the phase watchdog ends the job (WatchedPhase below). 0: the start-up default,
+  /// DDP_STARTUP_TIMEOUT_SECONDS, else 600 s. ddp::cli sets --timeout here, so that a job given
+  /// a timeout is bounded by it from its first moment, not by a default it never asked for.
+  /// Must be >= 0.
+  std::chrono::seconds startup_timeout{0};
 };
 
 namespace detail {
@@ -55,6 +61,7 @@ class Runtime {
   /// Initialises MPI with MPI_THREAD_MULTIPLE unless the program already did; then it leaves
   /// MPI_Finalize to the program too. Collective. If no device fits this rank (more ranks on a
   /// node than visible GPUs) the job is aborted with the reason. A CUDA device is made current.
+  /// Throws std::invalid_argument, before MPI_Init, for a negative startup_timeout.
   Runtime(int& argc, char**& argv, RuntimeOptions options = {});
   /// The same, without the program's arguments (MPI_Init gets none).
   explicit Runtime(RuntimeOptions options = {});
@@ -125,7 +132,8 @@ class Runtime {
 /// others. So a rank that is stopped, or stuck on a file system, cannot leave the others
 /// waiting forever in MPI_Init or MPI_Comm_dup.
 ///
-/// Who marks what: the Runtime its MPI start-up (DDP_STARTUP_TIMEOUT_SECONDS, default 600 s),
+/// Who marks what: the Runtime its MPI start-up (RuntimeOptions::startup_timeout, which ddp::cli's
+/// --timeout sets; without it DDP_STARTUP_TIMEOUT_SECONDS, default 600 s),
 /// ProcessGroup the communicators it builds, DistributedDataParallel its constructor, the
 /// training kit data loading, evaluation (progress after each batch) and snapshot writes.
 ///

@@ -76,11 +76,17 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
     flag_error = e.what();
   }
   if (flag_error.empty() && flags.deterministic) use_deterministic_kernels();  // before CUDA starts
-  ddp::RuntimeOptions runtime_options;
-  runtime_options.use_cuda = flag_error.empty() && !flags.no_cuda;
-  runtime_options.print_banner = flag_error.empty();  // a bad flag: only the message
-  if (flag_error.empty()) runtime_options.replicas_per_process = static_cast<int>(flags.replicas_per_process);
-  ddp::Runtime runtime(argc, argv, runtime_options);
+  // Checked flags give the Runtime its options, --timeout among them (it bounds MPI start-up).
+  ddp::RuntimeOptions start;
+  if (flag_error.empty() && !vm.count("help")) {
+    start = runtime_options(flags);
+  } else if (flag_error.empty()) {
+    start.use_cuda = !flags.no_cuda;  // --help: the other flags are unchecked, their defaults
+  } else {
+    start.use_cuda = false;  // a bad flag: the CPU, no banner, only the message
+    start.print_banner = false;
+  }
+  ddp::Runtime runtime(argc, argv, start);
   const bool help = flag_error.empty() && vm.count("help");
   // What the ranks compare first (flag_agreement.h): a rank with a bad flag sends its error.
   const std::string fingerprint = flag_error.empty()

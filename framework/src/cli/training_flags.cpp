@@ -179,7 +179,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
     ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
     ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
-     "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600)");
+     "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived, or a wait outside one (MPI start-up, building a communicator, loading data, ...), naming it (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600; MPI start-up without --timeout: DDP_STARTUP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");
   checkpoints.add_options()
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
@@ -208,12 +208,29 @@ void use_deterministic_kernels() {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
+namespace {
+
+// --timeout in whole seconds, rounded up; 0 without it. The one reading of the value, for the
+// collectives (ProcessGroupOptions) and start-up (RuntimeOptions) alike.
+std::chrono::seconds timeout_seconds(const TrainingFlags& flags) {
+  if (!flags.timeout) return std::chrono::seconds(0);
+  return std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
+}
+
+}  // namespace
+
 ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags) {
   ddp::ProcessGroupOptions options;
-  if (flags.timeout) {
-    options.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
-  }
+  options.timeout = timeout_seconds(flags);
   options.hierarchical = hierarchical_choice(flags.hierarchical);
+  return options;
+}
+
+ddp::RuntimeOptions runtime_options(const TrainingFlags& flags) {
+  ddp::RuntimeOptions options;
+  options.use_cuda = !flags.no_cuda;
+  options.replicas_per_process = static_cast<int>(flags.replicas_per_process);
+  options.startup_timeout = timeout_seconds(flags);
   return options;
 }
 

@@ -157,7 +157,8 @@ void MpiWatchdog::timed_out(const WorkerState& state, bool after_stop) {
     const std::string who = "rank " + std::to_string(r);
     if (!answered[r]) {
       never_arrived.push_back(who + " (no answer within " + seconds +
-                              " s: stopped, dead, or its process hangs)");
+                              " s: stopped, dead, or its process hangs; or alive, waiting in a "
+                              "collective of another communicator)");
       continue;
     }
     const int64_t seq = answers[3 * r], in_it = answers[3 * r + 1], kind = answers[3 * r + 2];
@@ -173,7 +174,7 @@ void MpiWatchdog::timed_out(const WorkerState& state, bool after_stop) {
       waiting.push_back(std::to_string(r));
     } else {
       elsewhere.push_back(who + " is in " + its +
-                          " (the ranks call different collectives; DDP_DEBUG=DETAIL checks each)");
+                          " (the ranks call different collectives; DDP_DEBUG=DETAIL names them)");
     }
   }
   const std::string why =
@@ -194,6 +195,13 @@ void MpiWatchdog::timed_out(const WorkerState& state, bool after_stop) {
   if (never_arrived.empty() && elsewhere.empty()) {
     message += " (every rank is in it: the transfer itself hangs, e.g. a rank stopped in the "
                "middle of it, or the network)";
+  }
+  if (!options_.check_collectives && !never_arrived.empty()) {
+    // A live rank in another communicator's collective gives no answer here (its watchdog
+    // watches that one): the debug mode names such a mismatch instead of waiting for it.
+    message += ". If those ranks are alive, the ranks may call different collectives: run again "
+               "with DDP_DEBUG=DETAIL, which names the first call that differs, on one "
+               "communicator or across those of a process group (docs/reliability.md)";
   }
   message += ". Ending the job.";
   if (options_.on_fatal_error) options_.on_fatal_error(message);

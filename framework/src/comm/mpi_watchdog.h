@@ -53,6 +53,10 @@ struct WatchdogOptions {
   // Called on the watchdog thread with the message; must not return (end the process or the
   // job). Unset: the message goes to stderr and the process calls std::abort().
   std::function<void(const std::string&)> on_fatal_error;
+  // The debug mode (DDP_DEBUG=DETAIL): the worker checks that every rank calls the same
+  // collective (comm/mpi_worker.h). While it is off, a timeout's message suggests it: a live
+  // rank waiting in another communicator's collective looks like a stopped one here.
+  bool check_collectives = false;
 };
 
 namespace detail {

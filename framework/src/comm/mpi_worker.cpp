@@ -16,6 +16,7 @@ using Clock = std::chrono::steady_clock;
 
 struct MpiTask {
   Collective call;             // seq set by submit()
+  int64_t ticket = 0;          // its place in the debug mode's check, set by submit()
   std::function<void()> run;   // made on the worker thread
   std::mutex mutex;
   std::condition_variable finished;
@@ -87,6 +88,10 @@ MpiWorker::MpiWorker(MPI_Comm comm, WorkerOptions options) : options_(std::move(
   DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  if (options_.check_collectives) {
+    check_ = options_.check ? options_.check : std::make_shared<CollectiveCheck>(comm_);
+    member_ = check_->join(options_.check_name);
+  }
   watchdog_ = std::make_unique<MpiWatchdog>(comm_, options_, [this] { return state(); });
   thread_ = std::thread([this] { loop(); });
 }
@@ -110,6 +115,8 @@ std::unique_ptr<Work> MpiWorker::submit(Collective call, std::function<void()> r
   {
     std::lock_guard<std::mutex> lock(mutex_);
     task->call.seq = ++submitted_;
+    // Under this lock: the tickets of one worker follow its queue (collective_check.h).
+    if (check_) task->ticket = check_->take_ticket();
     queue_.push_back(task);
   }
   wake_.notify_one();
@@ -135,28 +142,6 @@ void MpiWorker::wait(MPI_Request& request, bool spin) const {
       if (sleep < options_.max_sleep) sleep *= 2;
     }
   }
-}
-
-void MpiWorker::check_same_call(const Collective& call) const {
-  constexpr int n = Collective::kFingerprint;
-  const Collective::Fingerprint mine = call.fingerprint();
-  std::vector<Collective::Fingerprint> all(static_cast<size_t>(size_));
-  MPI_Request request;
-  DDP_MPI_CHECK(MPI_Iallgather(mine.data(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm_,
-                               &request));
-  wait(request);
-  std::string others;
-  for (int r = 1; r < size_; ++r) {
-    if (all[r] == all[0]) continue;
-    others += (others.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
-              " called " + Collective::describe(all[r]);
-  }
-  if (others.empty()) return;
-  // Every rank gathered the same rows, so every rank throws this same message and none runs
-  // the collective: the communicator stays usable, and the job ends from the caller's error.
-  throw std::runtime_error("DDP_DEBUG=DETAIL: the ranks call different collectives on one "
-                           "communicator: rank 0 called " + Collective::describe(all[0]) +
-                           " but " + others);
 }
 
 WorkerState MpiWorker::state() const {
@@ -186,7 +171,9 @@ void MpiWorker::loop() {
     }
     std::exception_ptr error;
     try {
-      if (options_.check_collectives) check_same_call(task->call);
+      if (check_) {
+        check_->check(task->ticket, member_, task->call, [this](MPI_Request& r) { wait(r); });
+      }
       task->run();
     } catch (...) {
       error = std::current_exception();

@@ -24,12 +24,14 @@
 // stopped or dead no longer burns a core.
 //
 // Debug mode (WorkerOptions::check_collectives; ProcessGroup sets it from DDP_DEBUG=DETAIL):
-// before each collective the ranks all-gather its fingerprint (comm/collective.h). When any rank
+// before each collective the ranks all-gather its fingerprint (comm/collective_check.h), over
+// WorkerOptions::check, which the communicators of one ProcessGroup share. When any rank
 // differs, every rank's Work::wait() throws the same error naming both sides, e.g. "rank 0
 // called all_reduce #12 float32[10] (sum) but rank 1 called broadcast #12 int64[3] (root 0)",
 // and no rank runs the collective. It costs one small all-gather per collective.
 
 #include "comm/collective.h"
+#include "comm/collective_check.h"
 #include "comm/mpi_watchdog.h"
 
 #include <ddp/communicator.h>
@@ -42,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace ddp {
@@ -53,8 +56,13 @@ struct WorkerOptions : WatchdogOptions {
   // reads DDP_MPI_SPIN_US and DDP_MPI_MAX_SLEEP_US.
   std::chrono::microseconds spin{1000};
   std::chrono::microseconds max_sleep{2000};
-  // Before each collective, check that every rank calls the same one (the debug mode, above).
-  bool check_collectives = false;
+  // check_collectives (before each collective, check that every rank calls the same one: the
+  // debug mode, above) is WatchdogOptions', whose messages suggest it while it is off.
+  // With check_collectives: the check this worker's calls go through, shared with the other
+  // communicators of its ProcessGroup; unset: the worker makes one of its own (collective).
+  std::shared_ptr<detail::CollectiveCheck> check;
+  // How the check's messages name this communicator ("ProcessGroup::cpu()"; "": by number).
+  std::string check_name;
 };
 
 namespace detail {
@@ -90,11 +98,11 @@ class MpiWorker {
 
  private:
   void loop();
-  // The debug mode's check: throws naming both sides when the ranks call different collectives.
-  void check_same_call(const Collective& call) const;
   WorkerState state() const;
 
   WorkerOptions options_;
+  std::shared_ptr<CollectiveCheck> check_;  // the debug mode's, null without it
+  int member_ = 0;                          // this worker's number in check_
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;

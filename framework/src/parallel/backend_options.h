@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 namespace ddp {
 
@@ -42,9 +43,13 @@ extern const char* const kSetupWhy;
 
 // A new communicator for CPU tensors over every rank of `runtime` (comm/cpu_communicator.h:
 // MPI, with the TCP ring for large all-reduces where that policy says, through one leader per
-// host where ProcessGroupOptions::hierarchical says). Collective.
-std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime,
-                                                    const ProcessGroupOptions& group);
+// host where ProcessGroupOptions::hierarchical says). Collective. Under DDP_DEBUG=DETAIL its
+// calls are checked through `check` (comm/collective_check.h), which a group's communicators
+// share: made here when null, named `name` in its messages. Without `check` (nullptr): a check
+// of its own.
+std::unique_ptr<Communicator> make_cpu_communicator(
+    const Runtime& runtime, const ProcessGroupOptions& group,
+    std::shared_ptr<detail::CollectiveCheck>* check = nullptr, const std::string& name = "");
 
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 // timeout 0: DDP_NCCL_TIMEOUT_SECONDS, else DDP_TIMEOUT_SECONDS, else 600 s.

@@ -123,14 +123,14 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
       world_size_(group.size()) {
   // Its first collectives wait for every rank to have built its model and got here.
   WatchedPhase phase("the DistributedDataParallel constructor");
-  control_comm_ = group.new_cpu_communicator();
+  control_comm_ = group.new_cpu_communicator("DistributedDataParallel's control communicator");
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
   verify_same_structure(*control_comm_, *module_);
   options_.backend = choose_backend(group, *module_, options_.backend);
   if (options_.backend == Backend::Nccl) {
     comm_ = &group.gpu();
   } else {
-    owned_comm_ = group.new_cpu_communicator();
+    owned_comm_ = group.new_cpu_communicator("DistributedDataParallel's gradient communicator");
     comm_ = owned_comm_.get();
   }
   {

@@ -20,8 +20,9 @@ class GroupMembership {
   // This member's index among the replicas of its process, and their count.
   virtual int replica() const = 0;
   virtual int replicas_per_process() const = 0;
-  // A new communicator over every member of the job, for CPU tensors. Collective.
-  virtual std::unique_ptr<Communicator> new_cpu_communicator() = 0;
+  // A new communicator over every member of the job, for CPU tensors. Collective. `name` says
+  // which it is in the debug mode's messages (ProcessGroup::new_cpu_communicator).
+  virtual std::unique_ptr<Communicator> new_cpu_communicator(const std::string& name) = 0;
   // The NCCL communicator of this member's device; collective the first time. Called only
   // when the group's device is a CUDA device and the build has the NCCL communicator.
   virtual std::shared_ptr<Communicator> gpu_communicator() = 0;

@@ -27,8 +27,9 @@ class ProcessMembership final : public detail::GroupMembership {
       : runtime_(runtime), options_(options) {}
   int replica() const override { return 0; }
   int replicas_per_process() const override { return 1; }
-  std::unique_ptr<Communicator> new_cpu_communicator() override {
-    return make_cpu_communicator(runtime_, options_);
+  std::unique_ptr<Communicator> new_cpu_communicator(const std::string& name) override {
+    // One debug-mode check for all of them (comm/collective_check.h), made with the first.
+    return make_cpu_communicator(runtime_, options_, &check_, name);
   }
   std::shared_ptr<Communicator> gpu_communicator() override {
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
@@ -47,6 +48,7 @@ class ProcessMembership final : public detail::GroupMembership {
  private:
   Runtime& runtime_;
   ProcessGroupOptions options_;
+  std::shared_ptr<detail::CollectiveCheck> check_;  // under DDP_DEBUG=DETAIL
 };
 
 }  // namespace
@@ -67,12 +69,12 @@ ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options) : runt
   // The phases outside collectives (WatchedPhase) wait as long as a collective may.
   set_phase_timeout(collective_timeout(options.timeout));
   membership_ = std::make_unique<ProcessMembership>(runtime, options);
-  cpu_ = membership_->new_cpu_communicator();
+  cpu_ = membership_->new_cpu_communicator("ProcessGroup::cpu()");
 }
 
 ProcessGroup::ProcessGroup(Runtime& runtime, std::unique_ptr<detail::GroupMembership> membership)
     : runtime_(runtime), membership_(std::move(membership)) {
-  cpu_ = membership_->new_cpu_communicator();
+  cpu_ = membership_->new_cpu_communicator("ProcessGroup::cpu()");
 }
 
 ProcessGroup::~ProcessGroup() = default;
@@ -102,7 +104,7 @@ Communicator& ProcessGroup::gpu() {
 }
 
 std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
-  if (!device.is_cuda()) return new_cpu_communicator();
+  if (!device.is_cuda()) return new_cpu_communicator("made by ProcessGroup::for_device(cpu)");
   const torch::Device mine = this->device();
   if (mine.is_cuda() && device.has_index() && device.index() != mine.index()) {
     throw std::invalid_argument("ProcessGroup::for_device: rank " +
@@ -113,8 +115,9 @@ std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
   return gpu_;
 }
 
-std::unique_ptr<Communicator> ProcessGroup::new_cpu_communicator() {
-  return membership_->new_cpu_communicator();
+std::unique_ptr<Communicator> ProcessGroup::new_cpu_communicator(const std::string& name) {
+  return membership_->new_cpu_communicator(
+      name.empty() ? "made by ProcessGroup::new_cpu_communicator()" : name);
 }
 
 }  // namespace ddp

@@ -102,7 +102,7 @@ class ReplicaMembership final : public detail::GroupMembership {
   ReplicaMembership(ReplicaSet& set, int replica) : set_(set), replica_(replica) {}
   int replica() const override { return replica_; }
   int replicas_per_process() const override { return set_.size(); }
-  std::unique_ptr<Communicator> new_cpu_communicator() override {
+  std::unique_ptr<Communicator> new_cpu_communicator(const std::string&) override {
     return set_.hub().communicator(replica_);
   }
   std::shared_ptr<Communicator> gpu_communicator() override { return set_.nccl(replica_); }

@@ -186,7 +186,12 @@ uint64_t enter_phase(const std::string& what, const std::string& why, std::chron
 
 void leave_phase(uint64_t id) { PhaseWatchdog::get().leave(id); }
 
-ScopedPhase startup_phase(const std::string& what, const std::string& why) {
+ScopedPhase startup_phase(const std::string& what, const std::string& why,
+                          std::chrono::seconds timeout) {
+  if (timeout.count() > 0) {
+    return ScopedPhase(what, why, timeout, "RuntimeOptions::startup_timeout, --timeout",
+                       std::chrono::seconds(0));
+  }
   return ScopedPhase(what, why, std::chrono::seconds(startup_timeout_seconds(current_environment())),
                      "DDP_STARTUP_TIMEOUT_SECONDS", std::chrono::seconds(0));
 }

@@ -37,9 +37,11 @@ class ScopedPhase {
   uint64_t id_;
 };
 
-// A phase of MPI start-up: limit DDP_STARTUP_TIMEOUT_SECONDS, no slack (no other watchdog runs
-// yet). `why` is the likely cause, said in the message.
-ScopedPhase startup_phase(const std::string& what, const std::string& why);
+// A phase of MPI start-up, no slack (no other watchdog runs yet). Its limit: `timeout` when > 0
+// (RuntimeOptions::startup_timeout: --timeout), else DDP_STARTUP_TIMEOUT_SECONDS, else 600 s.
+// `why` is the likely cause, said in the message.
+ScopedPhase startup_phase(const std::string& what, const std::string& why,
+                          std::chrono::seconds timeout);
 
 // A phase that waits for every rank with no collective watchdog inside (MPI_Comm_dup,
 // ncclCommInitRank, MPI_Finalize): the phase timeout, no slack.

@@ -148,20 +148,28 @@ Runtime::Runtime(RuntimeOptions options)
 }
 
 void Runtime::start(int* argc, char*** argv, RuntimeOptions options) {
+  if (options.startup_timeout.count() < 0) {
+    // Before MPI: every rank throws the same, none waits for another.
+    throw std::invalid_argument("RuntimeOptions::startup_timeout must be >= 0 seconds (0: "
+                                "DDP_STARTUP_TIMEOUT_SECONDS, else 600), got " +
+                                std::to_string(options.startup_timeout.count()));
+  }
   impl_->launch = check_launch_before_mpi_init();
   detail::set_phase_identity(impl_->launch.rank, impl_->launch.slurm_node);
   {
     const auto phase = detail::startup_phase(
         "MPI start-up (MPI_Init)",
         "MPI_Init returns once every rank of the job has started; a rank is stopped, dead, or "
-        "still starting (its node's file system loading the program or its libraries)");
+        "still starting (its node's file system loading the program or its libraries)",
+        options.startup_timeout);
     owns_mpi_ = init_mpi(argc, argv, &thread_level_, yield_before_init(impl_->launch));
   }
   detail::set_phase_mpi_ready(true);
   {
     const auto phase = detail::startup_phase(
         "the Runtime's start-up collectives (topology, GPUs, replicas)",
-        "every rank must reach them; one is stopped, or hangs before its Runtime");
+        "every rank must reach them; one is stopped, or hangs before its Runtime",
+        options.startup_timeout);
     init_topology(options);
   }
   detail::set_phase_identity(rank_, hostname_);

@@ -1,6 +1,8 @@
 #pragma once
 // The one check for MPI calls: on failure, throws std::runtime_error with the world rank,
-// file:line, the call, and MPI's own error string.
+// file:line, the call, and MPI's own error string. An error of the classes that ranks calling
+// different collectives (or the same one with other sizes, types or roots) cause adds where to
+// look: DDP_DEBUG=DETAIL, which names the first call that differs (comm/collective_check.h).
 
 #include <mpi.h>
 
@@ -18,9 +20,18 @@ inline void mpi_check(int code, const char* call, const char* file, int line) {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int error_class = MPI_ERR_OTHER;
+  MPI_Error_class(code, &error_class);
+  const bool mismatch = error_class == MPI_ERR_TRUNCATE || error_class == MPI_ERR_COUNT ||
+                        error_class == MPI_ERR_TYPE || error_class == MPI_ERR_OP ||
+                        error_class == MPI_ERR_ROOT;
   throw std::runtime_error("rank " + std::to_string(rank) + ": " + file + ":" +
                            std::to_string(line) + ": " + call + " failed: " +
-                           std::string(text, length));
+                           std::string(text, length) +
+                           (mismatch ? " (ranks that call different collectives, or the same "
+                                       "with other sizes, cause this: DDP_DEBUG=DETAIL names "
+                                       "the first call that differs)"
+                                     : ""));
 }
 
 }  // namespace ddp::detail

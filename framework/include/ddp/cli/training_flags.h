@@ -7,6 +7,7 @@
 #include <ddp/train/lr_schedule.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
+#include <ddp/runtime.h>
 #include <ddp/timeline.h>
 #include <ddp/train/trainer.h>
 
@@ -89,6 +90,11 @@ void use_deterministic_kernels();
 
 // The ProcessGroupOptions of --timeout and --hierarchical.
 ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags);
+
+// The RuntimeOptions of --no-cuda, --replicas-per-process and --timeout, which bounds MPI
+// start-up too (RuntimeOptions::startup_timeout; without it DDP_STARTUP_TIMEOUT_SECONDS, else
+// 600 s). ddp::cli::run parses the flags before it makes the Runtime, for this.
+ddp::RuntimeOptions runtime_options(const TrainingFlags& flags);
 
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
