@@ -133,8 +133,11 @@ check resume_from_directory "$tmp: cannot read the snapshot: not a regular file:
   "$mnist" "${data[@]}" --resume="$tmp"
 # Issue 38, said, not silent. --resume on a mistyped folder (created, empty) or on one without a
 # snapshot: one line naming it, at 2 ranks as the issue ran it; training goes on from scratch.
-says resume_mistyped_folder "^No snapshot in $tmp/typo: the folder is empty \(created now if it did not exist\); training starts from scratch at epoch 1\$" \
+says resume_mistyped_folder "^No snapshot in $tmp/typo: the folder did not exist \(created now\); training starts from scratch at epoch 1\$" \
   on2 "$mnist" "${data[@]}" --epochs 1 --log-interval 0 --checkpoint-dir "$tmp/typo" --resume
+mkdir -p "$tmp/empty_folder"
+says resume_empty_folder "^No snapshot in $tmp/empty_folder: the folder is empty; training starts from scratch at epoch 1\$" \
+  "$mnist" "${data[@]}" --epochs 1 --log-interval 0 --checkpoint-dir "$tmp/empty_folder" --resume
 mkdir -p "$tmp/no_snapshot" && echo notes > "$tmp/no_snapshot/notes.txt"
 says resume_folder_no_snapshot "^No snapshot in $tmp/no_snapshot: none of its 1 file\(s\) is a snapshot_epoch\*\.pt; training starts from scratch at epoch 1\$" \
   "$mnist" "${data[@]}" --epochs 1 --log-interval 0 --checkpoint-dir "$tmp/no_snapshot" --resume

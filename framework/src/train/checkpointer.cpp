@@ -110,6 +110,8 @@ Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
   }
   if (!group_.is_main() || o.dir.empty()) return;
   // Now, not after the first epoch: an unwritable directory would waste the epoch.
+  std::error_code exists_error;
+  created_dir_ = !std::filesystem::exists(o.dir, exists_error) && !exists_error;
   try {
     check_writable_directory(o.dir, "checkpoint directory");
     // One job per directory (directory_lock.h); before the temporaries are removed, which
@@ -203,8 +205,8 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
   if (candidates.empty()) {
     // One line, flushed at once (a rank killed before the next flush would lose it): a first
     // run under a requeue script is the expected case, a mistyped folder the one to catch, so
-    // the line names the folder and what it holds. The constructor has created the folder when
-    // it did not exist, so such a folder holds only this job's lock file.
+    // the line names the folder and what it holds (the constructor created it when it did not
+    // exist: then it holds only this job's lock file).
     if (group_.is_main()) {
       int64_t files = 0;
       std::error_code error;
@@ -214,8 +216,9 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
         files += name != detail::kLockFileName && name != detail::kReachedFileName;
       }
       const std::string what =
-          files == 0 ? "the folder is empty (created now if it did not exist)"
-                     : "none of its " + std::to_string(files) + " file(s) is a snapshot_epoch*.pt";
+          created_dir_ ? "the folder did not exist (created now)"
+          : files == 0 ? "the folder is empty"
+                       : "none of its " + std::to_string(files) + " file(s) is a snapshot_epoch*.pt";
       std::printf("No snapshot in %s: %s; training starts from scratch at epoch 1\n",
                   o.dir.c_str(), what.c_str());
       std::fflush(stdout);

@@ -203,6 +203,7 @@ class Checkpointer {
   CheckpointerOptions options_;
   TrainingExtras extras_;
   std::string optimizer_settings_;  // the optimizer's type and options, as constructed
+  bool created_dir_ = false;        // rank 0: the constructor created options_.dir
   int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
   double last_time_ = 0;   // now() when it ended (or at construction, resume())
   SnapshotCost cost_;
