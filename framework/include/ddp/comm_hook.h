@@ -91,11 +91,13 @@ class CommHookState {
 /// function converts to a stateless CommHook described as "custom".
 class CommHook {
  public:
+  /// What is called for each bucket.
   using Function = std::function<BucketFuture(Communicator& comm, GradBucket& bucket)>;
 
   /// No hook (false): as std::function's empty state, which register_comm_hook refuses.
   CommHook() = default;
-  CommHook(std::nullptr_t) {}  // NOLINT: source-compatible with the std::function it was
+  /// No hook, as CommHook(): `nullptr` converts, as it did to the std::function CommHook was.
+  CommHook(std::nullptr_t) {}  // NOLINT(google-explicit-constructor)
   /// `function` for every bucket; `state` (may be null: stateless) what it keeps between steps;
   /// `description` its name and options ("powersgd(matrix_approximation_rank=4, ...)").
   CommHook(Function function, std::shared_ptr<CommHookState> state, std::string description);
