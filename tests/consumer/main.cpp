@@ -5,7 +5,7 @@
 
 #include <iostream>
 
-int main(int argc, char** argv) {
+int main(int argc, const char* argv[]) {  // the const form many LibTorch programs use
   ddp::Runtime runtime(argc, argv);
   return ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroup group(runtime);

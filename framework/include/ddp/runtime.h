@@ -63,6 +63,10 @@ class Runtime {
   /// node than visible GPUs) the job is aborted with the reason. A CUDA device is made current.
   /// Throws std::invalid_argument, before MPI_Init, for a negative startup_timeout.
   Runtime(int& argc, char**& argv, RuntimeOptions options = {});
+  /// The same for `int main(int argc, const char* argv[])`: MPI_Init gets no arguments (MPI-2
+  /// and later need none; Open MPI reads what mpirun passes from the environment), and they are
+  /// left as they are.
+  Runtime(int argc, const char* const* argv, RuntimeOptions options = {});
   /// The same, without the program's arguments (MPI_Init gets none).
   explicit Runtime(RuntimeOptions options = {});
   /// Finalises MPI if it initialised it. If an exception is unwinding through here the job is

@@ -142,6 +142,9 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
   start(&argc, &argv, options);
 }
 
+Runtime::Runtime(int /*argc*/, const char* const* /*argv*/, RuntimeOptions options)
+    : Runtime(options) {}
+
 Runtime::Runtime(RuntimeOptions options)
     : impl_(std::make_unique<Impl>()), uncaught_at_construction_(std::uncaught_exceptions()) {
   start(nullptr, nullptr, options);
