@@ -21,6 +21,12 @@
 
 namespace {
 
+// What every buffer mismatch adds: why a correct run can meet one.
+const std::string kBufferHint =
+    "; a buffer (BatchNorm's running statistics) is each rank's own after a training forward, as "
+    "in PyTorch, until DistributedDataParallel::prepare_forward() (or the wrapper's next training "
+    "forward) broadcasts rank 0's: check after that call";
+
 ddp::Communicator& comm() { return ddp_test::group().cpu(); }
 
 // 6 parameters (fc1, norm, fc2: weight and bias each), 3 buffers (norm's), plus "extra".
@@ -126,7 +132,7 @@ TEST(CheckReplicasInSync, PerturbedBufferIsNamedWithEveryDifferingRank) {
   }
   EXPECT_EQ(mismatch_message(*net),
             "replicas differ: buffer 'norm.running_var' differs from rank 0 on rank(s) " + odd_ranks +
-                " (max abs difference 0.25)");
+                " (max abs difference 0.25)" + kBufferHint);
 }
 
 TEST(CheckReplicasInSync, BitLevelDifferenceIsCaught) {
@@ -139,7 +145,7 @@ TEST(CheckReplicasInSync, BitLevelDifferenceIsCaught) {
   }
   EXPECT_EQ(mismatch_message(*net),
             "replicas differ: buffer 'norm.running_mean' differs from rank 0 on rank(s) " +
-                std::to_string(last) + " (max abs difference 0)");
+                std::to_string(last) + " (max abs difference 0)" + kBufferHint);
 }
 
 TEST(CheckReplicasInSync, DifferentShapesAreReportedNotGathered) {

@@ -55,6 +55,12 @@ std::string join_ranks(const std::vector<int>& ranks) {
 // 256 MiB, where it could exhaust memory instead of reporting.
 constexpr int64_t kMaxGatheredElements = int64_t{32} << 20;
 
+// Why a buffer may differ in a correct run: check_replicas_in_sync(model) right after a step meets it.
+constexpr const char* kBufferHint =
+    "; a buffer (BatchNorm's running statistics) is each rank's own after a training forward, as "
+    "in PyTorch, until DistributedDataParallel::prepare_forward() (or the wrapper's next training "
+    "forward) broadcasts rank 0's: check after that call";
+
 // The error path of check_replicas_in_sync, taken by every rank alike: `entry` differs from rank
 // 0's on the ranks `differing`. Collective.
 [[noreturn]] void throw_mismatch(Communicator& comm, const std::string& prefix, const Entry& entry,
@@ -74,6 +80,7 @@ constexpr int64_t kMaxGatheredElements = int64_t{32} << 20;
     const torch::Tensor all = comm.all_gather(host_bytes(entry.tensor).to(torch::kDouble));
     msg << " (max abs difference " << max_abs_difference(all.slice(0, 1), all[0]) << ")";
   }
+  if (entry.label.rfind("buffer ", 0) == 0) msg << kBufferHint;
   throw ReplicaMismatch(msg.str());
 }
 
