@@ -34,6 +34,7 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -46,6 +47,9 @@
 namespace torch::optim {
 class Optimizer;
 }  // namespace torch::optim
+namespace torch::jit {
+struct Module;  ///< torch/script.h: a TorchScript model (torch::jit::load)
+}  // namespace torch::jit
 
 namespace ddp {
 
@@ -146,8 +150,25 @@ class DistributedDataParallel {
   DistributedDataParallel(ProcessGroup& group, const torch::nn::ModuleHolder<ModuleType>& module,
                           DDPOptions options = {})
       : DistributedDataParallel(group, module.ptr(), options) {}
-  /// Any module; forward() is then unavailable (the type of its forward is unknown): run the
-  /// module yourself and call prepare_forward() before each training forward.
+  /// torch::nn::Sequential: forward() runs it as Sequential's own forward does (its forward is
+  /// a template, which AnyModule cannot hold), with the same ReturnType rule.
+  DistributedDataParallel(ProcessGroup& group, const torch::nn::Sequential& module,
+                          DDPOptions options = {})
+      : DistributedDataParallel(group, module.ptr(), options) {}
+  /// The same, from the SequentialImpl itself.
+  DistributedDataParallel(ProcessGroup& group, std::shared_ptr<torch::nn::SequentialImpl> module,
+                          DDPOptions options = {});
+  /// A TorchScript model (torch::jit::load of a model scripted in Python): module() is a
+  /// torch::nn::Module holding the script's parameters and buffers themselves (the same tensors,
+  /// the same dotted names), so everything that takes a module (the Checkpointer, save_module,
+  /// replica checks) takes module(). forward() is unavailable: call model.prepare_forward(),
+  /// then script.forward({x}), before each training forward.
+  DistributedDataParallel(ProcessGroup& group, const torch::jit::Module& script,
+                          DDPOptions options = {});
+  /// Any module; forward() is then unavailable (a module whose forward is overloaded or a
+  /// template, or that has none: its type does not say what to call): run the module yourself
+  /// and call prepare_forward() before each training forward. forward() then throws
+  /// std::logic_error naming the module's type and this fix.
   DistributedDataParallel(ProcessGroup& group, std::shared_ptr<torch::nn::Module> module,
                           DDPOptions options = {});
   ~DistributedDataParallel();
@@ -201,6 +222,7 @@ class DistributedDataParallel {
   template <typename ReturnType = torch::Tensor, typename... Args>
   ReturnType forward(Args&&... args) {
     before_forward();
+    if (sequential_) return sequential_->forward<ReturnType>(std::forward<Args>(args)...);
     return forward_.forward<ReturnType>(std::forward<Args>(args)...);
   }
   /// forward().
@@ -208,8 +230,9 @@ class DistributedDataParallel {
   ReturnType operator()(Args&&... args) {
     return forward<ReturnType>(std::forward<Args>(args)...);
   }
-  /// Whether forward() can run the module (built from a module type with a forward()).
-  bool has_forward() const { return !forward_.is_empty(); }
+  /// Whether forward() can run the module (built from a module type with a forward(), or a
+  /// Sequential).
+  bool has_forward() const { return !forward_.is_empty() || sequential_ != nullptr; }
 
   /// The pre-forward work of forward(), for code that runs the module itself (the Trainer, whose
   /// Forward function calls the model; a wrapper built from a plain torch::nn::Module pointer).
@@ -293,7 +316,8 @@ class DistributedDataParallel {
   void broadcast_buffers();
 
   std::shared_ptr<torch::nn::Module> module_;
-  torch::nn::AnyModule forward_;  ///< empty: built from a plain torch::nn::Module
+  torch::nn::AnyModule forward_;  ///< empty: built from a plain torch::nn::Module or a Sequential
+  std::shared_ptr<torch::nn::SequentialImpl> sequential_;  ///< set: built from a Sequential
   DDPOptions options_;
   int world_size_;
   /// Checks and the reducer's small exchanges, on an MPI communicator of their own.

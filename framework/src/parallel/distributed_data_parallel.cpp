@@ -6,6 +6,7 @@
 #include "util/tensor_description.h"
 
 #include <c10/core/GradMode.h>
+#include <torch/csrc/jit/api/module.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -113,6 +114,49 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
                                                  std::shared_ptr<torch::nn::Module> module,
                                                  DDPOptions options)
     : DistributedDataParallel(group, std::move(module), options, torch::nn::AnyModule()) {}
+
+namespace {
+
+// `script`'s parameters and buffers, the same tensors, in a torch::nn::Module tree of the same
+// dotted names ("fc1.weight" is parameter "weight" of child "fc1"): gradient hooks attach to the
+// tensors, so backward through the script's own forward reaches the Reducer.
+std::shared_ptr<torch::nn::Module> module_of(const torch::jit::Module& script) {
+  auto root = std::make_shared<torch::nn::Module>(script.type()->name() ? script.type()->name()->name() : "ScriptModule");
+  auto place = [&](const std::string& dotted) {
+    torch::nn::Module* at = root.get();
+    size_t start = 0;
+    for (size_t dot; (dot = dotted.find('.', start)) != std::string::npos; start = dot + 1) {
+      const std::string child = dotted.substr(start, dot - start);
+      auto children = at->named_children();
+      at = children.contains(child) ? children[child].get()
+                                    : at->register_module(child, std::make_shared<torch::nn::Module>(child)).get();
+    }
+    return std::make_pair(at, dotted.substr(start));
+  };
+  for (const auto& p : script.named_parameters(/*recurse=*/true)) {
+    auto [at, name] = place(p.name);
+    at->register_parameter(name, p.value, p.value.requires_grad());
+  }
+  for (const auto& b : script.named_buffers(/*recurse=*/true)) {
+    auto [at, name] = place(b.name);
+    at->register_buffer(name, b.value);
+  }
+  return root;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(ProcessGroup& group, const torch::jit::Module& script,
+                                                 DDPOptions options)
+    : DistributedDataParallel(group, module_of(script), options, torch::nn::AnyModule()) {}
+
+DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
+                                                 std::shared_ptr<torch::nn::SequentialImpl> module,
+                                                 DDPOptions options)
+    : DistributedDataParallel(group, std::shared_ptr<torch::nn::Module>(module), options,
+                              torch::nn::AnyModule()) {
+  sequential_ = std::move(module);
+}
 
 DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
                                                  std::shared_ptr<torch::nn::Module> module,
@@ -307,11 +351,13 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const 
 }
 
 void DistributedDataParallel::before_forward() {
-  if (forward_.is_empty()) {
+  if (!has_forward()) {
     throw std::logic_error(
-        "DistributedDataParallel::forward: the wrapper was built from a plain torch::nn::Module "
-        "pointer, whose forward() it cannot call; build it from std::shared_ptr<YourModule> (a "
-        "module with one forward() method), or call the module yourself after prepare_forward()");
+        "DistributedDataParallel::forward: the wrapper holds a " + module_->name() +
+        " as a plain torch::nn::Module pointer, whose forward() it cannot call (its type was not "
+        "given, or its forward is overloaded or a template); build the wrapper from "
+        "std::shared_ptr<" + module_->name() + "> if it has one forward() method, or call the "
+        "module yourself after model.prepare_forward()");
   }
   if (reducer_) reducer_->reattach_hooks();
   // Evaluation (no grad) stays local: ranks may evaluate different numbers of batches.
