@@ -48,7 +48,7 @@ namespace torch::optim {
 class Optimizer;
 }  // namespace torch::optim
 namespace torch::jit {
-struct Module;  ///< torch/script.h: a TorchScript model (torch::jit::load)
+struct Module;  // torch/script.h: a TorchScript model (torch::jit::load)
 }  // namespace torch::jit
 
 namespace ddp {
