@@ -27,7 +27,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -47,6 +49,7 @@ struct Flags {
   int64_t seed = 1;
   int64_t log_interval = 10;         // batches between progress updates (0: none)
   int64_t checkpoint_every_steps = 0;
+  int64_t stop_at_step = 0;          // 0: none
   double lr = 1e-3;
   double clip_grad_norm = 1.0;       // 0: off
   double noise = 0.3;                // standard deviation of the input noise
@@ -54,6 +57,7 @@ struct Flags {
   std::string data_dir = ddp::kDefaultMnistDir;
   std::string metrics_file;
   std::string checkpoint_dir;
+  std::string sample_log;
   bool resume = false;
   bool no_cuda = false;
   bool help = false;
@@ -81,6 +85,10 @@ image plus Gaussian noise), trained data-parallel.
                             weights, D/model_with_epoch<N>.pt) and on a stop signal
   --checkpoint-every-steps N  also a snapshot every N optimizer steps (0: none)
   --resume                  continue from the newest snapshot in D, if there is one
+  --stop-at-step N          rehearse a preemption: rank 0 raises SIGTERM on itself after
+                            optimizer step N, so every rank stops at the next step (0: never)
+  --sample-log D            each rank appends "<epoch> <step> <index>" to D/rank<R>of<N>.txt
+                            for every sample it trained (<step>: the step it went into)
   --no-cuda                 train on the CPU even when CUDA is available
   --help                    this text)";
 
@@ -148,6 +156,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--seed") f.seed = integer(0);
     else if (name == "--log-interval") f.log_interval = integer(0);
     else if (name == "--checkpoint-every-steps") f.checkpoint_every_steps = integer(0);
+    else if (name == "--stop-at-step") f.stop_at_step = integer(0);
     else if (name == "--lr") f.lr = number(0, false);
     else if (name == "--clip-grad-norm") f.clip_grad_norm = number(0, true);
     else if (name == "--noise") f.noise = number(0, true);
@@ -155,6 +164,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--data-dir") f.data_dir = next();
     else if (name == "--metrics-file") f.metrics_file = next();
     else if (name == "--checkpoint-dir") f.checkpoint_dir = next();
+    else if (name == "--sample-log") f.sample_log = next();
     else if (name == "--resume") f.resume = flag();
     else if (name == "--no-cuda") f.no_cuda = flag();
     else if (name == "--help" || name == "-h") f.help = flag();
@@ -259,6 +269,16 @@ double test_loss(ddp::DistributedDataParallel& model, const FashionMnist& test, 
   return sums[0].item<double>() / sums[1].item<double>();
 }
 
+// --sample-log: appends `lines` to D/rank<R>of<N>.txt (and empties them), opened for each step so
+// that what a stopped run trained is on disk.
+void append(const std::string& dir, int rank, int ranks, std::string& lines) {
+  const std::string path = dir + "/rank" + std::to_string(rank) + "of" + std::to_string(ranks) + ".txt";
+  std::ofstream out(path, std::ios::app);
+  out << lines;
+  if (!out.flush()) throw std::runtime_error("--sample-log: cannot append to " + path);
+  lines.clear();
+}
+
 int train(const Flags& flags, ddp::Runtime& runtime) {
   ddp::ProcessGroup group(runtime);
   const torch::Device device = runtime.device();
@@ -268,10 +288,12 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   FashionMnist train_set(flags.data_dir, /*train=*/true), test_set(flags.data_dir, /*train=*/false);
   ddp::DistributedSampler sampler(train_set.size().value(), world_size, rank, /*shuffle=*/true,
                                   flags.seed);
-  const int64_t batches_per_epoch = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;
-  const int64_t batches = flags.limit_train_batches > 0
-                              ? std::min(batches_per_epoch, flags.limit_train_batches)
-                              : batches_per_epoch;
+  // Batches per rank and epoch: of its shard, at most --limit-train-batches.
+  auto limited = [&](int64_t batches_of_shard) {
+    return flags.limit_train_batches > 0 ? std::min(batches_of_shard, flags.limit_train_batches)
+                                         : batches_of_shard;
+  };
+  const int64_t batches = limited((sampler.num_samples() + flags.batch_size - 1) / flags.batch_size);
   const int64_t steps_per_epoch = (batches + flags.accumulate - 1) / flags.accumulate;
 
   // Model, wrapper, optimizer, schedule.
@@ -287,61 +309,65 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   ddp::LRSchedule schedule(optimizer, schedule_options);
   const bool bf16 = flags.amp == "bf16";
 
-  // The kit's parts: the stop agreement (a stop signal on any rank stops every rank before the
-  // same step), snapshots and resuming (the directory is checked now, not after an epoch), and
-  // the progress, the metrics file and the summary.
-  ddp::StopAgreement stop(group);
+  // The kit's parts: the step boundary (a stop signal on any rank stops every rank before the
+  // same step; snapshots, and where to continue after --resume; the directory is checked now,
+  // not after an epoch), and the progress, the metrics file and the summary.
   ddp::CheckpointerOptions checkpoints;
   checkpoints.dir = flags.checkpoint_dir;
   checkpoints.resume = flags.resume ? "latest" : "";
   checkpoints.every_steps = flags.checkpoint_every_steps;
   checkpoints.seed = flags.seed;
-  ddp::Checkpointer checkpointer(group, model, optimizer, checkpoints, {&schedule});
+  checkpoints.batch_size = flags.batch_size;
+  ddp::StepBoundary boundary(group, ddp::Checkpointer(group, model, optimizer, checkpoints, {&schedule}));
   ddp::ReporterOptions report;
   report.log_interval = flags.log_interval;
   report.metrics_file = flags.metrics_file;
   ddp::Reporter reporter(group, report);
-  const ddp::ResumePoint start = checkpointer.resume();  // where to continue: epoch, batch, step
-  reporter.start_run(start);
+  const ddp::ResumePoint& resumed = boundary.resume();  // where to continue: epoch, batch, step
+  reporter.start_run(resumed);
   if (rank == 0) {
     std::cout << "Training a denoising autoencoder on " << world_size << " rank(s), device "
               << device << ", " << batches << " batches of " << flags.batch_size
               << " per rank and epoch" << std::endl;
   }
 
-  int64_t step = start.position.step;
+  int64_t step = resumed.position.step;
   std::vector<ddp::EpochResult> results;
-  for (int64_t epoch = start.position.epoch; epoch <= flags.epochs; ++epoch) {
-    sampler.set_epoch(epoch);  // a new shuffle every epoch, the same on every rank
+  for (int64_t epoch = resumed.position.epoch; epoch <= flags.epochs; ++epoch) {
+    // A new shuffle every epoch, the same on every rank; a resumed epoch continues where the
+    // snapshot was (its rest re-sharded when the world size changed).
+    const ddp::EpochStart start = boundary.start_epoch(epoch, sampler, flags.batch_size);
     // The noise of this rank in this epoch: different on every rank, kept in step snapshots.
     at::Generator noise = ddp::augmentation_generator(flags.seed, rank, epoch);
     ddp::EpochMeter meter({}, device);  // the epoch's loss and samples, over the ranks at its end
-    const int64_t first = start.first_batch(epoch);  // > 0: resumed inside this epoch
-    if (first > 0) {
+    if (start.rank_state.generator.defined()) {  // resumed inside this epoch on as many ranks
       noise.set_state(start.rank_state.generator);
       meter.restore(start.rank_state.values);
     }
-    // A loader per epoch, over the batches of it still to train.
+    const int64_t batches_per_epoch = start.batches(sampler, flags.batch_size);
+    const int64_t last = limited(batches_per_epoch), first = start.first_batch;
+    // A loader per epoch, over the batches of it still to train (counted in the sampler's).
     auto loader = torch::data::make_data_loader(
-        train_set.map(StackImages()), ddp::BatchRangeSampler(sampler, flags.batch_size, first, batches),
+        train_set.map(StackImages()),
+        ddp::BatchRangeSampler(sampler, flags.batch_size, start.sampler_batch(first), start.sampler_batch(last)),
         torch::data::DataLoaderOptions().batch_size(flags.batch_size).workers(flags.workers));
-    reporter.start_epoch({epoch, first, batches, batches_per_epoch, flags.batch_size,
+    reporter.start_epoch({epoch, first, last, batches_per_epoch, flags.batch_size,
                           static_cast<int64_t>(train_set.size().value())});
+    const std::vector<int64_t> order = flags.sample_log.empty() ? std::vector<int64_t>() : sampler.indices();
+    std::string trained;  // --sample-log: the lines of the step in progress
     int64_t batch = first;
     for (torch::Tensor clean : *loader) {
       // `--accumulate N`: N micro-batches per step; the gradients are averaged over the ranks
       // only in the last backward, the others accumulate locally under no_sync().
       const int64_t first_of_step = batch - batch % flags.accumulate;
-      const int64_t group_size = std::min(flags.accumulate, batches - first_of_step);
+      const int64_t group_size = std::min(flags.accumulate, last - first_of_step);
       const bool step_now = batch + 1 == first_of_step + group_size;
       if (batch == first_of_step) {  // a step boundary: the ranks agree whether to stop
-        const ddp::TrainingPosition at{epoch, batch, step};
-        const bool stopping = stop.should_stop(step);
-        const std::string saved = checkpointer.at_boundary(stopping, at, [&] {
+        const bool stopping = boundary.at_step(batch, step, [&] {
           return ddp::RankState{noise.get_state(), meter.state()};
         });
         if (stopping) {
-          reporter.stopped(stop, at, saved);
+          reporter.stopped(boundary.stop(), boundary.position(), boundary.snapshot());
           return ddp::kStoppedExitCode;  // 75: saved; run the same command with --resume
         }
       }
@@ -359,11 +385,18 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
         auto no_sync = model.no_sync();
         (loss / static_cast<double>(group_size)).backward();  // local accumulation only
       }
+      for (int64_t i = 0; !order.empty() && i < clean.size(0); ++i) {
+        const size_t at = static_cast<size_t>(start.sampler_batch(batch) * flags.batch_size + i);
+        trained += std::to_string(epoch) + " " + std::to_string(step + 1) + " " +
+                   std::to_string(order[at]) + "\n";
+      }
       if (step_now) {
         if (flags.clip_grad_norm > 0) ddp::clip_grad_norm(net->parameters(), flags.clip_grad_norm);
         optimizer.step();
         schedule.step();  // warmup, then cosine, per optimizer step
         ++step;
+        if (!flags.sample_log.empty()) append(flags.sample_log, rank, world_size, trained);
+        if (step == flags.stop_at_step && rank == 0) std::raise(SIGTERM);
       }
       meter.add(loss, clean.size(0));
       reporter.batch_done(batch, loss, clean.size(0));  // the bar, or a log line
@@ -375,7 +408,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     result.test_loss = test_loss(model, test_set, flags.noise, flags.seed, group, device);
     reporter.print_epoch(result);  // its lines (rank 0)
     results.push_back(result);
-    checkpointer.save_epoch(epoch, step);
+    boundary.checkpointer().save_epoch(epoch, step);
     reporter.write_metrics(result);  // after the save: a failed write does not cost the epoch
   }
   reporter.end_run(results);

@@ -44,10 +44,13 @@ struct Fixture {
   }
 };
 
+// The fixture's model and optimizer as the snapshot's parts.
+ddp::SnapshotParts parts(Fixture& f) { return ddp::SnapshotParts{{{"", f.net.get()}}, {{"", &f.sgd}}}; }
+
 ddp::detail::SavedCudaGenerator load_with(const std::string& path) {
   Fixture f;
   ddp::detail::SavedCudaGenerator saved;
-  ddp::detail::load_snapshot_with(path, comm(), *f.net, f.sgd, nullptr, nullptr, {}, saved);
+  ddp::detail::load_snapshot_with(path, comm(), parts(f), nullptr, nullptr, {}, saved);
   return saved;
 }
 
@@ -55,9 +58,9 @@ TEST(SnapshotCudaGenerator, EntryRoundTripsWithAndWithoutIt) {
   const std::string dir = shared_dir("snapshot_cuda_round_trip");
   Fixture f;
   const std::string with = dir + "/with.pt", without = dir + "/without.pt";
-  ddp::detail::save_snapshot_with(with, comm(), *f.net, f.sgd, f.progress(), {}, {},
+  ddp::detail::save_snapshot_with(with, comm(), parts(f), f.progress(), {}, {},
                                   fake_cuda_state());
-  ddp::detail::save_snapshot_with(without, comm(), *f.net, f.sgd, f.progress(), {}, {},
+  ddp::detail::save_snapshot_with(without, comm(), parts(f), f.progress(), {}, {},
                                   torch::Tensor());
   const ddp::detail::SavedCudaGenerator a = load_with(with), b = load_with(without);
   EXPECT_TRUE(a.in_file);
@@ -96,7 +99,7 @@ TEST(SnapshotCudaGenerator, GpuSnapshotLoadsOnTheCpuWithAWarning) {
   torch::manual_seed(5);
   Fixture saved;
   torch::manual_seed(200 + rt().rank());
-  ddp::detail::save_snapshot_with(path, comm(), *saved.net, saved.sgd, saved.progress(), {}, {},
+  ddp::detail::save_snapshot_with(path, comm(), parts(saved), saved.progress(), {}, {},
                                   fake_cuda_state());
   const torch::Tensor draws = torch::rand({4});
 
@@ -122,7 +125,7 @@ TEST(SnapshotCudaGenerator, RanksMixingCpuAndCudaAreRefusedOnEveryRank) {
   const std::string path = shared_dir("snapshot_cuda_mixed") + "/mixed.pt";
   Fixture f;
   try {
-    ddp::detail::save_snapshot_with(path, comm(), *f.net, f.sgd, f.progress(), {}, {},
+    ddp::detail::save_snapshot_with(path, comm(), parts(f), f.progress(), {}, {},
                                     rt().rank() == 1 ? fake_cuda_state() : torch::Tensor());
     FAIL() << "no exception on rank " << rt().rank();
   } catch (const std::runtime_error& e) {

@@ -10,6 +10,7 @@
 #include <ddp/train/data_source.h>
 #include <ddp/train/metrics.h>
 #include <ddp/train/reporter.h>
+#include <ddp/train/step_boundary.h>
 #include <ddp/train/stop_agreement.h>
 
 #include "test_support.h"
@@ -137,8 +138,6 @@ TEST(Checkpointer, AHandWrittenLoopResumedInsideAnEpochContinuesBitIdentical) {
   EXPECT_EQ(start.position.batch, 6);
   EXPECT_EQ(start.position.step, 6);
   EXPECT_EQ(start.epochs_done(), 1);
-  EXPECT_EQ(start.first_batch(2), 6);
-  EXPECT_EQ(start.first_batch(3), 0);
   EXPECT_EQ(start.seed, 9);
   at::Generator again_noise = at::make_generator<at::CPUGeneratorImpl>(0);
   again_noise.set_state(start.rank_state.generator);
@@ -170,16 +169,16 @@ TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSam
   options.clock = [&now] { return now; };
   Net net;
   torch::optim::SGD optimizer(net.parameters(), torch::optim::SGDOptions(0.1));
-  ddp::Checkpointer checkpointer(pg(), net, optimizer, options);
-  ddp::StopAgreement stop(pg(), /*every=*/1);
+  ddp::StepBoundary boundary(pg(), ddp::Checkpointer(pg(), net, optimizer, options));
+  ddp::Checkpointer& checkpointer = boundary.checkpointer();
+  ddp::DistributedSampler sampler(100, rt().world_size(), rt().rank(), true, 0);
+  boundary.start_epoch(1, sampler, 1);
   std::string steps;            // the steps this rank took part in a snapshot at
   int64_t due_here_at_3 = -1;   // this rank's own timer at step 3
   for (int64_t step = 0; step < 11; ++step) {
-    const bool due = checkpointer.time_due();
-    if (step == 3) due_here_at_3 = due;
-    ASSERT_FALSE(stop.should_stop(step, -1, due));
-    const std::string path = checkpointer.at_boundary(
-        false, {1, step, step}, [] { return ddp::RankState{}; }, stop.snapshot_due());
+    if (step == 3) due_here_at_3 = checkpointer.time_due();
+    ASSERT_FALSE(boundary.at_step(step, step, [] { return ddp::RankState{}; }));
+    const std::string& path = boundary.snapshot();
     if (!path.empty()) {
       EXPECT_EQ(path, ddp::snapshot_path(dir, 1, step));
       steps += std::to_string(step) + " ";

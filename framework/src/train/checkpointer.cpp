@@ -63,9 +63,6 @@ std::string describe_optimizer(const torch::optim::Optimizer& optimizer) {
   return text;
 }
 
-std::string model_path(const std::string& dir, int64_t epoch) {
-  return dir + "/model_with_epoch" + std::to_string(epoch) + ".pt";
-}
 
 // ZeRO-1 keeps the optimizer state in shards: every rank gathers it to rank 0, whose save()
 // writes it into the snapshot (the unsharded optimizer's format, which resume() loads at any
@@ -79,12 +76,16 @@ void consolidate(torch::optim::Optimizer& optimizer) {
 Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                            TrainingExtras extras)
-    : group_(group),
-      model_(model),
-      optimizer_(optimizer),
-      options_(std::move(options)),
-      extras_(extras),
-      optimizer_settings_(describe_optimizer(optimizer)) {
+    : Checkpointer(group, SnapshotParts{{{"", &model}}, {{"", &optimizer}}}, std::move(options), extras) {}
+
+Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, CheckpointerOptions options,
+                           TrainingExtras extras)
+    : group_(group), parts_(std::move(parts)), options_(std::move(options)), extras_(extras) {
+  check_snapshot_parts(parts_, "Checkpointer");
+  for (const auto& [name, optimizer] : parts_.optimizers) {
+    optimizer_settings_.emplace_back(name.empty() ? "optimizer" : "optimizer " + name,
+                                     describe_optimizer(*optimizer));
+  }
   const CheckpointerOptions& o = options_;
   if (o.keep < 0) throw option_error("keep", "must be >= 0 (got " + std::to_string(o.keep) + ")");
   if (o.batch_size < 0) {
@@ -143,7 +144,7 @@ Checkpointer::Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
                    }()) {}
 
 Settings Checkpointer::settings() const {
-  Settings all{{"optimizer", optimizer_settings_}};
+  Settings all = optimizer_settings_;
   if (extras_.ddp) all.emplace_back("comm hook", extras_.ddp->comm_hook_description());
   all.insert(all.end(), options_.settings.begin(), options_.settings.end());
   return all;
@@ -229,7 +230,7 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
     const std::string& path = candidates[i];
     TrainingProgress p;
     try {
-      p = load_snapshot(path, comm, model_, optimizer_, scheduler, &start.rank_state, extras_);
+      p = load_snapshot(path, comm, parts_, scheduler, &start.rank_state, extras_);
     } catch (const std::runtime_error& e) {
       if (!(latest && o.fallback) || i + 1 == candidates.size()) throw;
       if (group_.is_main()) std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
@@ -303,8 +304,8 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
   timed(false, [&] {
-    consolidate(optimizer_);
-    save_snapshot(path, group_.cpu(), model_, optimizer_, progress, rank_state, extras_);
+    for (const auto& named : parts_.optimizers) consolidate(*named.second);
+    save_snapshot(path, group_.cpu(), parts_, progress, rank_state, extras_);
   });
   if (group_.is_main()) remove_older_step_snapshots(path);
   last_step_ = at.step;
@@ -314,15 +315,18 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
 void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   const CheckpointerOptions& o = options_;
   if (o.dir.empty()) return;
-  refuse_nonfinite(model_path(o.dir, epoch), epoch, step);  // so nothing is rotated out either
+  const std::vector<std::string> weights = weights_paths(epoch);
+  refuse_nonfinite(weights[0], epoch, step);  // so nothing is rotated out either
   create_directory();
-  if (group_.is_main()) save_module(model_, model_path(o.dir, epoch));
+  for (size_t i = 0; i < weights.size() && group_.is_main(); ++i) {
+    save_module(*parts_.modules[i].second, weights[i]);
+  }
   // samples_done 0: the next epoch starts at its beginning.
   const TrainingProgress progress = progress_at(epoch, 0, step, 0);
   const std::string path = snapshot_path(o.dir, epoch);
   timed(true, [&] {
-    consolidate(optimizer_);
-    save_snapshot(path, group_.cpu(), model_, optimizer_, progress, {}, extras_);
+    for (const auto& named : parts_.optimizers) consolidate(*named.second);
+    save_snapshot(path, group_.cpu(), parts_, progress, {}, extras_);
   });
   last_step_ = step;
   if (!group_.is_main()) return;
@@ -330,7 +334,7 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   if (o.keep > 0 && epoch > o.keep) {
     // Only after the new files are complete; removing what is absent is fine.
     std::remove(snapshot_path(o.dir, epoch - o.keep).c_str());
-    std::remove(model_path(o.dir, epoch - o.keep).c_str());
+    for (const std::string& old : weights_paths(epoch - o.keep)) std::remove(old.c_str());
   }
 }
 
@@ -353,9 +357,22 @@ void Checkpointer::timed(bool epoch_end, const std::function<void()>& save) {
   last_time_ = now();  // after the write: a slow write does not make the next one due at once
 }
 
+std::vector<std::string> Checkpointer::weights_paths(int64_t epoch) const {
+  std::vector<std::string> paths;
+  for (const auto& named : parts_.modules) {
+    paths.push_back(options_.dir + "/" + (named.first.empty() ? "model" : named.first) +
+                    "_with_epoch" + std::to_string(epoch) + ".pt");
+  }
+  return paths;
+}
+
 void Checkpointer::refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const {
   // The replicas are identical, so every rank refuses alike (before any collective of the save).
-  const std::string tensor = first_nonfinite_tensor(model_);
+  std::string tensor;
+  for (size_t i = 0; i < parts_.modules.size() && tensor.empty(); ++i) {
+    tensor = first_nonfinite_tensor(*parts_.modules[i].second);
+    if (!tensor.empty() && !parts_.modules[i].first.empty()) tensor = parts_.modules[i].first + "'s " + tensor;
+  }
   if (tensor.empty()) return;
   throw TrainingDiverged("Checkpointer: refusing to write " + path + " at step " +
                              std::to_string(step) + ": the model's " + tensor +

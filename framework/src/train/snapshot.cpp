@@ -9,10 +9,8 @@
 #include "train/snapshot_format.h"
 #include "train/snapshot_state.h"
 #include "util/hash.h"
-#include "util/tensor_description.h"
 
 #include <ATen/Context.h>
-#include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -27,7 +25,6 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
-#include <typeinfo>
 #include <utility>
 
 namespace ddp {
@@ -48,13 +45,6 @@ void put_u64(std::string& out, uint64_t value) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
-// What must match for a snapshot to fit a model: every parameter and buffer, in order.
-std::string describe(const torch::nn::Module& model) {
-  std::string text;
-  for (const auto& line : describe_tensors(model)) text += line + "\n";
-  return text;
-}
-
 std::string first_difference(const std::string& expected, const std::string& found) {
   std::istringstream a(expected), b(found);
   std::string line_a, line_b;
@@ -66,10 +56,6 @@ std::string first_difference(const std::string& expected, const std::string& fou
     if (!more_b) line_b = "(nothing)";
     if (line_a != line_b) return "the model has " + line_a + ", the snapshot " + line_b;
   }
-}
-
-std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
-  return c10::demangle(typeid(optimizer).name());
 }
 
 torch::Tensor cpu_generator_state() {
@@ -202,22 +188,33 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
   return paths;
 }
 
+static SnapshotParts one_model(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer) {
+  // Saving only reads them.
+  return SnapshotParts{{{"", const_cast<torch::nn::Module*>(&model)}},
+                       {{"", const_cast<torch::optim::Optimizer*>(&optimizer)}}};
+}
+
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
                    const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
                    const RankState& rank_state, const TrainingExtras& extras) {
+  save_snapshot(path, comm, one_model(model, optimizer), progress, rank_state, extras);
+}
+
+void save_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
+                   const TrainingProgress& progress, const RankState& rank_state,
+                   const TrainingExtras& extras) {
+  check_snapshot_parts(parts, "save_snapshot");
   torch::Tensor cuda_state;
-  if (const auto device = cuda_device_of(model)) {
+  if (const auto device = cuda_device_of(*parts.modules[0].second)) {
     at::Generator generator = cuda_generator(*device);
     std::lock_guard<std::mutex> lock(generator.mutex());
     cuda_state = generator.get_state();
   }
-  detail::save_snapshot_with(path, comm, model, optimizer, progress, rank_state, extras, cuda_state);
+  detail::save_snapshot_with(path, comm, parts, progress, rank_state, extras, cuda_state);
 }
 
 void detail::save_snapshot_with(const std::string& path, Communicator& comm,
-                                const torch::nn::Module& model,
-                                const torch::optim::Optimizer& optimizer,
-                                const TrainingProgress& progress, const RankState& rank_state,
+                                const SnapshotParts& parts, const TrainingProgress& progress, const RankState& rank_state,
                                 const TrainingExtras& extras,
                                 const torch::Tensor& cuda_generator_state) {
   const torch::Tensor generators = comm.all_gather(cpu_generator_state());
@@ -235,12 +232,11 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
 
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
-  model.save(model_archive);
-  optimizer.save(optimizer_archive);
+  detail::write_parts(model_archive, optimizer_archive, parts);
   archive.write("model", model_archive);
   archive.write("optimizer", optimizer_archive);
-  archive.write("model_description", c10::IValue(describe(model)));
-  archive.write("optimizer_type", c10::IValue(optimizer_name(optimizer)));
+  archive.write("model_description", c10::IValue(detail::describe_parts(parts)));
+  archive.write("optimizer_type", c10::IValue(detail::optimizer_types(parts)));
   // Values 6 and 7 (batch size, samples done) came later: readers take what is there.
   archive.write("progress", torch::tensor({progress.epoch, progress.global_step, progress.seed,
                                            static_cast<int64_t>(progress.world_size),
@@ -288,9 +284,17 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                torch::optim::LRScheduler* scheduler, RankState* rank_state,
                                const TrainingExtras& extras) {
+  return load_snapshot(path, comm, one_model(model, optimizer), scheduler, rank_state, extras);
+}
+
+TrainingProgress load_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
+                               torch::optim::LRScheduler* scheduler, RankState* rank_state,
+                               const TrainingExtras& extras) {
+  check_snapshot_parts(parts, "load_snapshot");
+  const torch::nn::Module& model = *parts.modules[0].second;
   detail::SavedCudaGenerator saved;
   const TrainingProgress progress = detail::load_snapshot_with(
-      path, comm, model, optimizer, scheduler, rank_state, extras, saved);
+      path, comm, parts, scheduler, rank_state, extras, saved);
   const auto device = cuda_device_of(model);
   if (device && saved.state.defined()) {
     at::Generator generator = cuda_generator(*device);
@@ -317,8 +321,7 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
 }
 
 TrainingProgress detail::load_snapshot_with(const std::string& path, Communicator& comm,
-                                            torch::nn::Module& model,
-                                            torch::optim::Optimizer& optimizer,
+                                            const SnapshotParts& parts,
                                             torch::optim::LRScheduler* scheduler,
                                             RankState* rank_state, const TrainingExtras& extras,
                                             SavedCudaGenerator& cuda) {
@@ -375,11 +378,11 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   if (generators.dim() != 2 || generators.scalar_type() != torch::kByte || generators.size(0) < 1) {
     throw fail("unreadable snapshot: cpu_generator_states is not uint8 rows, one per rank");
   }
-  const std::string difference = first_difference(describe(model), description.toStringRef());
+  const std::string difference = first_difference(detail::describe_parts(parts), description.toStringRef());
   if (!difference.empty()) throw fail("written for a different model: " + difference);
-  if (optimizer_type.toStringRef() != optimizer_name(optimizer)) {
-    throw fail("written for optimizer " + optimizer_type.toStringRef() + ", this run uses " +
-               optimizer_name(optimizer));
+  const std::string optimizers = detail::optimizer_types(parts);
+  if (optimizer_type.toStringRef() != optimizers) {
+    throw fail("written for optimizer " + optimizer_type.toStringRef() + ", this run uses " + optimizers);
   }
 
   auto check_extra = [&](bool in_file, bool in_run, const std::string& what) {
@@ -429,11 +432,7 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
                std::to_string(progress.world_size) + " ranks that wrote it");
   }
   try {
-    load_module(model, model_archive);  // copies: the DDP hooks stay attached
-    if (scheduler) {
-      for (int64_t e = 0; e < progress.epoch; ++e) scheduler->step();
-    }
-    optimizer.load(optimizer_archive);
+    detail::read_parts(model_archive, optimizer_archive, parts, scheduler, progress.epoch);
     // After the optimizer: the schedule sets the rates of its position over the loaded ones.
     if (extras.lr_schedule) extras.lr_schedule->load(schedule_archive);
     if (extras.grad_scaler) extras.grad_scaler->load(scaler_archive);

@@ -1,10 +1,18 @@
 #include "train/snapshot_state.h"
 
+#include <ddp/checkpoint_file.h>
+
+#include "util/tensor_description.h"
+
+#include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
+#include <typeinfo>
 #include <vector>
 
 namespace ddp::detail {
@@ -17,7 +25,99 @@ std::string flattened(std::string text) {
   return text;
 }
 
+bool one_model(const SnapshotParts& parts) {
+  return parts.modules.size() == 1 && parts.modules[0].first.empty() &&
+         parts.optimizers.size() == 1 && parts.optimizers[0].first.empty();
+}
+
+template <typename Named>
+void check_names(const Named& named, const char* kind, const std::string& who, bool one) {
+  if (named.empty()) throw std::invalid_argument(who + ": no " + kind);
+  for (size_t i = 0; i < named.size(); ++i) {
+    const std::string& name = named[i].first;
+    if (named[i].second == nullptr) throw std::invalid_argument(who + ": the " + kind + " \"" + name + "\" is null");
+    if (one) continue;
+    const bool valid = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    });
+    const bool unique = std::none_of(named.begin(), named.begin() + i, [&](const auto& n) { return n.first == name; });
+    if (!valid || !unique) {
+      throw std::invalid_argument(who + ": the " + kind + " name \"" + name + "\" must be " +
+                                  (valid ? "unique" : "made of letters, digits and '_'") +
+                                  " (\"\" only for one model with one optimizer)");
+    }
+  }
+}
+
 }  // namespace
+
+}  // namespace ddp::detail
+
+namespace ddp {
+
+void check_snapshot_parts(const SnapshotParts& parts, const std::string& who) {
+  const bool one = detail::one_model(parts);
+  detail::check_names(parts.modules, "module", who, one);
+  detail::check_names(parts.optimizers, "optimizer", who, one);
+}
+
+}  // namespace ddp
+
+namespace ddp::detail {
+
+std::string describe_parts(const SnapshotParts& parts) {
+  std::string text;
+  for (const auto& [name, module] : parts.modules) {
+    for (const auto& line : describe_tensors(*module)) text += (name.empty() ? "" : name + ": ") + line + "\n";
+  }
+  return text;
+}
+
+std::string optimizer_types(const SnapshotParts& parts) {
+  std::string text;
+  for (const auto& [name, optimizer] : parts.optimizers) {
+    const std::string type = c10::demangle(typeid(*optimizer).name());
+    text += (text.empty() ? "" : ", ") + (name.empty() ? type : name + "=" + type);
+  }
+  return text;
+}
+
+void write_parts(torch::serialize::OutputArchive& modules, torch::serialize::OutputArchive& optimizers,
+                 const SnapshotParts& parts) {
+  if (one_model(parts)) {
+    parts.modules[0].second->save(modules);
+    parts.optimizers[0].second->save(optimizers);
+    return;
+  }
+  for (const auto& [name, module] : parts.modules) {
+    torch::serialize::OutputArchive part;
+    module->save(part);
+    modules.write(name, part);
+  }
+  for (const auto& [name, optimizer] : parts.optimizers) {
+    torch::serialize::OutputArchive part;
+    optimizer->save(part);
+    optimizers.write(name, part);
+  }
+}
+
+void read_parts(torch::serialize::InputArchive& modules, torch::serialize::InputArchive& optimizers,
+                const SnapshotParts& parts, torch::optim::LRScheduler* scheduler, int64_t epochs) {
+  const bool one = one_model(parts);
+  for (const auto& [name, module] : parts.modules) {
+    torch::serialize::InputArchive part;
+    if (!one) modules.read(name, part);
+    load_module(*module, one ? modules : part);  // copies: the DDP hooks stay attached
+  }
+  if (scheduler) {
+    for (int64_t e = 0; e < epochs; ++e) scheduler->step();
+  }
+  for (const auto& [name, optimizer] : parts.optimizers) {
+    torch::serialize::InputArchive part;
+    if (!one) optimizers.read(name, part);
+    optimizer->load(one ? optimizers : part);
+  }
+}
 
 GatheredStates gather_ddp_states(Communicator& comm, const DistributedDataParallel& ddp) {
   torch::serialize::OutputArchive archive;

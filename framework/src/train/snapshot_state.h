@@ -28,6 +28,20 @@ bool well_formed(const GatheredStates& states, int ranks);
 std::string restore_ddp_state(DistributedDataParallel& ddp, const GatheredStates& saved,
                               int saved_ranks, int rank, int ranks);
 
+// What must match for a snapshot to fit the parts: every parameter and buffer of each module, in
+// order, one per line (a named module's lines start with "<name>: ").
+std::string describe_parts(const SnapshotParts& parts);
+// The optimizers' types: the one model's type, or "<name>=<type>" for each, joined by ", ".
+std::string optimizer_types(const SnapshotParts& parts);
+// Writes each module's and optimizer's state into `modules` and `optimizers` (the snapshot's
+// "model" and "optimizer" entries): the one model's directly, named ones as an archive each.
+void write_parts(torch::serialize::OutputArchive& modules, torch::serialize::OutputArchive& optimizers,
+                 const SnapshotParts& parts);
+// The reverse, copying into the modules' tensors (load_module); `scheduler` (may be null) is
+// stepped `epochs` times before the optimizers' state is loaded.
+void read_parts(torch::serialize::InputArchive& modules, torch::serialize::InputArchive& optimizers,
+                const SnapshotParts& parts, torch::optim::LRScheduler* scheduler, int64_t epochs);
+
 // The settings as one text entry ("name\tvalue" lines) and back; a tab or a newline inside a
 // name or value becomes a space.
 std::string encode_settings(const Settings& settings);

@@ -17,26 +17,26 @@ StopAgreement::StopAgreement(ProcessGroup& group, int64_t every) : group_(group)
   if (every > 0) handlers_.emplace();
 }
 
-bool StopAgreement::should_stop(int64_t step, int64_t nonfinite_loss_step, bool snapshot_due) {
-  snapshot_due_ = false;
+bool StopAgreement::should_stop(int64_t step) {
+  std::vector<double> none;
+  return should_stop(step, none);
+}
+
+bool StopAgreement::should_stop(int64_t step, std::vector<double>& agreed) {
+  checked_ = false;
   if (signal_ != 0) return true;
   if (every_ == 0 || step % every_ != 0) return false;
   // Every rank says whether it got a stop signal; the maximum tells each rank the same answer,
   // so all stop before the same step. Doubles carry the signal and the rank exactly.
   const int signal = stop_signal();
-  // The non-finite loss: the highest rank and, negated so that Max finds it, the earliest step.
-  const bool nonfinite = nonfinite_loss_step >= 0;
-  torch::Tensor flag = torch::tensor({static_cast<double>(signal), signal ? double(group_.rank()) : -1.0,
-                                      seconds_since_stop_signal(),
-                                      nonfinite ? double(group_.rank()) : -1.0,
-                                      nonfinite ? -double(nonfinite_loss_step) : -1e300,
-                                      snapshot_due ? 1.0 : 0.0},
-                                     torch::kDouble);
+  std::vector<double> values{static_cast<double>(signal), signal ? double(group_.rank()) : -1.0,
+                             seconds_since_stop_signal()};
+  values.insert(values.end(), agreed.begin(), agreed.end());
+  torch::Tensor flag = torch::tensor(values, torch::kDouble);
   group_.cpu().all_reduce(flag, ReduceOp::Max);
+  checked_ = true;
   const auto f = flag.accessor<double, 1>();
-  nonfinite_rank_ = static_cast<int>(f[3]);
-  nonfinite_step_ = nonfinite_rank_ >= 0 ? static_cast<int64_t>(-f[4]) : -1;
-  snapshot_due_ = f[5] > 0;  // any rank's timer
+  for (size_t i = 0; i < agreed.size(); ++i) agreed[i] = f[static_cast<int64_t>(3 + i)];
   if (f[0] <= 0) return false;
   signal_ = static_cast<int>(f[0]);
   rank_ = static_cast<int>(f[1]);

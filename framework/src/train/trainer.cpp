@@ -53,11 +53,6 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
                                 " ranks but no DistributedDataParallel: the replicas would "
                                 "diverge (wrap the model, or run one process)");
   }
-  if (options.checkpoint.every_seconds > 0 && options.stop_check_every == 0) {
-    // The ranks agree on a timed snapshot on the stop check's all-reduce (stop_agreement.h).
-    throw std::invalid_argument("TrainerOptions::checkpoint.every_seconds needs stop_check_every "
-                                "> 0: the ranks agree on a timed snapshot at the stop check");
-  }
   options.checkpoint.seed = options.seed;
   options.checkpoint.batch_size = options.batch_size;
   // What else shapes the trajectory: named at a resume that changes it (Checkpointer::resume).
@@ -156,15 +151,15 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
       scaler_(options_.amp == AmpMode::Fp16
                   ? std::optional<GradScaler>(std::in_place, &group.cpu(), options_.grad_scaler)
                   : std::nullopt),
-      stop_(group, options_.stop_check_every),
-      checkpointer_(group, model, optimizer, options_.checkpoint,
-                    TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr, ddp}),
+      boundary_(group,
+                Checkpointer(group, model, optimizer, options_.checkpoint,
+                             TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr, ddp}),
+                options_.stop_check_every),
       reporter_(group, options_.report),
       source_(task.train_source_any()),
       sampler_(std::max<int64_t>(task.train_size(), 0), group.size(), group.rank(), options_.shuffle,
                options_.seed) {
   check_metric_names(task);
-  start_.seed = options_.seed;
   sample_log_ = sample_log_path(group.rank(), group.size());
   if (options_.overlap_optimizer_step) overlap_step_or_say_why();
 }
@@ -196,7 +191,7 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::batches_per_epoch() const {
   // Every rank has the same shard size, so every rank runs the same number of steps.
-  return rest_batch_ + (sampler_.num_samples() + options_.batch_size - 1) / options_.batch_size;
+  return epoch_.batches(sampler_, options_.batch_size);
 }
 
 int64_t Trainer::batches_to_train() const {
@@ -217,18 +212,18 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
   }
   stop_snapshot_.clear();
   const auto started = Clock::now();
-  start_ = checkpointer_.resume(scheduler);
-  global_step_ = start_.position.step;
-  if (options_.keep_global_batch && start_.resumed()) keep_global_batch();
-  if (start_.seed != options_.seed) {
+  const ResumePoint& start = boundary_.resume(scheduler);
+  global_step_ = start.position.step;
+  if (options_.keep_global_batch && start.resumed()) keep_global_batch();
+  if (start.seed != options_.seed) {
     // The snapshot's data order continues (the Checkpointer warned).
-    options_.seed = start_.seed;
+    options_.seed = start.seed;
     sampler_ = DistributedSampler(task_.train_size(), group_.size(), group_.rank(), options_.shuffle,
                                   options_.seed);
   }
-  reporter_.start_run(start_);
+  reporter_.start_run(start);
   std::vector<EpochResult> results;
-  for (int64_t epoch = start_.position.epoch; epoch <= epochs; ++epoch) {
+  for (int64_t epoch = start.position.epoch; epoch <= epochs; ++epoch) {
     EpochResult r = train_epoch(epoch);
     if (stopped_by()) break;
     // The epoch's loss is agreed (reduced over ranks): before evaluation and its snapshot.
@@ -254,66 +249,40 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
     if (scheduler) scheduler->step();
     // The checkpoint before the metrics line (issue 38): a metrics write that fails (a full
     // disk) then ends the job with the epoch saved, not lost with it.
-    checkpointer_.save_epoch(epoch, global_step_);
+    boundary_.checkpointer().save_epoch(epoch, global_step_);
     write_metrics_after_save(reporter_, r, options_.checkpoint.dir, epoch);
     if (options_.dry_run) break;
   }
-  reporter_.end_run(results, checkpointer_.cost(), seconds_since(started));
+  reporter_.end_run(results, boundary_.checkpointer().cost(), seconds_since(started));
   return results;
 }
 
 void Trainer::keep_global_batch() {
   const int ranks = group_.size();
-  if (start_.batch_size <= 0) {
-    throw std::runtime_error("TrainerOptions::keep_global_batch: " + start_.path +
+  const ResumePoint& start = boundary_.resumed();
+  if (start.batch_size <= 0) {
+    throw std::runtime_error("TrainerOptions::keep_global_batch: " + start.path +
                              " does not record its batch size (written by an older ddp): resume "
                              "without keep_global_batch");
   }
-  const int64_t global = start_.batch_size * start_.world_size;
-  if (global % ranks != 0) throw GlobalBatchNotDivisible(start_.batch_size, start_.world_size, ranks);
+  const int64_t global = start.batch_size * start.world_size;
+  if (global % ranks != 0) throw GlobalBatchNotDivisible(start.batch_size, start.world_size, ranks);
   const int64_t batch_size = global / ranks;
   if (batch_size != options_.batch_size && group_.is_main()) {
     std::printf("Keeping the snapshot's global batch of %lld (%lld per rank x %d ranks): %lld per "
                 "rank on %d ranks (TrainerOptions::keep_global_batch)\n",
-                static_cast<long long>(global), static_cast<long long>(start_.batch_size),
-                start_.world_size, static_cast<long long>(batch_size), ranks);
+                static_cast<long long>(global), static_cast<long long>(start.batch_size),
+                start.world_size, static_cast<long long>(batch_size), ranks);
     std::fflush(stdout);
   }
   options_.batch_size = batch_size;
-  checkpointer_.set_batch_size(batch_size);
-}
-
-void Trainer::start_sampler(int64_t epoch) {
-  rest_batch_ = rest_start_ = 0;
-  const TrainingPosition& at = start_.position;
-  const bool moved = start_.world_size != group_.size() ||
-                     (start_.batch_size > 0 && start_.batch_size != options_.batch_size);
-  if (epoch != at.epoch || at.batch == 0 || at.samples < 0 || !moved) {
-    sampler_.set_epoch(epoch);
-    return;
-  }
-  // Inside this epoch a snapshot of another world size (or batch size) resumes: the rest of the
-  // epoch's order, re-sharded over this run's ranks, counted on from the snapshot's batch.
-  if (at.samples >= sampler_.dataset_size()) {
-    throw std::runtime_error(start_.path + ": records " + std::to_string(at.samples) +
-                             " samples of epoch " + std::to_string(epoch) +
-                             " trained, but the training set has " +
-                             std::to_string(sampler_.dataset_size()) +
-                             ": resume with the training set that wrote it");
-  }
-  sampler_.set_epoch(epoch, at.samples);
-  rest_batch_ = at.batch;
-  rest_start_ = at.samples;
-}
-
-int64_t Trainer::samples_before(int64_t b) const {
-  return rest_start_ + (b - rest_batch_) * options_.batch_size * group_.size();
+  boundary_.checkpointer().set_batch_size(batch_size);
 }
 
 void Trainer::log_samples(int64_t epoch, int64_t step, int64_t b,
                           const std::vector<int64_t>& order) const {
   const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t begin = std::min(n, (b - rest_batch_) * options_.batch_size);
+  const int64_t begin = std::min(n, epoch_.sampler_batch(b) * options_.batch_size);
   const int64_t end = std::min(n, begin + options_.batch_size);
   std::string lines;
   for (int64_t i = begin; i < end; ++i) {
@@ -330,7 +299,7 @@ void Trainer::log_samples(int64_t epoch, int64_t step, int64_t b,
 
 EpochResult Trainer::train_epoch(int64_t epoch) {
   model_.train();
-  start_sampler(epoch);
+  epoch_ = boundary_.start_epoch(epoch, sampler_, options_.batch_size);
 #if DDP_WITH_CUDA
   if (group_.device().is_cuda()) detail::reset_cuda_memory_peak(group_.device().index());
 #endif
@@ -338,11 +307,11 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   EpochMeter meter(task_.train_metrics(), group_.device());
   at::Generator generator =
       augmentation_generator(static_cast<uint64_t>(options_.seed), group_.rank(), epoch);
-  const int64_t first = continue_epoch(epoch, generator, meter);
+  const int64_t first = restore_epoch(generator, meter);
   const double sync_at_start = sync_seconds();
-  // The source counts the sampler's batches: batch b of the epoch is its b - rest_batch_.
-  source_->start(sampler_, options_.batch_size, first - rest_batch_, batches - rest_batch_,
-                 group_.device());
+  // The source counts the sampler's batches.
+  source_->start(sampler_, options_.batch_size, epoch_.sampler_batch(first),
+                 epoch_.sampler_batch(batches), group_.device());
   reporter_.start_epoch(EpochPlan{epoch, first, batches, batches_per_epoch(), options_.batch_size,
                                   task_.train_size()});
   const std::vector<int64_t> order = sample_log_.empty() ? std::vector<int64_t>() : sampler_.indices();
@@ -350,9 +319,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
     // With accumulation, an optimizer step is a group of `accumulate` micro-batches; the
     // boundaries (stop check, snapshots, replica check) lie only between groups, where no
     // gradient is half accumulated.
-    if (b % options_.accumulate == 0 &&
-        stop_at(TrainingPosition{epoch, b, global_step_, samples_before(b)}, generator, meter,
-                sync_at_start)) {
+    if (b % options_.accumulate == 0 && stop_at(b, generator, meter, sync_at_start)) {
       return EpochResult{};
     }
     const int64_t step_of_batch = global_step_ + 1;  // taken at the end of the batch's group
@@ -366,13 +333,10 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   return result;
 }
 
-int64_t Trainer::continue_epoch(int64_t epoch, at::Generator& generator, EpochMeter& meter) {
-  const int64_t done = start_.first_batch(epoch);
-  if (done == 0) return 0;
+int64_t Trainer::restore_epoch(at::Generator& generator, EpochMeter& meter) {
+  if (epoch_.first_batch == 0) return 0;
   // Inside the epoch a snapshot resumes: its batches done, this rank's generator and its sums.
-  const RankState state = std::exchange(start_.rank_state, RankState{});
-  start_.position.batch = 0;  // once: a later train_epoch(epoch) starts at its beginning
-  start_.position.samples = -1;
+  const RankState& state = epoch_.rank_state;
   if (state.generator.defined()) generator.set_state(state.generator);
   if (state.values.defined()) {
     try {
@@ -381,24 +345,23 @@ int64_t Trainer::continue_epoch(int64_t epoch, at::Generator& generator, EpochMe
       throw std::runtime_error("Trainer: rank " + std::to_string(group_.rank()) + ": " + e.what());
     }
   }
-  return std::min(done, batches_to_train());
+  return std::min(epoch_.first_batch, batches_to_train());
 }
 
-bool Trainer::stop_at(const TrainingPosition& at, at::Generator& generator, const EpochMeter& meter,
+bool Trainer::stop_at(int64_t b, at::Generator& generator, const EpochMeter& meter,
                       double sync_at_start) {
-  const bool stopping = stop_.should_stop(at.step, nonfinite_loss_step_, checkpointer_.time_due());
-  if (stop_.nonfinite_loss_step() >= 0) {
-    diverged("the loss of rank " + std::to_string(stop_.nonfinite_loss_rank()) +
-                 " was not finite (first at step " + std::to_string(stop_.nonfinite_loss_step()) + ")",
-             stop_.nonfinite_loss_step(), at.epoch);
+  bool stopping = false;
+  try {
+    // Only here (a snapshot) does the step read this epoch's sums from the device.
+    stopping = boundary_.at_step(b, global_step_, [&] {
+      return RankState{generator.get_state(), meter.state(sync_seconds() - sync_at_start)};
+    }, nonfinite_loss_step_);
+  } catch (const TrainingDiverged& e) {  // a loss that was not finite, agreed
+    diverged(e.what(), e.step(), e.epoch());
   }
-  // Only here does the step read this epoch's sums from the device.
-  const std::string saved = checkpointer_.at_boundary(stopping, at, [&] {
-    return RankState{generator.get_state(), meter.state(sync_seconds() - sync_at_start)};
-  }, stop_.snapshot_due());
   if (!stopping) return false;
-  stop_snapshot_ = saved;
-  reporter_.stopped(stop_, at, saved);
+  stop_snapshot_ = boundary_.snapshot();
+  reporter_.stopped(boundary_.stop(), boundary_.position(), stop_snapshot_);
   return true;
 }
 

@@ -5,24 +5,15 @@
 // (snapshot_epoch<E>_batch<B>.pt), and at start-up the newest one (or a given one) to continue
 // from. Built on save_snapshot / load_snapshot (snapshot.h: the file format, 3).
 //
-//   ddp::Checkpointer checkpointer(group, *net, optimizer, options, {&schedule});
-//   const ddp::ResumePoint start = checkpointer.resume();          // collective
-//   for (int64_t epoch = start.position.epoch; epoch <= epochs; ++epoch) {
-//     const int64_t first = start.first_batch(epoch);              // > 0: a resumed epoch
-//     ... if (first > 0): generator.set_state(start.rank_state.generator),
-//                         meter.restore(start.rank_state.values) ...
-//     for (int64_t b = first; b < batches; ++b) {
-//       const bool stopping = stop.should_stop(step, -1, checkpointer.time_due());
-//       const std::string saved = checkpointer.at_boundary(stopping, {epoch, b, step}, [&] {
-//         return ddp::RankState{generator.get_state(), meter.state()};
-//       }, stop.snapshot_due());
-//       if (stopping) return ddp::kStoppedExitCode;
-//       ... the step ...
-//     }
-//     checkpointer.save_epoch(epoch, step);
-//   }
+// A loop hands it to a StepBoundary (step_boundary.h), which calls it at every step boundary and
+// says where each epoch starts after resume():
 //
-// What a snapshot holds: the model, the optimizer, the position (the epoch, its batches done,
+//   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, *net, optimizer, options, {&schedule}));
+//   ... boundary.resume(), boundary.start_epoch(), boundary.at_step() ...
+//   boundary.checkpointer().save_epoch(epoch, step);                 // at every epoch end
+//
+// What a snapshot holds: the model and the optimizer (or any number of named ones: SnapshotParts,
+// snapshot.h), the position (the epoch, its batches done,
 // which is the sampler's position, the global step, and the samples of the epoch's order
 // trained, with which it resumes inside an epoch on another number of ranks: snapshot.h), the
 // data order's seed, the world size and the per-rank batch size, every rank's CPU generator, and inside an epoch every rank's RankState: a generator of
@@ -33,9 +24,9 @@
 //
 // Snapshots every S seconds (every_seconds): each rank's clock says when S seconds have passed
 // since the newest snapshot ended (or resume()), but the ranks' clocks differ and a snapshot is
-// collective, so the caller agrees on it: time_due() rides on the stop check's all-reduce
-// (StopAgreement::should_stop's `snapshot_due`, no message of its own) and the agreed answer
-// goes to at_boundary. Timed snapshots fall on stop checks only (StopAgreement's `every`).
+// collective, so the ranks agree on it: StepBoundary sends time_due() on the stop check's
+// all-reduce (no message of its own) and hands the agreed answer to at_boundary. Timed snapshots
+// fall on stop checks only.
 // cost() sums the wall time of the snapshots written (rank 0's is what the summary shows).
 //
 // State: the options, references to what it saves (which must outlive it), the step and time of
@@ -68,6 +59,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -126,8 +118,6 @@ struct ResumePoint {
   bool resumed() const { return !path.empty(); }
   // The epochs the snapshot had finished (0 on a fresh start).
   int64_t epochs_done() const { return position.epoch - 1; }
-  // The first batch to train in `epoch`: the snapshot's position in its epoch, else 0.
-  int64_t first_batch(int64_t epoch) const { return epoch == position.epoch ? position.batch : 0; }
 };
 
 // The wall time the snapshots of a run took on this rank: each the whole collective save
@@ -149,6 +139,12 @@ class Checkpointer {
   // dir: <dir> is in use by another job (host n1, pid 1234, since ... holds <dir>/.ddp.lock)").
   Checkpointer(ProcessGroup& group, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options, TrainingExtras extras = {});
+  // The same for any number of named modules and optimizers (SnapshotParts, snapshot.h: a GAN's
+  // generator and discriminator with an optimizer each), saved and resumed together, each
+  // module's weights at an epoch end as <name>_with_epoch<N>.pt. Throws std::invalid_argument
+  // naming a part whose name is not valid (check_snapshot_parts).
+  Checkpointer(ProcessGroup& group, SnapshotParts parts, CheckpointerOptions options,
+               TrainingExtras extras = {});
   // The same for the module `model` wraps, with the wrapper's own state too (its comm hook's
   // state and bucket order: TrainingExtras::ddp). Pass the wrapper when training with it.
   Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
@@ -198,11 +194,10 @@ class Checkpointer {
 
  private:
   ProcessGroup& group_;
-  torch::nn::Module& model_;
-  torch::optim::Optimizer& optimizer_;
+  SnapshotParts parts_;
   CheckpointerOptions options_;
   TrainingExtras extras_;
-  std::string optimizer_settings_;  // the optimizer's type and options, as constructed
+  Settings optimizer_settings_;     // each optimizer's type and options, as constructed
   bool created_dir_ = false;        // rank 0: the constructor created options_.dir
   int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
   double last_time_ = 0;   // now() when it ended (or at construction, resume())
@@ -223,8 +218,10 @@ class Checkpointer {
   // Times `save` (a collective save) into cost_ and restarts the timer.
   void timed(bool epoch_end, const std::function<void()>& save);
   void create_directory() const;
+  // The weights files of the end of `epoch`, one per module.
+  std::vector<std::string> weights_paths(int64_t epoch) const;
   // Throws TrainingDiverged (divergence.h) naming `path` and the tensor when a parameter or
-  // buffer of the model is not finite: a diverged model is never saved, nor rotates good files out.
+  // buffer of a module is not finite: a diverged model is never saved, nor rotates good files out.
   void refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const;
   void remove_older_step_snapshots(const std::string& newest) const;
 };

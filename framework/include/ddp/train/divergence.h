@@ -9,7 +9,7 @@
 // every rank holds the same averaged gradients, so a local check of them gives the same answer
 // everywhere (and a NaN on one rank's gradients reaches all of them through the average). A
 // loss is per rank: its flag rides on the stop agreement's all-reduce at the next step boundary
-// (StopAgreement::should_stop) and on the epoch's reduction of the loss sums (EpochMeter).
+// (StepBoundary::at_step) and on the epoch's reduction of the loss sums (EpochMeter).
 //
 //   try {
 //     trainer.fit(epochs);

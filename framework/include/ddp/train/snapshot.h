@@ -42,6 +42,14 @@
 // epoch is still trained once. Files written before the samples were recorded (format 3 without
 // them) resume inside an epoch only on as many ranks as wrote them, and are refused otherwise.
 //
+// More than one model: a snapshot holds any number of modules and optimizers, each under a name
+// (SnapshotParts: a GAN's "generator" and "discriminator" with an optimizer each), in the same
+// entries as one model: "model" and "optimizer" then hold an archive per name, and the model
+// description and optimizer type name each part. A snapshot loads only into the same parts (the
+// same names, shapes and optimizer types): otherwise it is refused as "written for a different
+// model" or optimizer, naming the first difference, and nothing is modified. One module and one
+// optimizer named "" are the one-model snapshot, whose entries are unchanged.
+//
 // File format 3: "DDPSNAP3", the payload's byte count and XXH64 hash (little-endian uint64
 // each), then the payload, a LibTorch archive. The hash catches truncated and corrupted files,
 // which LibTorch's zip reader may not. Files are written atomically (write_atomically). Formats
@@ -120,6 +128,18 @@ struct TrainingExtras {
   DistributedDataParallel* ddp = nullptr;
 };
 
+// The modules and optimizers a snapshot holds, each under its name: a name is letters, digits
+// and '_', unique among the modules (among the optimizers); one module and one optimizer named ""
+// are one model (the layout of a single model's snapshot). The pointers must outlive the use.
+struct SnapshotParts {
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;
+};
+
+// Throws std::invalid_argument naming `who` and the offending name unless `parts` has at least one
+// module and one optimizer, none null, and names as SnapshotParts says.
+void check_snapshot_parts(const SnapshotParts& parts, const std::string& who);
+
 // "<dir>/snapshot_epoch<epoch>.pt": written at the end of `epoch`.
 std::string snapshot_path(const std::string& dir, int64_t epoch);
 // "<dir>/snapshot_epoch<epoch>_batch<batches_done>.pt": written inside `epoch` (1-based, the
@@ -137,6 +157,11 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
                    const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
                    const RankState& rank_state = {}, const TrainingExtras& extras = {});
 
+// The same for the named `parts` (SnapshotParts).
+void save_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
+                   const TrainingProgress& progress, const RankState& rank_state = {},
+                   const TrainingExtras& extras = {});
+
 // Collective: rank 0 reads `path` and broadcasts it, so the other ranks need not see the file.
 // Restores the model, replays `scheduler` (may be null), loads the optimizer state and `extras`, and
 // restores this rank's random generator states (CPU, and CUDA where both the snapshot and the
@@ -147,6 +172,11 @@ void save_snapshot(const std::string& path, Communicator& comm, const torch::nn:
 // recording its samples_done; nothing is modified then.
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                               torch::optim::LRScheduler* scheduler,
+                               RankState* rank_state = nullptr, const TrainingExtras& extras = {});
+// The same for the named `parts` (SnapshotParts); `scheduler` is replayed before any optimizer
+// state is loaded.
+TrainingProgress load_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
                                torch::optim::LRScheduler* scheduler,
                                RankState* rank_state = nullptr, const TrainingExtras& extras = {});
 

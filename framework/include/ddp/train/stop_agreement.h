@@ -20,11 +20,9 @@
 // step, and the answer says which signal, which rank (the highest that got one) and how long ago
 // (the longest wait). docs/reliability.md has the all-reduce's cost (some microseconds).
 //
-// The same all-reduce carries one more fact that must be agreed at the same boundary: the
-// earliest step since which a rank's loss was not finite (the Trainer's divergence check,
-// divergence.h), two more doubles, so a diverged loss costs no message of its own; and whether
-// a rank's snapshot timer is due (CheckpointerOptions::every_seconds; clocks differ between
-// ranks, and a snapshot is collective), one more, so a timed snapshot costs no message either.
+// Other facts that must be agreed at the same boundary ride on the same all-reduce, so that they
+// cost no message of their own: should_stop's `agreed` values (StepBoundary, step_boundary.h,
+// sends a non-finite loss and the snapshot timer that way).
 //
 // State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
 // counted, so the replica threads of a process may each hold one), and the decision once made.
@@ -38,6 +36,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -50,11 +49,13 @@ class StopAgreement {
 
   // Collective at a step boundary, before optimizer step `step` + 1: whether the ranks stop
   // here. Communicates only when step % every == 0 (and not yet stopping).
-  // `nonfinite_loss_step`: the first step whose loss was not finite on this rank, or -1; agreed
-  // with the rest, see nonfinite_loss_step().
-  // `snapshot_due`: this rank's snapshot timer is due (Checkpointer::time_due); agreed with the
-  // rest, see snapshot_due().
-  bool should_stop(int64_t step, int64_t nonfinite_loss_step = -1, bool snapshot_due = false);
+  bool should_stop(int64_t step);
+  // The same, and `agreed` (this rank's values; every rank passes as many) rides on the same
+  // all-reduce: after a check that communicated (checked()) it holds the maximum of each value
+  // over the ranks; otherwise it is left as it was.
+  bool should_stop(int64_t step, std::vector<double>& agreed);
+  // Whether the last should_stop() communicated (the ranks' `agreed` values are in).
+  bool checked() const { return checked_; }
 
   bool stopping() const { return signal_ != 0; }
   // After should_stop() returned true: the highest signal number any rank got (SIGTERM,
@@ -68,23 +69,13 @@ class StopAgreement {
 
   int64_t every() const { return every_; }
 
-  // After a check that communicated: the earliest step whose loss was not finite on some rank
-  // (-1: none) and the highest such rank (-1: none). The same on every rank.
-  int64_t nonfinite_loss_step() const { return nonfinite_step_; }
-  int nonfinite_loss_rank() const { return nonfinite_rank_; }
-  // After a check that communicated: whether some rank's snapshot timer was due; false after a
-  // check that did not communicate. The same on every rank.
-  bool snapshot_due() const { return snapshot_due_; }
-
  private:
   ProcessGroup& group_;
   int64_t every_;
   std::optional<StopSignalHandlers> handlers_;
   int signal_ = 0;
   int rank_ = -1;
-  int64_t nonfinite_step_ = -1;
-  int nonfinite_rank_ = -1;
-  bool snapshot_due_ = false;
+  bool checked_ = false;
   double waited_ = 0;  // at the check, on the rank that waited longest
   std::chrono::steady_clock::time_point decided_at_{};
 };

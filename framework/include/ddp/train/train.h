@@ -25,6 +25,7 @@
 #include <ddp/train/replica_check.h>
 #include <ddp/train/reporter.h>
 #include <ddp/train/snapshot.h>
+#include <ddp/train/step_boundary.h>
 #include <ddp/train/stop_agreement.h>
 #include <ddp/train/task.h>
 #include <ddp/train/trainer.h>

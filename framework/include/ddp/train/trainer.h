@@ -3,11 +3,11 @@
 // (task.h) says how to gather a batch and what its loss and metric sums are; the Trainer shards
 // the data (DistributedSampler), runs the step (accumulation, clipping, mixed precision, a
 // per-step schedule), and hands the rest to the parts a hand-written loop uses too:
-//   StopAgreement (stop_agreement.h)  a stop signal on any rank stops every rank before the same
-//                                     step; fit() returns, stopped_by() says why;
-//   Checkpointer  (checkpointer.h)    snapshots at epoch ends, every N steps or S seconds and
-//                                     on a stop;
-//                                     resuming continues exactly where the run was;
+//   StepBoundary  (step_boundary.h)   a stop signal on any rank stops every rank before the same
+//                                     step (fit() returns, stopped_by() says why); snapshots
+//                                     (its Checkpointer, checkpointer.h) at epoch ends, every N
+//                                     steps or S seconds and on a stop; resuming continues
+//                                     exactly where the run was, or re-sharded on other ranks;
 //   Reporter      (reporter.h)        the progress bar or log lines, the epoch's lines, the
 //                                     metrics file and the summary table, in its format;
 //   EpochMeter    (metrics.h)         the epoch's sums, reduced over ranks;
@@ -46,7 +46,7 @@
 #include <ddp/train/lr_schedule.h>
 #include <ddp/train/metrics.h>
 #include <ddp/train/reporter.h>
-#include <ddp/train/stop_agreement.h>
+#include <ddp/train/step_boundary.h>
 #include <ddp/train/task.h>
 
 #include <ATen/core/Generator.h>
@@ -135,7 +135,7 @@ struct TrainerOptions {
   // The parts. `checkpoint.seed` and `checkpoint.batch_size` are set from `seed` and `batch_size`.
   ReporterOptions report;
   CheckpointerOptions checkpoint;
-  // Steps between the checks whether a rank got a stop signal (StopAgreement's `every`): one
+  // Steps between the checks whether a rank got a stop signal (StepBoundary's): one
   // all-reduce of 6 doubles on the group's CPU communicator, which also agrees on a timed
   // snapshot (checkpoint.every_seconds needs it > 0). 0: no check, and the signals keep their
   // default action (the process dies).
@@ -167,7 +167,7 @@ class Trainer {
   // parameters `optimizer` steps, and that snapshots save). `ddp` is the wrapper around `model`
   // when training data-parallel, or null for a single process. Checks the options (errors name
   // the field, e.g. TrainerOptions::batch_size), the task's metric names, and the checkpoint
-  // directory (Checkpointer); installs the stop handlers (StopAgreement).
+  // directory (Checkpointer); installs the stop handlers (StepBoundary).
   Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& task,
           torch::optim::Optimizer& optimizer, TrainerOptions options,
           DistributedDataParallel* ddp = nullptr);
@@ -208,7 +208,7 @@ class Trainer {
   int64_t skipped_steps() const { return skipped_total_; }
   // The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
   // then stop_snapshot() is the snapshot it wrote ("" without a checkpoint directory).
-  int stopped_by() const { return stop_.signal(); }
+  int stopped_by() const { return boundary_.stop().signal(); }
   const std::string& stop_snapshot() const { return stop_snapshot_; }
 
  private:
@@ -220,17 +220,12 @@ class Trainer {
   DistributedDataParallel* ddp_;
   std::optional<GradScaler> scaler_;  // with AmpMode::Fp16
   std::string overlap_off_reason_;    // TrainerOptions::overlap_optimizer_step asked for, not on
-  StopAgreement stop_;
-  Checkpointer checkpointer_;
+  StepBoundary boundary_;  // the stop agreement, the Checkpointer, where an epoch starts
   Reporter reporter_;
   std::unique_ptr<DataSource<std::any>> source_;
   DistributedSampler sampler_;
   int64_t global_step_ = 0;
-  ResumePoint start_;  // where fit() continues; its position is used by the epoch it names
-  // The epoch in progress re-sharded at its batch rest_batch_ (a resume at another world size),
-  // its sampler starting at position rest_start_ of the epoch's order; 0 and 0 otherwise: then
-  // the sampler's batch b is the epoch's batch b + rest_batch_.
-  int64_t rest_batch_ = 0, rest_start_ = 0;
+  EpochStart epoch_;  // where the epoch in progress started (StepBoundary::start_epoch)
   std::string sample_log_;  // DDP_TEST_SAMPLE_LOG's file for this rank; "" when unset
   std::string stop_snapshot_;
   // The divergence check (divergence.h).
@@ -243,23 +238,16 @@ class Trainer {
   int64_t nonfinite_loss_step_ = -1;  // this rank's first step with a non-finite loss
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
 
-  int64_t batches_per_epoch() const;   // of the whole shard (counted from rest_batch_ on)
+  int64_t batches_per_epoch() const;   // of the whole shard (counted from batch 0 on)
   int64_t batches_to_train() const;    // with limit_train_batches and dry_run
   // After resuming: the per-rank batch size of TrainerOptions::keep_global_batch.
   void keep_global_batch();
-  // Sets the sampler's epoch, from where a resumed epoch continues: re-sharded (rest_batch_,
-  // rest_start_) when the snapshot's world size or batch size differ and it recorded its samples.
-  void start_sampler(int64_t epoch);
-  // The resumed epoch's first batch; restores its generator and sums. 0 for any other epoch.
-  int64_t continue_epoch(int64_t epoch, at::Generator& generator, EpochMeter& meter);
-  // The positions of the epoch's sample order trained by all ranks before batch b.
-  int64_t samples_before(int64_t b) const;
+  // The first batch of the epoch epoch_ starts; restores its generator and sums when resumed.
+  int64_t restore_epoch(at::Generator& generator, EpochMeter& meter);
   // DDP_TEST_SAMPLE_LOG: appends batch b's indices (of `order`, the sampler's) for `step`.
   void log_samples(int64_t epoch, int64_t step, int64_t b, const std::vector<int64_t>& order) const;
-  // At the boundary before batch at.batch: the stop agreement, then a step snapshot when
-  // stopping or due. True when the ranks stop here.
-  bool stop_at(const TrainingPosition& at, at::Generator& generator, const EpochMeter& meter,
-               double sync_at_start);
+  // At the boundary before batch b (StepBoundary::at_step). True when the ranks stop here.
+  bool stop_at(int64_t b, at::Generator& generator, const EpochMeter& meter, double sync_at_start);
   // Batch `b` of `batches`: data, forward, backward (and the optimizer step at the end of a
   // group), added to `meter`. Returns the task's output (its loss detached).
   StepOutput step(int64_t epoch, int64_t b, int64_t batches, at::Generator& generator,

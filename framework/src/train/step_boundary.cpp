@@ -1,0 +1,95 @@
+#include <ddp/train/step_boundary.h>
+
+#include <ddp/train/divergence.h>
+
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace ddp {
+
+namespace {
+
+int64_t checked_every(int64_t every, const Checkpointer& checkpointer) {
+  if (every == 0 && checkpointer.options().every_seconds > 0) {
+    // The ranks agree on a timed snapshot at the stop check.
+    throw std::invalid_argument("CheckpointerOptions::every_seconds needs stop checks "
+                                "(StepBoundary's stop_check_every > 0): the ranks agree on a "
+                                "timed snapshot there");
+  }
+  return every;  // StopAgreement refuses a negative one
+}
+
+}  // namespace
+
+StepBoundary::StepBoundary(ProcessGroup& group, Checkpointer checkpointer, int64_t stop_check_every)
+    : group_(group),
+      stop_(group, checked_every(stop_check_every, checkpointer)),
+      checkpointer_(std::move(checkpointer)) {
+  resume_.seed = checkpointer_.options().seed;
+}
+
+const ResumePoint& StepBoundary::resume(torch::optim::LRScheduler* scheduler) {
+  resume_ = checkpointer_.resume(scheduler);
+  return resume_;
+}
+
+EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler, int64_t batch_size) {
+  epoch_ = EpochStart{};
+  batch_size_ = batch_size;
+  position_ = TrainingPosition{epoch, 0, position_.step, 0};
+  TrainingPosition& at = resume_.position;
+  if (epoch != at.epoch || at.batch == 0) {
+    sampler.set_epoch(epoch);
+    return epoch_;
+  }
+  // The resumed epoch, once: a later start of it begins at its beginning.
+  const int64_t batch = std::exchange(at.batch, 0);
+  const int64_t samples = std::exchange(at.samples, -1);
+  // Empty at another world size (Checkpointer::resume).
+  epoch_.rank_state = std::exchange(resume_.rank_state, RankState{});
+  const bool moved = resume_.world_size != group_.size() ||
+                     (resume_.batch_size > 0 && resume_.batch_size != batch_size);
+  if (!moved || samples < 0) {  // each rank continues its own shard (load_snapshot refused the rest)
+    sampler.set_epoch(epoch);
+    epoch_.first_batch = batch;
+    return epoch_;
+  }
+  // The rest of the epoch's order, re-sharded over this run's ranks, counted on from the
+  // snapshot's batch.
+  if (samples >= sampler.dataset_size()) {
+    throw std::runtime_error(resume_.path + ": records " + std::to_string(samples) +
+                             " samples of epoch " + std::to_string(epoch) +
+                             " trained, but the training set has " +
+                             std::to_string(sampler.dataset_size()) +
+                             ": resume with the training set that wrote it");
+  }
+  sampler.set_epoch(epoch, samples);
+  epoch_.first_batch = epoch_.sampler_offset = batch;
+  epoch_.sampler_start = samples;
+  return epoch_;
+}
+
+bool StepBoundary::at_step(int64_t batch, int64_t step, const std::function<RankState()>& rank_state,
+                           int64_t nonfinite_loss_step) {
+  const int64_t samples = epoch_.sampler_start + epoch_.sampler_batch(batch) * batch_size_ * group_.size();
+  position_ = TrainingPosition{position_.epoch, batch, step, samples};
+  snapshot_.clear();
+  // The non-finite loss: the highest rank and, negated so that Max finds it, the earliest step.
+  const bool nonfinite = nonfinite_loss_step >= 0;
+  std::vector<double> agreed{nonfinite ? double(group_.rank()) : -1.0,
+                             nonfinite ? -double(nonfinite_loss_step) : -1e300,
+                             checkpointer_.time_due() ? 1.0 : 0.0};
+  const bool stopping = stop_.should_stop(step, agreed);
+  const bool checked = stop_.checked();
+  if (checked && agreed[0] >= 0) {
+    const int64_t first = static_cast<int64_t>(-agreed[1]);
+    throw TrainingDiverged("the loss of rank " + std::to_string(static_cast<int>(agreed[0])) +
+                               " was not finite (first at step " + std::to_string(first) + ")",
+                           first, position_.epoch);
+  }
+  snapshot_ = checkpointer_.at_boundary(stopping, position_, rank_state, checked && agreed[2] > 0);
+  return stopping;
+}
+
+}  // namespace ddp
