@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     ("warmup-steps", po::value(&warmup)->default_value(5), "untimed steps first")
     ("window-steps", po::value(&window_steps)->default_value(10), "steps per timed window")
     ("windows", po::value(&windows)->default_value(5), "timed windows; the median is reported")
-    ("grad-sync", po::value(&grad_sync)->default_value("bucketed"), "bucketed or per-parameter")
+    ("grad-sync", po::value(&grad_sync)->default_value("bucketed"), "bucketed (--bucket-mb), or per-parameter (a bucket per parameter: the baseline)")
     ("compression", po::value(&compression)->default_value("none"), "none, fp16 or bf16")
     ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
     ("gradient-as-bucket-view", po::bool_switch(&bucket_view), "grads are views into the buckets (zeroed in place instead of reset)")
@@ -147,9 +147,16 @@ int main(int argc, char** argv) {
     Model model = make_model(model_name);
     model.module->to(device);
     ddp::DDPOptions ddp_options;
-    ddp_options.sync = ddp::parse_grad_sync(grad_sync);
     ddp_options.compression = ddp::parse_compression(compression);
     ddp_options.bucket_cap_mb = bucket_mb;
+    if (grad_sync == "per-parameter") {
+      // The baseline: caps below every parameter's size, so each parameter is a bucket of its
+      // own, in registration order throughout (a rebuild would only reorder them).
+      ddp_options.bucket_cap_mb = ddp_options.first_bucket_mb = 1e-9;
+      ddp_options.rebuild_buckets = false;
+    } else if (grad_sync != "bucketed") {
+      throw std::invalid_argument("--grad-sync '" + grad_sync + "': expected bucketed or per-parameter");
+    }
     ddp_options.timeline = timeline.get();
     ddp_options.gradient_as_bucket_view = bucket_view;
     ddp_options.reducer_at_one_rank = reducer_at_one_rank;

@@ -8,6 +8,6 @@
 #include <functional>
 
 // The whole program: parses flags, trains, returns the exit code. `adjust`, when given, changes
-// the Trainer's options last (a test build raises a signal at a known step with on_step).
+// the Trainer's options last (a test build raises a signal before the Trainer).
 int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
                       const std::function<void(ddp::TrainerOptions&)>& adjust = {});

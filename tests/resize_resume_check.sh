@@ -36,14 +36,15 @@ flags=("${base[@]}" --epochs 2 --limit-train-batches 4)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 expect() { grep -Eq -- "$2" "$1" || { cat "$1"; fail "no line of $1 matches: $2"; }; }
 # train NAME DIR NP BATCH [FLAGS...]: a run to its end with checkpoints in $work/DIR, its log in
-# $work/NAME.log, its sample logs in $work/NAME.samples.
+# $work/NAME.log, its sample logs in $work/NAME.samples (DDP_TEST_SAMPLE_LOG: the test build,
+# ddp_mnist_signal_at_step without --signal-at-step, is ddp_mnist with the sample log).
 train() {
   local name=$1 dir=$2 np=$3 batch=$4
   shift 4
-  echo "+ mpirun -np $np ddp_mnist ${flags[*]} --batch-size $batch $*"
+  echo "+ mpirun -np $np ddp_mnist_signal_at_step ${flags[*]} --batch-size $batch $*"
   mkdir -p "$work/$name.samples"
   local status=0
-  DDP_TEST_SAMPLE_LOG="$work/$name.samples" "$mpiexec" -np "$np" -x DDP_TEST_SAMPLE_LOG "$ddp_mnist" \
+  DDP_TEST_SAMPLE_LOG="$work/$name.samples" "$mpiexec" -np "$np" -x DDP_TEST_SAMPLE_LOG "$signal_at_step" \
     "${flags[@]}" --batch-size "$batch" --checkpoint-dir "$work/$dir" "$@" > "$work/$name.log" 2>&1 ||
     status=$?
   [ $status -eq 0 ] || { cat "$work/$name.log"; fail "$name: exit status $status"; }

@@ -1,12 +1,12 @@
 // A test build of an example program (ddp_mnist or ddp_cifar: DDP_SIGNAL_EXAMPLE names it) that
 // raises a signal at a known optimizer step, so that the shell tests can say where the ranks must
-// stop (preempt_resume_check.sh, rank_faults_check.sh, cluster/test_slurm.sh). The first argument
-// is the signal:
+// stop (preempt_resume_check.sh, rank_faults_check.sh, cluster/test_slurm.sh). The first arguments
+// are the signals:
 //
 //   mpirun -np 2 ddp_cifar_signal_at_step --signal-at-step=9:1:TERM <ddp_cifar's flags>
 //
 // Rank RANK raises SIGNAL (TERM, USR1, USR2; KILL for a crash without warning, STOP for a hung
-// rank) on itself right after optimizer step STEP (TrainerOptions::on_step), saying so on stderr
+// rank) on itself right after optimizer step STEP (testing::hooks().after_step), saying so on stderr
 // first, so that a test can time the job's end from that line. SIGNAL may also be SLEEP<SECONDS>
 // (SLEEP2.5): the rank sleeps there instead, a slow step on one rank (the timed snapshots'
 // agreement, snapshot_cost_check.sh). Several --signal-at-step arguments may come first, each
@@ -16,9 +16,13 @@
 //          program's own; the rank is the launcher's OMPI_COMM_WORLD_RANK / PMIX_RANK);
 //   setup  after the data loading and the DistributedDataParallel constructor, when the example
 //          makes the Trainer's options.
-// The rest is the example as built.
+// The rest is the example as built. Without --signal-at-step it is the example with the testing
+// hooks of tests/testing_hooks_from_env.cpp (DDP_TEST_SAMPLE_LOG, DDP_TEST_STOP_IN_PHASE,
+// DDP_TEST_HOST_SPLIT), which it links.
 #include "cifar_example.h"
 #include "mnist_example.h"
+
+#include "util/testing_hooks.h"
 
 #include <mpi.h>
 
@@ -69,7 +73,7 @@ SignalAt parse(const char* argument) {
   const std::string prefix = "--signal-at-step=";
   const std::string text = argument ? argument : "";
   const auto bad = [&] {
-    return std::invalid_argument("expected " + prefix + "STEP:RANK:SIGNAL as the first argument (SIGNAL: "
+    return std::invalid_argument("expected " + prefix + "STEP:RANK:SIGNAL (SIGNAL: "
                                  "TERM, USR1, USR2, KILL, STOP or SLEEP<SECONDS>), got '" + text + "'");
   };
   if (text.compare(0, prefix.size(), prefix) != 0) throw bad();
@@ -116,18 +120,18 @@ extern "C" int MPI_Init_thread(int* argc, char*** argv, int required, int* provi
 int main(int argc, char** argv) {
   std::vector<SignalAt> actions;
   try {
-    do {
-      actions.push_back(parse(argc > 1 ? argv[1] : nullptr));
+    while (argc > 1 && std::strncmp(argv[1], "--signal-at-step=", 17) == 0) {
+      actions.push_back(parse(argv[1]));
       // The example sees its own flags only.
       argv[1] = argv[0];
       --argc;
       ++argv;
-    } while (argc > 1 && std::strncmp(argv[1], "--signal-at-step=", 17) == 0);
+    }
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
     return 2;
   }
-  g_at = actions.front();
+  if (!actions.empty()) g_at = actions.front();
   for (const SignalAt& at : actions) {
     if (at.step == kInit && &at != &actions.front()) {
       std::fprintf(stderr, "%s: the init phase must be the first --signal-at-step\n", argv[0]);
@@ -135,17 +139,19 @@ int main(int argc, char** argv) {
     }
   }
   // The example calls it on every rank when it makes the Trainer's options.
-  const auto adjust = [actions](ddp::TrainerOptions& options) {
+  const auto adjust = [actions](ddp::TrainerOptions&) {
     for (const SignalAt& at : actions) {
       if (at.step == kSetup && launcher_rank() == at.rank) raise_at(at, "before the Trainer");
     }
-    options.on_step = [actions](int64_t step, int rank) {
+  };
+  if (!actions.empty()) {
+    ddp::testing::hooks().after_step = [actions](int64_t step, int rank) {
       for (const SignalAt& at : actions) {
         if (step != at.step || rank != at.rank) continue;
         const std::string where = "after step " + std::to_string(step);
         raise_at(at, where.c_str());
       }
     };
-  };
+  }
   return DDP_SIGNAL_EXAMPLE(argc, argv, ddp::cli::Parallelism::DataParallel, adjust);
 }

@@ -2,7 +2,8 @@
 # Usage: startup_stall_check.sh mpi-init|mpi-init-timeout|loading-data|shutdown MPIEXEC DDP_MNIST WORK_DIR
 # A rank that stalls outside any collective ends the job by the timeout, naming the phase
 # (issue 26; <ddp/runtime.h>: WatchedPhase). Rank 1 of 2 stops itself (SIGSTOP) on entering a
-# phase (DDP_TEST_STOP_IN_PHASE), as a rank on a stuck file system or a stopped node would:
+# phase (DDP_TEST_STOP_IN_PHASE, which the test build ddp_mnist_signal_at_step reads), as a rank
+# on a stuck file system or a stopped node would:
 #   mpi-init      in MPI start-up: rank 0 waits in MPI_Init; without --timeout,
 #                 DDP_STARTUP_TIMEOUT_SECONDS=5 must end it, rank 0 naming "MPI start-up
 #                 (MPI_Init)" and the variable

@@ -204,8 +204,9 @@ TEST(GradientAsBucketView, BitIdenticalToCopyingAcrossTheRebuild) {
   EXPECT_NE(viewed.first_layout, viewed.last_layout) << "the rebuild should regroup the buckets";
   check(s);
   check(Case{"default buckets", {}});
-  ddp::DDPOptions per_parameter;
-  per_parameter.sync = ddp::GradSync::PerParameter;
+  ddp::DDPOptions per_parameter;  // the benchmarks' baseline: a bucket per parameter, no rebuild
+  per_parameter.bucket_cap_mb = per_parameter.first_bucket_mb = 1e-9;
+  per_parameter.rebuild_buckets = false;
   check(Case{"per-parameter", per_parameter});
 }
 

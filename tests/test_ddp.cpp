@@ -127,6 +127,14 @@ struct Config {
   double tolerance;  // on parameters after the steps
 };
 
+// The benchmarks' per-parameter baseline: caps below every parameter's size, no rebuild.
+ddp::DDPOptions per_parameter() {
+  ddp::DDPOptions options;
+  options.bucket_cap_mb = options.first_bucket_mb = 1e-9;
+  options.rebuild_buckets = false;
+  return options;
+}
+
 std::vector<Config> configs() {
   auto with = [](auto change) {
     ddp::DDPOptions o;
@@ -138,7 +146,7 @@ std::vector<Config> configs() {
       {"cap below one parameter", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1e-4; }), 1e-6},
       {"cap above the model", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1000; }), 1e-6},
       {"three small buckets", with([](auto& o) { o.first_bucket_mb = 0.0005; o.bucket_cap_mb = 0.003; }), 1e-6},
-      {"per-parameter", with([](auto& o) { o.sync = ddp::GradSync::PerParameter; }), 1e-6},
+      {"a bucket per parameter", per_parameter(), 1e-6},
       {"fp16 on the wire", with([](auto& o) { o.compression = ddp::Compression::Fp16; }), 2e-3},
       {"bf16 on the wire", with([](auto& o) { o.compression = ddp::Compression::Bf16; }), 2e-2},
   };
@@ -261,21 +269,22 @@ TEST(DistributedDataParallel, BucketsAreRebuiltInTheOrderGradientsArrived) {
   struct Case {
     const char* name;
     bool rebuild;
-    ddp::GradSync sync;
+    bool one_per_bucket;  // caps below every parameter's size
     Layout before, after;
   };
   const Layout one_each = {{5}, {4}, {3}, {2}, {1}, {0}};
+  const Layout one_each_observed = {{1}, {0}, {5}, {4}, {3}, {2}};
   for (const Case& c :
-       {Case{"rebuild", true, ddp::GradSync::Bucketed, kRegistered, kObserved},
-        Case{"rebuild_buckets off", false, ddp::GradSync::Bucketed, kRegistered, kRegistered},
-        Case{"per-parameter", true, ddp::GradSync::PerParameter, one_each, one_each}}) {
+       {Case{"rebuild", true, false, kRegistered, kObserved},
+        Case{"rebuild_buckets off", false, false, kRegistered, kRegistered},
+        Case{"a bucket per parameter, rebuilt", true, true, one_each, one_each_observed},
+        Case{"a bucket per parameter, not rebuilt", false, true, one_each, one_each}}) {
     torch::manual_seed(31);
     auto distributed = std::make_shared<Shuffled>();
     torch::manual_seed(31);
     auto reference = std::make_shared<Shuffled>();
-    ddp::DDPOptions options = small_buckets();
+    ddp::DDPOptions options = c.one_per_bucket ? per_parameter() : small_buckets();
     options.rebuild_buckets = c.rebuild;
-    options.sync = c.sync;
     ddp::DistributedDataParallel model(pg(), distributed, options);
     EXPECT_EQ(model.bucket_layout(), c.before) << c.name;
     torch::manual_seed(32);
@@ -368,13 +377,12 @@ TEST(DistributedDataParallel, RebuiltBucketsFollowRankZerosOrderOnEveryRank) {
 TEST(DistributedDataParallel, NoSyncAccumulatesLikeOneBigBatch) {
   const int w = rt().world_size(), r = rt().rank();
   const int64_t b = 3, k = 3;
-  for (auto sync : {ddp::GradSync::Bucketed, ddp::GradSync::PerParameter}) {
+  for (const ddp::DDPOptions& sync : {ddp::DDPOptions(), per_parameter()}) {
     torch::manual_seed(21);
     auto distributed = std::make_shared<Shuffled>();
     torch::manual_seed(21);
     auto reference = std::make_shared<Shuffled>();
-    ddp::DDPOptions options;
-    options.sync = sync;
+    ddp::DDPOptions options = sync;
     ddp::DistributedDataParallel model(pg(), distributed, options);
     torch::manual_seed(22);
     const torch::Tensor x = torch::randn({k, w * b, 10});
@@ -422,10 +430,9 @@ struct TwoHeads : torch::nn::Module {
 
 TEST(DistributedDataParallel, UnusedParameterIsAnErrorOnEveryRankNamingIt) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  for (auto sync : {ddp::GradSync::Bucketed, ddp::GradSync::PerParameter}) {
+  for (const ddp::DDPOptions& sync : {ddp::DDPOptions(), per_parameter()}) {
     auto net = std::make_shared<TwoHeads>();
-    ddp::DDPOptions options;
-    options.sync = sync;
+    ddp::DDPOptions options = sync;
     ddp::DistributedDataParallel model(pg(), net, options);
     const torch::Tensor x = torch::ones({2, 4});
     try {
@@ -446,13 +453,12 @@ TEST(DistributedDataParallel, UnusedParameterIsAnErrorOnEveryRankNamingIt) {
 
 TEST(DistributedDataParallel, FindUnusedParametersCountsThemAsZero) {
   const int w = rt().world_size(), r = rt().rank();
-  for (auto sync : {ddp::GradSync::Bucketed, ddp::GradSync::PerParameter}) {
+  for (const ddp::DDPOptions& sync : {ddp::DDPOptions(), per_parameter()}) {
     torch::manual_seed(8);
     auto net = std::make_shared<TwoHeads>();
     torch::manual_seed(8);
     auto reference = std::make_shared<TwoHeads>();
-    ddp::DDPOptions options;
-    options.sync = sync;
+    ddp::DDPOptions options = sync;
     options.find_unused_parameters = true;
     ddp::DistributedDataParallel model(pg(), net, options);
     torch::manual_seed(9);

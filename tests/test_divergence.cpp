@@ -10,6 +10,7 @@
 #include <ddp/train/task.h>
 #include <ddp/train/trainer.h>
 
+#include "after_step_hook.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
@@ -99,7 +100,7 @@ TEST(Divergence, NanGradientsStopEveryRankBeforeTheStep) {
   Poisoned task(net, /*poison_from=*/4, false, kNaN);  // micro-batch 4: step 5
   torch::Tensor after_step_4;
   ddp::TrainerOptions o = options();
-  o.on_step = [&](int64_t step, int) { if (step == 4) after_step_4 = flat(*net); };
+  ddp_test::AfterStep hook([&](int64_t step, int) { if (step == 4) after_step_4 = flat(*net); });
   ddp::Trainer trainer(pg(), *net, task, optimizer, o, &model);
   try {
     trainer.fit(2);
@@ -126,7 +127,7 @@ TEST(Divergence, SkipDropsTheStepAndItsSumsThenStopsAfterTheLimitInARow) {
     std::vector<torch::Tensor> after;  // after[s]: the parameters after step s
     ddp::TrainerOptions o = options();
     o.on_nonfinite = ddp::OnNonFinite::Skip;
-    o.on_step = [&](int64_t, int) { after.push_back(flat(*net)); };
+    ddp_test::AfterStep hook([&](int64_t, int) { after.push_back(flat(*net)); });
     ddp::Trainer trainer(pg(), *net, task, optimizer, o, &model);
     const std::vector<ddp::EpochResult> results = trainer.fit(1);
     ASSERT_EQ(results.size(), 1u);
@@ -169,7 +170,7 @@ TEST(Divergence, InfiniteLossWithFiniteGradientsStopsAtTheNextCheck) {
   ddp::TrainerOptions o = options();
   o.on_nonfinite = ddp::OnNonFinite::Skip;  // a loss stops in either mode
   int64_t last_step = 0;
-  o.on_step = [&](int64_t step, int) { last_step = step; };
+  ddp_test::AfterStep hook([&](int64_t step, int) { last_step = step; });
   ddp::Trainer trainer(pg(), *net, task, optimizer, o, &model);
   try {
     trainer.fit(1);

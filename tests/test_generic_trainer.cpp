@@ -1,7 +1,7 @@
 // The Trainer with a task of one's own (task.h, issue 13): a regression with a two-input model and
 // a struct batch, trained at 1, 2 and 4 ranks, equals one process stepping on the global batch;
 // the task's metric sums are reduced over ranks (sums known in advance); a run stopped inside an
-// epoch (a signal raised from TrainerOptions::on_step) and resumed gives the uninterrupted run's
+// epoch (a signal raised from the after_step testing hook) and resumed gives the uninterrupted run's
 // model and metrics bit for bit; the same task reading its batches through LibTorch's DataLoader
 // with worker threads trains the same model, and stops and resumes the same way; a task that
 // breaks the metric contract is refused naming what is wrong.
@@ -11,6 +11,7 @@
 #include <ddp/train/trainer.h>
 #include <ddp/stop_signal.h>
 
+#include "after_step_hook.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
@@ -282,7 +283,7 @@ struct TrainingRun {
 };
 
 // Trains one epoch as `TaskType` reads its batches: uninterrupted; then stopped by SIGUSR1 on the
-// last rank right after optimizer step 2 (raised from on_step) and resumed from the snapshot the
+// last rank right after optimizer step 2 (raised from the after_step testing hook) and resumed from the snapshot the
 // stop wrote. Both must equal `reference` (the index-gathering task's uninterrupted run) bit for
 // bit: the model, the loss, every metric sum.
 template <typename TaskType>
@@ -313,14 +314,13 @@ void expect_stop_and_resume_bit_identical(const std::string& name, const Sample&
   std::string snapshot;
   {
     TrainingRun<TaskType> stopped(train, test);
-    ddp::TrainerOptions signalled = o;
     const int last = rt().world_size() - 1;
     int64_t steps_seen = 0;
-    signalled.on_step = [&](int64_t step, int rank) {
+    ddp_test::AfterStep hook([&](int64_t step, int rank) {
       steps_seen = step;
       if (step == 2 && rank == last) std::raise(SIGUSR1);
-    };
-    ddp::Trainer trainer(pg(), *stopped.net, stopped.task, stopped.optimizer, signalled, &stopped.model);
+    });
+    ddp::Trainer trainer(pg(), *stopped.net, stopped.task, stopped.optimizer, o, &stopped.model);
     EXPECT_TRUE(trainer.fit(1).empty());
     EXPECT_EQ(trainer.stopped_by(), SIGUSR1);
     EXPECT_EQ(steps_seen, 2) << "every rank stops before step 3";

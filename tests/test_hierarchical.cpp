@@ -1,5 +1,5 @@
 // The hierarchical all-reduce (comm/hierarchical_communicator.h) on one machine, its hosts
-// emulated by CpuOptions::host_split / DDP_TEST_HOST_SPLIT: at 4 ranks 2 "hosts" of 2 ranks
+// emulated by CpuOptions::host_split (testing::hooks().host_split): at 4 ranks 2 "hosts" of 2 ranks
 // (and 1 + 3, 3 + 1), at 2 ranks one host of 2 (hierarchical forced on). Every rank must hold
 // bitwise the same result, equal to the flat all-reduce's within rounding (exactly for
 // integers, Min and Max); DDP training over it keeps the replicas identical.
@@ -8,6 +8,7 @@
 #include "comm/cpu_communicator.h"
 #include "comm/hierarchical_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "util/testing_hooks.h"
 
 #include "test_support.h"
 
@@ -165,33 +166,28 @@ TEST(HierarchicalAllReduce, AutoStaysFlatOnOneHostAndABadSplitIsNamed) {
     ddp::make_cpu_communicator(MPI_COMM_WORLD, options);
     ADD_FAILURE() << "a split that does not add up to the ranks must be refused";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("CpuOptions::host_split (DDP_TEST_HOST_SPLIT) '" +
+    EXPECT_NE(std::string(e.what()).find("CpuOptions::host_split '" +
                                          std::to_string(world() + 1) + "'"),
               std::string::npos) << e.what();
   }
 }
 
 // A few DDP steps over ProcessGroups made as a program makes them, hierarchical (2 x 2 through
-// DDP_TEST_HOST_SPLIT, leaders on the ring) and flat: the replicas stay identical, and the two
+// testing::hooks().host_split, leaders on the ring) and flat: the replicas stay identical, and the two
 // trainings agree within rounding.
 TEST(HierarchicalAllReduce, DdpTrainingKeepsReplicasIdenticalAndMatchesFlat) {
   if (world() < 2) GTEST_SKIP() << "needs 2 or 4 ranks";
-  std::string split;
-  for (int n : two_by_two()) {
-    if (!split.empty()) split += ',';
-    split += std::to_string(n);
-  }
   std::vector<torch::Tensor> losses[2], states[2];
   for (int pass = 0; pass < 2; ++pass) {
     const bool hier = pass == 0;
     if (hier) {
-      setenv("DDP_TEST_HOST_SPLIT", split.c_str(), 1);
+      ddp::testing::hooks().host_split = two_by_two();
       setenv("DDP_MPI_SOCKETS", "always", 1);
     }
     ddp::ProcessGroupOptions group_options;
     group_options.hierarchical = hier ? HierarchicalAllReduce::On : HierarchicalAllReduce::Off;
     ddp::ProcessGroup group(ddp_test::runtime(), group_options);
-    unsetenv("DDP_TEST_HOST_SPLIT");
+    ddp::testing::hooks().host_split.clear();
     unsetenv("DDP_MPI_SOCKETS");
     EXPECT_EQ(group.cpu().backend(), hier ? "mpi-hierarchical" : "mpi");
 

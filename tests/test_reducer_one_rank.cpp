@@ -99,7 +99,10 @@ std::vector<Variant> variants() {
       {"rebuild_buckets", with([](auto&) {})},
       {"rebuild_buckets off", with([](auto& o) { o.rebuild_buckets = false; })},
       {"default buckets", ddp::DDPOptions{}},
-      {"per-parameter", with([](auto& o) { o.sync = ddp::GradSync::PerParameter; })},
+      {"a bucket per parameter", with([](auto& o) {
+         o.bucket_cap_mb = o.first_bucket_mb = 1e-9;
+         o.rebuild_buckets = false;
+       })},
       {"no_sync accumulation", with([](auto&) {}), 3},
       {"find_unused_parameters", with([](auto& o) { o.find_unused_parameters = true; }), 1, true},
       {"no_sync and unused", with([](auto& o) { o.find_unused_parameters = true; }), 2, true},

@@ -12,6 +12,7 @@
 #include <ddp/train/trainer.h>
 #include <ddp/zero_redundancy_optimizer.h>
 
+#include "after_step_hook.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
@@ -148,9 +149,9 @@ void expect_exact_resume(const Case& c) {
     CaseRun run(c);
     ddp::TrainerOptions stopped = options(dir);
     const int last = rt().world_size() - 1;
-    stopped.on_step = [&](int64_t step, int rank) {
+    ddp_test::AfterStep hook([&](int64_t step, int rank) {
       if (step == kStopAfterStep && rank == last) std::raise(SIGTERM);
-    };
+    });
     ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, stopped, &run.model);
     trainer.fit(kEpochs);
     ASSERT_EQ(trainer.stopped_by(), SIGTERM);

@@ -310,6 +310,8 @@ SCRIPT
     ;;
 
   node_loss)
+    # The test build of ddp_mnist: DDP_TEST_SAMPLE_LOG (tests/testing_hooks_from_env.cpp).
+    ddp_mnist=$(realpath "$DDP_MNIST_SIGNAL_AT_STEP")
     # 2 nodes x 2 ranks under the 2-node script; node n2 dies mid-epoch: its ranks, their
     # slurmstepd and its slurmd are killed. Slurm marks n2 down (SlurmdTimeout 6 s here) and
     # ends the step, the job lives on (--no-kill), and the script starts the program again on

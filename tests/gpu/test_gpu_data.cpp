@@ -11,6 +11,7 @@
 #include <ddp/train/image_dataset.h>
 #include <ddp/train/train.h>
 
+#include "after_step_hook.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
@@ -132,7 +133,7 @@ TEST_F(GpuData, TrainerDoesNotWaitAfterTheOptimizerStep) {
   ddp::TrainerOptions options;
   options.batch_size = 8;  // 5 steps
   options.report.log_interval = 0;
-  options.on_step = [&](int64_t, int) { idle_after_step.push_back(current.query()); };
+  ddp_test::AfterStep hook([&](int64_t, int) { idle_after_step.push_back(current.query()); });
   ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
   ddp::Trainer trainer(ddp_test::group(), *net, task, optimizer, options);
   const ddp::EpochResult result = trainer.train_epoch(1);

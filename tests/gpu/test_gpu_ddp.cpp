@@ -74,22 +74,21 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
   const int64_t b = 4, steps = 4;
   struct Config {
     const char* name;
-    ddp::GradSync sync;
     double bucket_mb;
+    bool rebuild;
     ddp::Compression compression;
     double tolerance;
   };
   using ddp::Compression;
-  using ddp::GradSync;
   const std::vector<Config> configs = {
-      {"default buckets", GradSync::Bucketed, 25, Compression::None, 1e-5},
-      {"one bucket per parameter", GradSync::Bucketed, 1e-6, Compression::None, 1e-5},
-      {"per-parameter", GradSync::PerParameter, 25, Compression::None, 1e-5},
-      {"fp16 on the wire", GradSync::Bucketed, 25, Compression::Fp16, 2e-3}};
+      {"default buckets", 25, true, Compression::None, 1e-5},
+      {"one bucket per parameter", 1e-6, true, Compression::None, 1e-5},
+      {"per-parameter (no rebuild)", 1e-9, false, Compression::None, 1e-5},
+      {"fp16 on the wire", 25, true, Compression::Fp16, 2e-3}};
   for (const Config& c : configs) {
     ddp::DDPOptions options;
     options.reducer_at_one_rank = true;  // one GPU still runs the NCCL reducer
-    options.sync = c.sync;
+    options.rebuild_buckets = c.rebuild;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
     options.compression = c.compression;
     torch::manual_seed(3);

@@ -56,12 +56,6 @@ namespace ddp {
 class Reducer;   ///< parallel/reducer.h (internal)
 class Timeline;  ///< timeline.h
 
-/// How DistributedDataParallel synchronises gradients.
-enum class GradSync {
-  Bucketed,      ///< flat buckets all-reduced while backward runs
-  PerParameter,  ///< one bucket per parameter (the baseline; same code path, other bucket caps)
-};
-
 /// What travels on the wire; buckets are cast for the all-reduce and cast back.
 enum class Compression {
   None,  ///< the gradients' own dtype
@@ -80,8 +74,9 @@ enum class Backend {
 /// How DistributedDataParallel synchronises gradients. Must be equal on every rank (the
 /// reducer checks the bucket layout that results).
 struct DDPOptions {
-  GradSync sync = GradSync::Bucketed;  ///< buckets, or one per parameter
-  double bucket_cap_mb = 25.0;   ///< PyTorch's defaults
+  /// PyTorch's defaults. A cap smaller than every parameter (e.g. 1e-9) gives each parameter a
+  /// bucket of its own (the benchmarks' per-parameter baseline).
+  double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;  ///< small, so communication starts early in backward
   /// false: a parameter without a gradient on some rank is an error naming it and the rank.
   /// true: such gradients count as zero on that rank (every step pays a check either way).
@@ -94,7 +89,7 @@ struct DDPOptions {
   /// true: after the first synchronised backward, buckets are regrouped (same caps) in the order
   /// rank 0 saw gradients arrive, as PyTorch's Reducer does. Reverse registration order only
   /// guesses that order; where it guesses wrong, a bucket waits for its latest gradient and its
-  /// all-reduce overlaps less of backward. Bucketed sync only (per-parameter buckets gain nothing).
+  /// all-reduce overlaps less of backward.
   bool rebuild_buckets = true;
   Timeline* timeline = nullptr;  ///< records each bucket's all-reduce when set
   /// true: build the Reducer at one rank too, as PyTorch's DDP always does, so that a single
@@ -119,16 +114,14 @@ struct DDPOptions {
   bool gradient_as_bucket_view = false;
 };
 
-/// Parses "bucketed" / "per-parameter", "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl";
-/// throws std::invalid_argument naming the value otherwise.
+/// Parses "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl"; throws std::invalid_argument
+/// naming the value otherwise.
 ///@{
-GradSync parse_grad_sync(const std::string& name);
 Compression parse_compression(const std::string& name);
 Backend parse_backend(const std::string& name);
 ///@}
 /// The names the parsers accept, for messages and logs.
 ///@{
-const char* grad_sync_name(GradSync sync);
 const char* compression_name(Compression compression);
 const char* backend_name(Backend backend);
 ///@}

@@ -164,7 +164,6 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir), defaults.data_help.c_str());
   po::options_description distributed("Distributed");
   distributed.add_options()
-    ("grad-sync", po::value(&f.grad_sync)->default_value("bucketed"), "gradient sync: bucketed (overlapped with backward) or per-parameter")
     ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
     ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
     ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
@@ -241,7 +240,6 @@ std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const Tra
 
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline) {
   ddp::DDPOptions options;
-  options.sync = ddp::parse_grad_sync(flags.grad_sync);
   options.compression = ddp::parse_compression(
       flags.comm_hook == "fp16" || flags.comm_hook == "bf16" ? flags.comm_hook : flags.compression);
   options.backend = ddp::parse_backend(flags.backend);

@@ -66,7 +66,7 @@ struct CpuOptions {
   // ProcessGroup sets it from ProcessGroupOptions::hierarchical.
   HierarchicalAllReduce hierarchical = HierarchicalAllReduce::Auto;
   // Tests: ranks per "host", in rank order, instead of the ranks that share memory (empty: the
-  // real hosts). ProcessGroup reads DDP_TEST_HOST_SPLIT.
+  // real hosts). ProcessGroup takes it from testing::hooks() (util/testing_hooks.h).
   std::vector<int> host_split;
 };
 

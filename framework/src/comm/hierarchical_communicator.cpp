@@ -73,7 +73,7 @@ std::vector<int> host_of_each_rank(MPI_Comm comm, const std::vector<int>& host_s
     const bool positive = std::all_of(host_split.begin(), host_split.end(), [](int n) { return n > 0; });
     if (!positive || total != size) {
       throw std::invalid_argument(
-          "CpuOptions::host_split (DDP_TEST_HOST_SPLIT) '" + join(host_split) +
+          "CpuOptions::host_split '" + join(host_split) +
           "': expected ranks per host, each >= 1, adding up to the " + std::to_string(size) +
           " ranks of the communicator");
     }

@@ -28,7 +28,7 @@
 // (floating point: within rounding; integers, Min and Max: exactly).
 //
 // Hosts: the ranks that share memory (MPI_COMM_TYPE_SHARED, as the Runtime's nodes), or, for
-// tests, CpuOptions::host_split (DDP_TEST_HOST_SPLIT=2,2: ranks 0-1 are one "host", ranks 2-3
+// tests, CpuOptions::host_split ({2, 2}: ranks 0-1 are one "host", ranks 2-3
 // another, on one machine). Hosts may have different numbers of ranks, and a host's ranks need
 // not be consecutive: each phase is over the ranks that are there (a host of one rank has
 // nothing to reduce or broadcast).

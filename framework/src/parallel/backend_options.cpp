@@ -3,8 +3,8 @@
 #include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #include "util/environment.h"
+#include "util/testing_hooks.h"
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -14,27 +14,6 @@ namespace ddp {
 const char* const kSetupWhy =
     "every rank of the job must call it; a rank that has not got here is stopped, hung, or still "
     "loading its data";
-
-namespace {
-
-// DDP_TEST_HOST_SPLIT's "2,2": ranks per host; a bad list throws naming the variable.
-std::vector<int> host_split(const std::string& text) {
-  std::vector<int> split;
-  std::string item;
-  std::istringstream in(text);
-  while (std::getline(in, item, ',')) {
-    const bool digits = !item.empty() && item.size() <= 6 &&
-                        item.find_first_not_of("0123456789") == std::string::npos;
-    if (!digits || std::stoi(item) == 0) {
-      throw std::invalid_argument(std::string(setting_info(Setting::TestHostSplit).name) + "='" +
-                                  text + "': expected ranks per host, e.g. 2,2");
-    }
-    split.push_back(std::stoi(item));
-  }
-  return split;
-}
-
-}  // namespace
 
 std::chrono::seconds collective_timeout(std::chrono::seconds timeout) {
   if (timeout.count() > 0) return timeout;
@@ -56,7 +35,7 @@ CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::sec
   if (const auto mode = read_text(env, Setting::Sockets)) options.sockets = parse_sockets(*mode, setting_info(Setting::Sockets).name);
   if (const auto kib = read_number(env, Setting::SocketThreshold)) options.socket_bytes = std::size_t(*kib) << 10;
   if (const auto names = read_text(env, Setting::SocketInterfaces)) options.socket_interfaces = *names;
-  if (const auto split = read_text(env, Setting::TestHostSplit)) options.host_split = host_split(*split);
+  options.host_split = testing::hooks().host_split;
   return options;
 }
 

@@ -29,8 +29,8 @@ namespace ddp {
 //   DDP_MPI_SOCKETS       CpuOptions::sockets: auto | never | always
 //   DDP_MPI_SOCKET_KIB    CpuOptions::socket_bytes in KiB
 //   DDP_SOCKET_IFNAME     CpuOptions::socket_interfaces (comma-separated interface names)
-//   DDP_TEST_HOST_SPLIT   CpuOptions::host_split (tests: ranks per emulated host, "2,2")
-// A bad value throws std::invalid_argument naming the variable.
+// A bad value throws std::invalid_argument naming the variable. CpuOptions::host_split is
+// util/testing_hooks.h's (tests emulate hosts on one machine).
 CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout);
 
 // A collective's timeout: `timeout` (ProcessGroupOptions::timeout) when > 0, else

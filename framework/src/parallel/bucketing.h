@@ -15,8 +15,7 @@ struct BucketCaps {
   double cap_bytes;    // every later bucket likewise
 };
 
-// Per-parameter synchronisation is the policy with both caps 0: every bucket holds one
-// parameter.
+// Both caps 0: every bucket holds one parameter (as any cap below every parameter's size does).
 constexpr BucketCaps kOneParameterPerBucket{0, 0};
 
 struct ParameterSize {

@@ -4,13 +4,6 @@
 
 namespace ddp {
 
-GradSync parse_grad_sync(const std::string& name) {
-  if (name == "bucketed") return GradSync::Bucketed;
-  if (name == "per-parameter") return GradSync::PerParameter;
-  throw std::invalid_argument("unknown gradient sync '" + name +
-                              "' (expected bucketed or per-parameter)");
-}
-
 Compression parse_compression(const std::string& name) {
   if (name == "none") return Compression::None;
   if (name == "fp16") return Compression::Fp16;
@@ -23,10 +16,6 @@ Backend parse_backend(const std::string& name) {
   if (name == "mpi") return Backend::Mpi;
   if (name == "nccl") return Backend::Nccl;
   throw std::invalid_argument("unknown backend '" + name + "' (expected auto, mpi or nccl)");
-}
-
-const char* grad_sync_name(GradSync sync) {
-  return sync == GradSync::Bucketed ? "bucketed" : "per-parameter";
 }
 
 const char* compression_name(Compression compression) {

@@ -51,7 +51,7 @@ Reducer::Reducer(Communicator& data, Communicator& control, std::vector<torch::T
   }
   build_buckets(order);
   check_layout_across_ranks();
-  rebuild_pending_ = options_.rebuild_buckets && options_.sync == GradSync::Bucketed;
+  rebuild_pending_ = options_.rebuild_buckets;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (slots_[i].bucket != kNoBucket) attach_hook(i);
   }
@@ -97,9 +97,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     sizes.push_back({static_cast<size_t>(p.numel()) * p.element_size(), p.scalar_type()});
   }
   const double mib = 1024.0 * 1024.0;
-  const BucketCaps caps = options_.sync == GradSync::PerParameter
-                              ? kOneParameterPerBucket
-                              : BucketCaps{options_.first_bucket_mb * mib, options_.bucket_cap_mb * mib};
+  const BucketCaps caps{options_.first_bucket_mb * mib, options_.bucket_cap_mb * mib};
   buckets_.clear();
   slots_.assign(params_.size(), Slot{kNoBucket, 0, false, {}});
   for (std::vector<size_t>& members : assign_buckets(sizes, order, caps)) {
@@ -199,8 +197,7 @@ void Reducer::restore_order(const std::vector<size_t>& order) {
 
 void Reducer::check_layout_across_ranks() {
   std::ostringstream layout;
-  layout << "backend " << data_comm_.backend() << ", sync " << grad_sync_name(options_.sync)
-         << ", compression " << compression_name(options_.compression) << ", " << buckets_.size()
+  layout << "backend " << data_comm_.backend() << ", compression " << compression_name(options_.compression) << ", " << buckets_.size()
          << " buckets:";
   for (const Bucket& b : buckets_) layout << " " << b.data.scalar_type() << "[" << b.data.numel() << "]";
   require_agreement(control_comm_, "DistributedDataParallel: the bucket layout", layout.str(),

@@ -4,10 +4,9 @@
 //
 // Buckets: the parameters that require grad are grouped, in reverse registration order (the
 // order backward produces their gradients), into flat buckets of one dtype by assign_buckets
-// (bucketing.h). GradSync::Bucketed uses the caps first_bucket_mb and bucket_cap_mb;
-// GradSync::PerParameter uses caps that give every parameter a bucket of its own. It is one
-// code path: the policy only decides the grouping. Reverse registration order is only a guess
-// at the order of the gradients: with rebuild_buckets (Bucketed), the first synchronised
+// (bucketing.h), with the caps first_bucket_mb and bucket_cap_mb (a cap below every parameter's
+// size gives each its own bucket: the same code path, other caps). Reverse registration order is
+// only a guess at the order of the gradients: with rebuild_buckets, the first synchronised
 // backward records the order they actually arrive in, and the buckets are regrouped, by the
 // same rules, in rank 0's order (step 5).
 //

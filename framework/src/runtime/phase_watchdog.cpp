@@ -4,6 +4,7 @@
 
 #include "util/clock.h"
 #include "util/environment.h"
+#include "util/testing_hooks.h"
 
 #include <mpi.h>
 
@@ -11,7 +12,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -151,16 +151,6 @@ class PhaseWatchdog {
 
 thread_local uint64_t PhaseWatchdog::current_ = 0;
 
-// DDP_TEST_STOP_IN_PHASE=RANK:TEXT: that rank stops itself when it enters a phase whose name
-// starts with TEXT (the tests' way to stall a rank at a chosen point of its life).
-void stop_if_asked(int rank, const std::string& what) {
-  const auto spec = read_text(current_environment(), Setting::TestStopInPhase);
-  if (!spec) return;
-  const auto colon = spec->find(':');
-  if (colon == std::string::npos || spec->substr(0, colon) != std::to_string(rank)) return;
-  if (what.compare(0, spec->size() - colon - 1, *spec, colon + 1) == 0) std::raise(SIGSTOP);
-}
-
 std::chrono::seconds phase_timeout() {
   const int64_t set = PhaseWatchdog::get().default_timeout_seconds;
   return std::chrono::seconds(set > 0 ? set : collective_timeout_seconds(current_environment()));
@@ -180,7 +170,7 @@ void set_phase_mpi_ready(bool ready) { PhaseWatchdog::get().mpi_ready = ready; }
 uint64_t enter_phase(const std::string& what, const std::string& why, std::chrono::seconds timeout,
                      const std::string& limit, std::chrono::seconds slack) {
   const uint64_t id = PhaseWatchdog::get().enter(Phase{what, why, limit, timeout, slack, {}, 0, 0});
-  stop_if_asked(PhaseWatchdog::get().rank(), what);
+  if (const auto& entered = testing::hooks().entered_phase) entered(PhaseWatchdog::get().rank(), what);
   return id;
 }
 

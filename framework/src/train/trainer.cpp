@@ -8,7 +8,7 @@
 #include <ddp/train/replica_check.h>
 
 #include "util/clock.h"
-#include "util/environment.h"
+#include "util/testing_hooks.h"
 #if DDP_WITH_CUDA
 #include "util/cuda_device.h"
 #endif
@@ -66,11 +66,13 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const 
   return options;
 }
 
-// DDP_TEST_SAMPLE_LOG's file for `rank` of `ranks`, "" when the variable is unset (trainer.h).
-std::string sample_log_path(int rank, int ranks) {
-  const auto dir = read_text(current_environment(), Setting::TestSampleLog);
-  return dir ? *dir + "/rank" + std::to_string(rank) + "of" + std::to_string(ranks) + ".txt"
-             : std::string();
+// The indices (of `order`, the sampler's) of this rank's `batch_size` samples starting at
+// position `begin` of its shard: what a batch trained, for testing::hooks().trained_samples.
+std::vector<int64_t> samples_of_batch(const std::vector<int64_t>& order, int64_t begin,
+                                      int64_t batch_size) {
+  const int64_t n = static_cast<int64_t>(order.size());
+  begin = std::min(n, begin);
+  return std::vector<int64_t>(order.begin() + begin, order.begin() + std::min(n, begin + batch_size));
 }
 
 bool valid_metric_name(const std::string& name) {
@@ -160,7 +162,6 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
       sampler_(std::max<int64_t>(task.train_size(), 0), group.size(), group.rank(), options_.shuffle,
                options_.seed) {
   check_metric_names(task);
-  sample_log_ = sample_log_path(group.rank(), group.size());
   if (options_.overlap_optimizer_step) overlap_step_or_say_why();
 }
 
@@ -279,24 +280,6 @@ void Trainer::keep_global_batch() {
   boundary_.checkpointer().set_batch_size(batch_size);
 }
 
-void Trainer::log_samples(int64_t epoch, int64_t step, int64_t b,
-                          const std::vector<int64_t>& order) const {
-  const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t begin = std::min(n, epoch_.sampler_batch(b) * options_.batch_size);
-  const int64_t end = std::min(n, begin + options_.batch_size);
-  std::string lines;
-  for (int64_t i = begin; i < end; ++i) {
-    lines += std::to_string(epoch) + " " + std::to_string(step) + " " +
-             std::to_string(order[static_cast<size_t>(i)]) + "\n";
-  }
-  // Opened for each batch: the lines of every trained batch are on disk even when a rank is
-  // killed (what the tests of crashes need).
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(sample_log_.c_str(), "a"), std::fclose);
-  if (!file || std::fwrite(lines.data(), 1, lines.size(), file.get()) != lines.size()) {
-    throw std::runtime_error("DDP_TEST_SAMPLE_LOG: cannot append to " + sample_log_);
-  }
-}
-
 EpochResult Trainer::train_epoch(int64_t epoch) {
   model_.train();
   epoch_ = boundary_.start_epoch(epoch, sampler_, options_.batch_size);
@@ -314,7 +297,8 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
                  epoch_.sampler_batch(batches), group_.device());
   reporter_.start_epoch(EpochPlan{epoch, first, batches, batches_per_epoch(), options_.batch_size,
                                   task_.train_size()});
-  const std::vector<int64_t> order = sample_log_.empty() ? std::vector<int64_t>() : sampler_.indices();
+  const auto& trained_samples = testing::hooks().trained_samples;
+  const std::vector<int64_t> order = trained_samples ? sampler_.indices() : std::vector<int64_t>();
   for (int64_t b = first; b < batches; ++b) {
     // With accumulation, an optimizer step is a group of `accumulate` micro-batches; the
     // boundaries (stop check, snapshots, replica check) lie only between groups, where no
@@ -324,7 +308,11 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
     }
     const int64_t step_of_batch = global_step_ + 1;  // taken at the end of the batch's group
     const StepOutput out = step(epoch, b, batches, generator, meter);
-    if (!sample_log_.empty()) log_samples(epoch, step_of_batch, b, order);
+    if (trained_samples) {
+      trained_samples(epoch, step_of_batch, group_.rank(), group_.size(),
+                      samples_of_batch(order, epoch_.sampler_batch(b) * options_.batch_size,
+                                       options_.batch_size));
+    }
     reporter_.batch_done(b, out.loss, out.samples);
   }
   reporter_.end_epoch();

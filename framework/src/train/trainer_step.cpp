@@ -6,6 +6,7 @@
 #include <ddp/train/replica_check.h>
 
 #include "util/clock.h"
+#include "util/testing_hooks.h"
 
 #include <torch/torch.h>
 
@@ -135,7 +136,7 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
       if (!losses_finite) nonfinite_loss_step_ = global_step_;
     }
     pending_.clear();
-    if (options_.on_step) options_.on_step(global_step_, group_.rank());
+    if (const auto& after_step = testing::hooks().after_step) after_step(global_step_, group_.rank());
   }
   out.loss = loss.detach();
   return out;

@@ -15,7 +15,7 @@ using Kind = SettingInfo::Kind;
 constexpr long kMaxKiB = 1L << 30;  // the largest size in KiB (1 TiB)
 
 // Every DDP_* variable the core reads, in the order of `Setting`.
-constexpr std::array<SettingInfo, 15> kSettings{{
+constexpr std::array<SettingInfo, 12> kSettings{{
     {Setting::Timeout, "DDP_TIMEOUT_SECONDS", Kind::Seconds, 0, nullptr, nullptr,
      "seconds a collective of either backend may take before its watchdog ends the job "
      "(ProcessGroupOptions::timeout wins; default 600)"},
@@ -46,15 +46,6 @@ constexpr std::array<SettingInfo, 15> kSettings{{
     {Setting::StartupTimeout, "DDP_STARTUP_TIMEOUT_SECONDS", Kind::Seconds, 0, nullptr, nullptr,
      "seconds MPI start-up (MPI_Init and the Runtime's first collectives) may take before the "
      "phase watchdog ends the job (default 600)"},
-    {Setting::TestStopInPhase, "DDP_TEST_STOP_IN_PHASE", Kind::Text, 0, nullptr, nullptr,
-     "tests only: RANK:TEXT stops (SIGSTOP) that rank when it enters a watched phase whose name "
-     "starts with TEXT"},
-    {Setting::TestSampleLog, "DDP_TEST_SAMPLE_LOG", Kind::Text, 0, nullptr, nullptr,
-     "tests only: a directory; the Trainer's rank R appends \"<epoch> <step> <index>\" to "
-     "<dir>/rank<R>of<N>.txt for every sample it trained"},
-    {Setting::TestHostSplit, "DDP_TEST_HOST_SPLIT", Kind::Text, 0, nullptr, nullptr,
-     "tests only: ranks per host in rank order, e.g. 2,2, instead of the ranks that share memory "
-     "(CpuOptions::host_split: the hierarchical all-reduce's hosts)"},
 }};
 
 constexpr bool in_setting_order() {

@@ -11,8 +11,7 @@
 // naming the variable and the value, e.g. "DDP_MPI_SPIN_US='fast': expected an integer from 0
 // to 1000000". Numbers are whole decimal numbers, digits only.
 //
-// The training kit reads its one variable here too: DDP_TEST_SAMPLE_LOG (the Trainer's test
-// hook, trainer.h).
+// No variable here is for tests alone: a test's way into the library is util/testing_hooks.h.
 
 #include <map>
 #include <optional>
@@ -38,9 +37,6 @@ enum class Setting {
   SocketThreshold,   // DDP_MPI_SOCKET_KIB
   SocketInterfaces,  // DDP_SOCKET_IFNAME
   StartupTimeout,    // DDP_STARTUP_TIMEOUT_SECONDS
-  TestStopInPhase,   // DDP_TEST_STOP_IN_PHASE (tests: stop a rank in a watched phase)
-  TestSampleLog,     // DDP_TEST_SAMPLE_LOG (tests: the Trainer logs the samples it trained)
-  TestHostSplit,     // DDP_TEST_HOST_SPLIT (tests: ranks per emulated host, "2,2")
 };
 
 // One row of the table.

@@ -1,5 +1,5 @@
 #pragma once
-// The training flags every ddp::cli program has (--batch-size, --epochs, --lr, --grad-sync,
+// The training flags every ddp::cli program has (--batch-size, --epochs, --lr, --bucket-mb,
 // --checkpoint-dir, --amp, ...; README.md lists them), their checks, and their mapping onto the
 // library's options: DDPOptions, TrainerOptions, the learning-rate schedules, the Timeline.
 // The errors name the flags (`--epochs must be >= 1 (got 0)`): here the flags are the API.
@@ -38,7 +38,7 @@ struct TrainingFlags {
   bool deterministic = false;      // --deterministic (use_deterministic_kernels)
   bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
   bool overlap_step = false;  // --overlap-step (TrainerOptions::overlap_optimizer_step)
-  std::string data_dir, metrics_file, timeline, grad_sync, compression, backend, checkpoint_dir, resume;
+  std::string data_dir, metrics_file, timeline, compression, backend, checkpoint_dir, resume;
   std::string progress;
   // The training step.
   int64_t accumulate = 1, warmup_steps = 0;
@@ -99,7 +99,7 @@ ddp::RuntimeOptions runtime_options(const TrainingFlags& flags);
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
 
-// The DistributedDataParallel options of --grad-sync, --compression (and --comm-hook fp16/bf16,
+// The DistributedDataParallel options of --compression (and --comm-hook fp16/bf16,
 // the same hooks), --backend, --bucket-mb, --first-bucket-mb, --find-unused-parameters and
 // --no-broadcast-buffers.
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline);

@@ -140,10 +140,6 @@ struct TrainerOptions {
   // snapshot (checkpoint.every_seconds needs it > 0). 0: no check, and the signals keep their
   // default action (the process dies).
   int64_t stop_check_every = 1;
-  // Called on every rank after each optimizer step, with the global step (counting the steps
-  // before a resume) and the rank: for diagnostics and tests (a test raises a signal at a known
-  // step here). Empty: nothing.
-  std::function<void(int64_t step, int rank)> on_step;
 };
 
 // Thrown by Trainer::fit on every rank alike when TrainerOptions::keep_global_batch cannot keep
@@ -188,12 +184,6 @@ class Trainer {
   // size, continues that epoch with the rest of its sample order re-sharded over this run's
   // ranks (DistributedSampler's start): every sample of the epoch is trained once. Its batches
   // are counted on from the snapshot's (the batch limit and the step count go on as they were).
-  //
-  // Test hook: with DDP_TEST_SAMPLE_LOG=<dir> in the environment, every rank appends a line
-  // "<epoch> <step> <index>" to <dir>/rank<R>of<N>.txt (N: the ranks) for each sample it
-  // trained (once its batch's step is done; <step>: the optimizer step, global and 1-based, the
-  // sample went into), so a test can check which samples an epoch trained across stops,
-  // resumes and world sizes.
   std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
   // Optimizer steps taken so far, counting those before a resume.
@@ -226,7 +216,6 @@ class Trainer {
   DistributedSampler sampler_;
   int64_t global_step_ = 0;
   EpochStart epoch_;  // where the epoch in progress started (StepBoundary::start_epoch)
-  std::string sample_log_;  // DDP_TEST_SAMPLE_LOG's file for this rank; "" when unset
   std::string stop_snapshot_;
   // The divergence check (divergence.h).
   struct PendingBatch {  // a micro-batch's meter entries, added when its group's step is kept
@@ -244,8 +233,6 @@ class Trainer {
   void keep_global_batch();
   // The first batch of the epoch epoch_ starts; restores its generator and sums when resumed.
   int64_t restore_epoch(at::Generator& generator, EpochMeter& meter);
-  // DDP_TEST_SAMPLE_LOG: appends batch b's indices (of `order`, the sampler's) for `step`.
-  void log_samples(int64_t epoch, int64_t step, int64_t b, const std::vector<int64_t>& order) const;
   // At the boundary before batch b (StepBoundary::at_step). True when the ranks stop here.
   bool stop_at(int64_t b, at::Generator& generator, const EpochMeter& meter, double sync_at_start);
   // Batch `b` of `batches`: data, forward, backward (and the optimizer step at the end of a

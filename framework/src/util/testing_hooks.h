@@ -1,0 +1,43 @@
+#pragma once
+// The one place where tests reach into the library at points a user has no reason to: a rank
+// that stops itself in a phase, emulated hosts for the hierarchical all-reduce on one machine,
+// and the Trainer telling which step and which samples it trained. Internal (never installed):
+// the library calls these hooks, and only a test sets them, directly in a gtest binary
+// (ddp_use_internals) or through tests/testing_hooks_from_env.cpp, which a test-only build of an
+// example links to turn its environment into hooks. All empty by default: then the library does
+// exactly what it does without them.
+//
+// Set them before the work they watch starts (before the Runtime for entered_phase, before the
+// ProcessGroup for host_split, before fit() for the Trainer's) and reset them when done: they are
+// process-wide, and called from whatever thread (a replica's) reaches the point, so a hook that
+// keeps state must be thread-safe.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ddp::testing {
+
+struct Hooks {
+  // When a thread of this process enters a watched phase (<ddp/runtime.h>: WatchedPhase, the
+  // start-up phases), with this process's rank (the launcher's before MPI is
+  // up; -1 when unknown) and the phase's name.
+  std::function<void(int rank, const std::string& phase)> entered_phase;
+  // Ranks per emulated host in rank order (e.g. {2, 2}): the hosts the hierarchical all-reduce
+  // sees instead of the ranks that share memory (CpuOptions::host_split). Empty: real hosts.
+  std::vector<int> host_split;
+  // After each optimizer step of a Trainer, with the global step (counting the steps before a
+  // resume) and the group's rank.
+  std::function<void(int64_t step, int rank)> after_step;
+  // After the Trainer's step `step` (global, 1-based) has trained a batch: the indices (of the
+  // training set) of the samples of epoch `epoch` that rank `rank` of `ranks` trained in it.
+  std::function<void(int64_t epoch, int64_t step, int rank, int ranks,
+                     const std::vector<int64_t>& samples)>
+      trained_samples;
+};
+
+// The process's hooks, empty until a test sets them.
+Hooks& hooks();
+
+}  // namespace ddp::testing

@@ -1,0 +1,143 @@
+// A CNN with BatchNorm trained by DistributedDataParallel equals PyTorch DDP (gloo, CPU) bit for
+// bit (tests/reference/cnn_batchnorm.py, run at this test's world size): after every one of 20
+// SGD-with-momentum steps each rank's loss, parameters and BatchNorm buffers (running mean and
+// variance, num_batches_tracked) are those of the same rank of PyTorch's run, with a difference
+// of exactly 0. What it pins down together: the gradient average (divided by the world size,
+// then summed), rank 0's buffers broadcast before every training forward, each rank's own batch
+// statistics, and LibTorch's optimizer against Python's.
+#include <ddp/distributed_data_parallel.h>
+#include "test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+ddp::Runtime& rt() { return ddp_test::runtime(); }
+ddp::ProcessGroup& pg() { return ddp_test::group(); }
+
+// cnn_batchnorm.py's constants.
+constexpr int64_t kSteps = 20, kBatch = 4, kChannels = 4, kSide = 8, kClasses = 3;
+constexpr double kLr = 0.1, kMomentum = 0.9;
+
+// cnn_batchnorm.py's closed_form(): sin(k * 1.3 + phase) * scale in float64, as float32.
+torch::Tensor closed_form(int64_t count, double phase, double scale) {
+  const torch::Tensor k = torch::arange(count, torch::kDouble);
+  return (torch::sin(k * 1.3 + phase) * scale).to(torch::kFloat);
+}
+
+struct Model {
+  torch::nn::Sequential net;
+  torch::nn::BatchNorm2d bn{nullptr};
+};
+
+// cnn_batchnorm.py's build_model().
+Model build_model() {
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(1, kChannels, 3).padding(1));
+  torch::nn::BatchNorm2d bn(kChannels);
+  torch::nn::Linear linear(kChannels * (kSide / 2) * (kSide / 2), kClasses);
+  {
+    torch::NoGradGuard no_grad;
+    conv->weight.copy_(closed_form(conv->weight.numel(), 0.0, 1.0 / 3).reshape(conv->weight.sizes()));
+    conv->bias.copy_(closed_form(kChannels, 0.5, 0.1));
+    bn->weight.copy_(1 + closed_form(kChannels, 1.0, 0.2));
+    bn->bias.copy_(closed_form(kChannels, 1.5, 0.1));
+    linear->weight.copy_(closed_form(linear->weight.numel(), 2.0, 1.0 / 8).reshape(linear->weight.sizes()));
+    linear->bias.copy_(closed_form(kClasses, 2.5, 0.1));
+  }
+  torch::nn::Sequential net(conv, bn, torch::nn::ReLU(), torch::nn::MaxPool2d(2),
+                            torch::nn::Flatten(), linear);
+  return Model{net, bn};
+}
+
+torch::Tensor flat(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& t : tensors) parts.push_back(t.detach().reshape(-1).to(torch::kFloat));
+  return torch::cat(parts);
+}
+
+// "STEP KEY : values" lines of a rank's file, by "STEP KEY", as float32.
+std::map<std::string, torch::Tensor> read_reference(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw std::runtime_error("cnn_batchnorm.py wrote no " + path);
+  std::map<std::string, torch::Tensor> out;
+  for (std::string line; std::getline(file, line);) {
+    std::istringstream in(line);
+    std::string step, key, colon;
+    in >> step >> key >> colon;
+    if (colon != ":") throw std::runtime_error(path + ": unexpected line " + line.substr(0, 80));
+    std::vector<double> values;
+    for (double v; in >> v;) values.push_back(v);
+    out[step + " " + key] = torch::tensor(values, torch::kDouble).to(torch::kFloat);
+  }
+  return out;
+}
+
+TEST(PyTorchDdpReference, CnnWithBatchNormIsBitIdenticalEveryStep) {
+  const int w = rt().world_size(), r = rt().rank();
+  // PyTorch's reference runs one intra-op thread per rank: so does this test, so that every
+  // kernel (the convolution, the batch statistics' sums) reduces in the same order.
+  struct OneThread {
+    const int before = torch::get_num_threads();
+    OneThread() { torch::set_num_threads(1); }
+    ~OneThread() { torch::set_num_threads(before); }
+  } one_thread;
+  std::string dir;  // from rank 0: the reference's folder, or "!" and why it failed
+  if (rt().is_main()) {
+    try {
+      dir = ddp_test::make_temp_dir("cnn_batchnorm_np" + std::to_string(w));
+      ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/cnn_batchnorm.py " +
+                            std::to_string(w) + " '" + dir + "'");
+    } catch (const std::exception& e) {
+      dir = std::string("!") + e.what();
+    }
+  }
+  dir = ddp::all_gather_strings(pg().cpu(), dir)[0];
+  ASSERT_NE(dir.front(), '!') << dir.substr(1);
+  const auto want = read_reference(dir + "/rank" + std::to_string(r) + ".txt");
+
+  Model model = build_model();
+  ddp::DDPOptions options;
+  options.reducer_at_one_rank = true;  // as PyTorch's DDP, which builds its Reducer at one rank too
+  ddp::DistributedDataParallel ddp_model(pg(), model.net.ptr(), options);
+  torch::optim::SGD optimizer(model.net->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
+  const int64_t n = kSteps * w * kBatch;
+  const torch::Tensor x = closed_form(n * kSide * kSide, 0.25, 1.0).reshape({kSteps, w * kBatch, 1, kSide, kSide}) +
+                          closed_form(n, 0.75, 0.5).reshape({kSteps, w * kBatch, 1, 1, 1});
+  const torch::Tensor y = (torch::arange(n, torch::kLong) * 7 % kClasses).reshape({kSteps, w * kBatch});
+  int64_t compared = 0;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    optimizer.zero_grad();
+    ddp_model.prepare_forward();  // a Sequential's forward is a template: the wrapper cannot call it
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(
+        model.net->forward(x[s].slice(0, r * kBatch, (r + 1) * kBatch)), y[s].slice(0, r * kBatch, (r + 1) * kBatch));
+    loss.backward();
+    optimizer.step();
+    const std::map<std::string, torch::Tensor> got = {
+        {"loss", loss.detach().reshape({1})},
+        {"params", flat(model.net->parameters())},
+        {"buffers", flat({model.bn->running_mean, model.bn->running_var, model.bn->num_batches_tracked})}};
+    for (const auto& [key, value] : got) {
+      const std::string what = "rank " + std::to_string(r) + ", step " + std::to_string(s) + ", " + key;
+      const auto expected = want.find(std::to_string(s) + " " + key);
+      ASSERT_NE(expected, want.end()) << what << ": not in the reference";
+      ASSERT_EQ(value.numel(), expected->second.numel()) << what;
+      EXPECT_TRUE(torch::equal(value, expected->second))
+          << what << ": max difference " << (value - expected->second).abs().max().item<double>();
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 3 * kSteps);
+  // The test compares something that moves: the weights and the statistics changed.
+  EXPECT_FALSE(torch::equal(want.at("0 params"), want.at(std::to_string(kSteps - 1) + " params")));
+  EXPECT_FALSE(torch::equal(want.at("0 buffers"), want.at(std::to_string(kSteps - 1) + " buffers")));
+}
+
+}  // namespace
