@@ -76,22 +76,20 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
     const char* name;
     ddp::GradSync sync;
     double bucket_mb;
-    ddp::Compression compression;
+    ddp::CommHook (*hook)();
     double tolerance;
   };
-  using ddp::Compression;
   using ddp::GradSync;
   const std::vector<Config> configs = {
-      {"default buckets", GradSync::Bucketed, 25, Compression::None, 1e-5},
-      {"one bucket per parameter", GradSync::Bucketed, 1e-6, Compression::None, 1e-5},
-      {"per-parameter", GradSync::PerParameter, 25, Compression::None, 1e-5},
-      {"fp16 on the wire", GradSync::Bucketed, 25, Compression::Fp16, 2e-3}};
+      {"default buckets", GradSync::Bucketed, 25, ddp::allreduce_hook, 1e-5},
+      {"one bucket per parameter", GradSync::Bucketed, 1e-6, ddp::allreduce_hook, 1e-5},
+      {"per-parameter", GradSync::PerParameter, 25, ddp::allreduce_hook, 1e-5},
+      {"fp16 on the wire", GradSync::Bucketed, 25, ddp::fp16_compress_hook, 2e-3}};
   for (const Config& c : configs) {
     ddp::DDPOptions options;
     options.reducer_at_one_rank = true;  // one GPU still runs the NCCL reducer
     options.sync = c.sync;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
-    options.compression = c.compression;
     torch::manual_seed(3);
     auto distributed = std::make_shared<Net>();
     distributed->to(rt().device());
@@ -99,6 +97,7 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
     auto reference = std::make_shared<Net>();
     reference->to(rt().device());
     ddp::DistributedDataParallel model(pg(), distributed, options);
+    model.register_comm_hook(c.hook());
     ASSERT_EQ(model.options().backend, ddp::Backend::Nccl) << c.name;
     ASSERT_FALSE(model.bucket_layout().empty()) << c.name;
     const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
