@@ -78,7 +78,7 @@ double gpu_peak_mib(const torch::Device& device) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name, device_name, grad_sync, compression, label, out, link, timeline_path;
+  std::string model_name, device_name, grad_sync, comm_hook, label, out, link, timeline_path;
   std::string hierarchical, amp_name;
   int64_t batch, warmup, window_steps, windows;
   double bucket_mb;
@@ -93,14 +93,14 @@ int main(int argc, char** argv) {
     ("window-steps", po::value(&window_steps)->default_value(10), "steps per timed window")
     ("windows", po::value(&windows)->default_value(5), "timed windows; the median is reported")
     ("grad-sync", po::value(&grad_sync)->default_value("bucketed"), "bucketed (--bucket-mb), or per-parameter (a bucket per parameter: the baseline)")
-    ("compression", po::value(&compression)->default_value("none"), "none, fp16 or bf16")
+    ("comm-hook", po::value(&comm_hook)->default_value("allreduce"), "allreduce, fp16 or bf16 (the average sent as half or bfloat16)")
     ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
     ("gradient-as-bucket-view", po::bool_switch(&bucket_view), "grads are views into the buckets (zeroed in place instead of reset)")
-    ("overlap-step", po::bool_switch(&overlap_step), "the optimizer steps each bucket inside backward as its all-reduce completes (overlap_optimizer_step)")
+    ("overlap-step", po::bool_switch(&overlap_step), "the optimizer steps each bucket inside backward as its all-reduce completes (hook_then_optimizer)")
     ("amp", po::value(&amp_name)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and the GradScaler)")
     ("reducer-at-one-rank", po::bool_switch(&reducer_at_one_rank), "run the bucket path at one rank too, as PyTorch's DDP does")
     ("hierarchical", po::value(&hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host: auto, on or off (ProcessGroupOptions::hierarchical)")
-    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<compression>][-view][-hier][-overlap])")
+    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<fp16|bf16>][-view][-hier][-overlap])")
     ("link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")
     ("timeline", po::value(&timeline_path)->default_value(""), "also write a timeline of the timed steps")
     ("out", po::value(&out)->default_value(""), "append the JSON result line to this file");
@@ -147,7 +147,6 @@ int main(int argc, char** argv) {
     Model model = make_model(model_name);
     model.module->to(device);
     ddp::DDPOptions ddp_options;
-    ddp_options.compression = ddp::parse_compression(compression);
     ddp_options.bucket_cap_mb = bucket_mb;
     if (grad_sync == "per-parameter") {
       // The baseline: caps below every parameter's size, so each parameter is a bucket of its
@@ -162,8 +161,14 @@ int main(int argc, char** argv) {
     ddp_options.reducer_at_one_rank = reducer_at_one_rank;
     ddp::DistributedDataParallel ddp_model(group, model.module, ddp_options);
     torch::optim::SGD optimizer(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-    // false at one rank without a Reducer: then the step stays after backward.
-    const bool overlapped = overlap_step && ddp_model.overlap_optimizer_step(&optimizer);
+    ddp::CommHook hook = ddp::allreduce_hook();
+    if (comm_hook == "fp16") hook = ddp::fp16_compress_hook();
+    else if (comm_hook == "bf16") hook = ddp::bf16_compress_hook();
+    else if (comm_hook != "allreduce") throw std::invalid_argument("--comm-hook: '" + comm_hook + "' is not one of: allreduce, fp16, bf16");
+    if (overlap_step) hook = ddp::hook_then_optimizer(std::move(hook), optimizer);
+    ddp_model.register_comm_hook(std::move(hook));
+    // Null at one rank without a Reducer: then the step stays after backward.
+    const bool overlapped = ddp_model.backward_steps_optimizer() != nullptr;
     ddp::GradScalerOptions scaler_options;
     scaler_options.enabled = amp == ddp::AmpMode::Fp16;  // else a pass-through
     ddp::GradScaler scaler(&group.cpu(), scaler_options);
@@ -227,7 +232,7 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     if (label.empty()) {
-      label = "ddp-" + grad_sync + (compression == "none" ? "" : "-" + compression) +
+      label = "ddp-" + grad_sync + (comm_hook == "allreduce" ? "" : "-" + comm_hook) +
               (bucket_view ? "-view" : "") + (hier ? "-hier" : "") + (overlapped ? "-overlap" : "") +
               (amp == ddp::AmpMode::Off ? "" : "-" + amp_name);
     }

@@ -4,7 +4,8 @@
 //   ddp+adam   DistributedDataParallel (all-reduce) and torch::optim::Adam on every rank
 //   zero       the unwrapped module and ZeroRedundancyOptimizer (reduce-scatter, shard step,
 //              all-gather)
-//   ddp+zero   DDP's all-reduce and ZeroRedundancyOptimizer with reduce_gradients = false
+//   ddp+zero   DDP with noop_hook (no all-reduce: its checks and broadcasts only) and
+//              ZeroRedundancyOptimizer (reduce-scatter, shard step, all-gather)
 // Prints, per way, the median step time (forward, backward, synchronisation and optimizer; the
 // slowest rank's time per step) and the optimizer state bytes on each rank (Adam's moments).
 //   mpirun -np 2 bench_zero [STEPS] [ROUNDS] [BATCH]
@@ -72,15 +73,13 @@ int main(int argc, char** argv) {
         Mlp net;
         std::unique_ptr<ddp::DistributedDataParallel> model;
         if (way != "zero") model = std::make_unique<ddp::DistributedDataParallel>(group, net.ptr());
+        if (way == "ddp+zero") model->register_comm_hook(ddp::noop_hook());
         std::unique_ptr<torch::optim::Optimizer> optimizer;
         ddp::ZeroRedundancyOptimizer* zero = nullptr;
         if (way == "ddp+adam") {
           optimizer = adam(net->parameters());
         } else {
-          ddp::ZeroOptions options;
-          options.reduce_gradients = way == "zero";
-          auto z = std::make_unique<ddp::ZeroRedundancyOptimizer>(net->parameters(), group.cpu(), adam,
-                                                                 options);
+          auto z = std::make_unique<ddp::ZeroRedundancyOptimizer>(net->parameters(), group.cpu(), adam);
           zero = z.get();
           optimizer = std::move(z);
         }

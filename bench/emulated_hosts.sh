@@ -62,7 +62,7 @@ for rate in ${DDP_BENCH_LINKS:-1gbit 100mbit}; do
     else
       launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed
       launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync per-parameter
-      launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --compression bf16
+      launch "$build/bench/bench_throughput" "${common[@]}" --link "$rate" --grad-sync bucketed --comm-hook bf16
     fi
     measured "${DDP_PYTHON:-$root/.venv/bin/python}" "$root/bench/pytorch_ddp.py" "${common[@]}" --link "$rate"
     echo "  $model at $rate: $(( ($(netns_bytes h1) - before) / 1000000 )) MB crossed h1's link"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The optimizer step overlapped with the last buckets' all-reduce (overlap_optimizer_step) against
+# The optimizer step overlapped with the last buckets' all-reduce (hook_then_optimizer, --overlap-step) against
 # the plain step after backward and against PyTorch DDP (gloo), on this host: the seed MNIST CNN
 # (SGD with momentum, batch 64 per rank) at NP ranks, ROUNDS rounds, the three alternating within
 # each round so that load and frequency drift hit all three alike. Prints one table (the median

@@ -95,13 +95,13 @@ int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
       if (group.is_main()) std::cout << "SyncBatchNorm: " << layers << " layers" << std::endl;
     }
     const auto timeline = ddp::cli::make_timeline(group, flags);
-    const auto ddp_model =
-        ddp::cli::make_ddp(group, model.module, flags, parallelism, timeline.get());
     torch::optim::SGD optimizer(model.module->parameters(),
                                 torch::optim::SGDOptions(flags.lr)
                                     .momentum(cifar.momentum)
                                     .nesterov(cifar.nesterov)
                                     .weight_decay(cifar.weight_decay));
+    const auto ddp_model =
+        ddp::cli::make_ddp(group, model.module, flags, parallelism, timeline.get(), optimizer);
     const ddp::cli::Schedules schedules = ddp::cli::make_schedules(
         flags, optimizer, train.size(), group.size(), cifar.step_size, cifar.gamma);
 

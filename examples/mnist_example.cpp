@@ -55,8 +55,10 @@ int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
       net->dropout2->options.p(0);
     }
     net->to(device);
-    const auto ddp_model = ddp::cli::make_ddp(group, net, flags, parallelism, timeline.get());
+    // Adadelta updates each parameter from its own gradient and state: --overlap-step may step it.
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(flags.lr));
+    const auto ddp_model =
+        ddp::cli::make_ddp(group, net, flags, parallelism, timeline.get(), optimizer);
     // The seeds' StepLR every epoch by --gamma, unless --schedule or --warmup-steps say otherwise.
     const ddp::cli::Schedules schedules = ddp::cli::make_schedules(
         flags, optimizer, train.size(), group.size(), /*step_size=*/1, gamma);

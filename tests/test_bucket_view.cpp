@@ -229,9 +229,9 @@ TEST(GradientAsBucketView, UnusedParameters) {
 }
 
 TEST(GradientAsBucketView, CommHooksAndMixedPrecision) {
-  ddp::DDPOptions fp16 = small_buckets();
-  fp16.compression = ddp::Compression::Fp16;
-  check(Case{"fp16 compression", fp16});
+  Case fp16{"fp16 compression", small_buckets()};
+  fp16.hook = ddp::fp16_compress_hook;
+  check(fp16);
   Case powersgd{"PowerSGD", small_buckets()};
   powersgd.hook = [] {
     auto state = std::make_shared<ddp::PowerSGDState>();

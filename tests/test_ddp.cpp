@@ -125,6 +125,7 @@ struct Config {
   const char* name;
   ddp::DDPOptions options;
   double tolerance;  // on parameters after the steps
+  ddp::CommHook (*hook)() = nullptr;  // registered when set
 };
 
 // The benchmarks' per-parameter baseline: caps below every parameter's size, no rebuild.
@@ -147,8 +148,8 @@ std::vector<Config> configs() {
       {"cap above the model", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1000; }), 1e-6},
       {"three small buckets", with([](auto& o) { o.first_bucket_mb = 0.0005; o.bucket_cap_mb = 0.003; }), 1e-6},
       {"a bucket per parameter", per_parameter(), 1e-6},
-      {"fp16 on the wire", with([](auto& o) { o.compression = ddp::Compression::Fp16; }), 2e-3},
-      {"bf16 on the wire", with([](auto& o) { o.compression = ddp::Compression::Bf16; }), 2e-2},
+      {"fp16 on the wire", {}, 2e-3, ddp::fp16_compress_hook},
+      {"bf16 on the wire", {}, 2e-2, ddp::bf16_compress_hook},
   };
 }
 
@@ -165,6 +166,7 @@ TEST(DistributedDataParallel, EquivalentToOneProcessOnTheGlobalBatch) {
     torch::manual_seed(3);
     auto reference = std::make_shared<Shuffled>();
     ddp::DistributedDataParallel model(pg(), distributed, config.options);
+    if (config.hook) model.register_comm_hook(config.hook());
     torch::optim::SGD opt(distributed->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 

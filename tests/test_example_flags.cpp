@@ -104,6 +104,14 @@ TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
               f.accumulate = 4, f.warmup_steps = 10, f.clip_grad_norm = 1, f.amp = "bf16", f.schedule = "cosine";
             }),
             "");
+  // --overlap-step leaves no place between the all-reduce and the step.
+  const std::string overlap = "--overlap-step steps the optimizer inside backward, bucket by bucket: "
+                              "not with --clip-grad-norm, --amp fp16 or --on-nonfinite skip, which "
+                              "need every gradient before the step";
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.clip_grad_norm = 1; }), overlap);
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.amp = "fp16"; }), overlap);
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.on_nonfinite = "skip"; }), overlap);
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.amp = "bf16", f.comm_hook = "powersgd"; }), "");
 }
 
 // --scale-lr-with-batch REFERENCE: --lr x (batch x ranks x accumulate) / REFERENCE, the base of

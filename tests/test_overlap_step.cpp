@@ -1,8 +1,9 @@
-// DistributedDataParallel::overlap_optimizer_step at the number of ranks the binary runs with
-// (ctest: 1, 2, 4; at one rank with DDPOptions::reducer_at_one_rank): the optimizer stepped
-// bucket by bucket inside backward leaves the same parameters, bit for bit, as
-// optimizer.step() after backward, for each element-wise optimizer, with bucket views, with
-// no_sync() accumulation and a learning rate changed between steps; and what it refuses.
+// hook_then_optimizer at the number of ranks the binary runs with (ctest: 1, 2, 4; at one rank
+// with DDPOptions::reducer_at_one_rank): the optimizer stepped bucket by bucket inside backward
+// leaves the same parameters, bit for bit, as optimizer.step() after backward, for each
+// element-wise optimizer, with bucket views, with no_sync() accumulation, a learning rate changed
+// between steps and PowerSGD inside; and what register_comm_hook refuses.
+#include <ddp/comm_hook.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/train/adadelta.h>
 
@@ -53,8 +54,10 @@ void backward(ddp::DistributedDataParallel& model, int step) {
 // Trains two copies of the net for 5 steps, one stepped after backward and one inside it; with
 // `accumulate`, each step is a no_sync() backward and a synchronised one. After step 2 both
 // learning rates are halved, as a schedule would. Expects the parameters equal bit for bit.
+// `inner` makes the hook both use (the overlapped one composed with the step).
 void expect_overlap_equals_plain(const Factory& factory, const std::string& name, bool views,
-                                 bool accumulate = false, bool per_parameter = false) {
+                                 bool accumulate = false,
+                                 const std::function<ddp::CommHook()>& inner = ddp::allreduce_hook) {
   SCOPED_TRACE(name + (views ? ", bucket views" : "") + (accumulate ? ", no_sync" : ""));
   Net plain_net, overlap_net;
   ddp::DistributedDataParallel plain(ddp_test::group(), plain_net, small_buckets(views));
@@ -62,7 +65,10 @@ void expect_overlap_equals_plain(const Factory& factory, const std::string& name
   ASSERT_GE(overlap.bucket_layout().size(), 3u) << "the test needs several buckets";
   auto plain_opt = factory(plain_net->parameters());
   auto overlap_opt = factory(overlap_net->parameters());
-  ASSERT_TRUE(overlap.overlap_optimizer_step(overlap_opt.get(), per_parameter));
+  plain.register_comm_hook(inner());
+  overlap.register_comm_hook(ddp::hook_then_optimizer(inner(), *overlap_opt));
+  ASSERT_EQ(overlap.backward_steps_optimizer(), overlap_opt.get());
+  EXPECT_EQ(plain.backward_steps_optimizer(), nullptr);
   for (int step = 0; step < 5; ++step) {
     if (step == 2) {
       for (auto* opt : {plain_opt.get(), overlap_opt.get()}) {
@@ -106,10 +112,21 @@ TEST(OverlapOptimizerStep, EachElementwiseOptimizerEqualsThePlainStep) {
                               "RMSprop", false);
 }
 
-TEST(OverlapOptimizerStep, AnOptimizerDeclaredPerParameterEqualsThePlainStep) {
-  // The kit's Adadelta (the seed's optimizer), declared with per_parameter.
+TEST(OverlapOptimizerStep, AnyPerParameterOptimizerEqualsThePlainStep) {
+  // The kit's Adadelta (the seed's optimizer): composing the hook declares the contract.
   expect_overlap_equals_plain(make<ddp::Adadelta>(ddp::AdadeltaOptions(1.0)), "ddp::Adadelta",
-                              false, false, true);
+                              false);
+}
+
+TEST(OverlapOptimizerStep, PowerSgdInsideEqualsThePlainStep) {
+  // Compressed from the third step on; the state is the inner hook's, one per wrapper.
+  auto powersgd = [] {
+    auto state = std::make_shared<ddp::PowerSGDState>();
+    state->start_powerSGD_iter = 2;
+    return ddp::powersgd_hook(state);
+  };
+  expect_overlap_equals_plain(make<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)),
+                              "SGD, PowerSGD", false, false, powersgd);
 }
 
 TEST(OverlapOptimizerStep, EqualsThePlainStepWithBucketViewsAndNoSync) {
@@ -134,7 +151,7 @@ TEST(OverlapOptimizerStep, TwoParamGroupsStepWithTheirOwnOptions) {
   };
   torch::optim::SGD plain_opt(groups(plain_net), torch::optim::SGDOptions(0.1));
   torch::optim::SGD overlap_opt(groups(overlap_net), torch::optim::SGDOptions(0.1));
-  ASSERT_TRUE(overlap.overlap_optimizer_step(&overlap_opt));
+  overlap.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), overlap_opt));
   for (int step = 0; step < 3; ++step) {
     plain_opt.zero_grad();
     overlap_opt.zero_grad();
@@ -148,42 +165,51 @@ TEST(OverlapOptimizerStep, TwoParamGroupsStepWithTheirOwnOptions) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(got[i].equal(expected[i])) << i;
 }
 
-TEST(OverlapOptimizerStep, OneRankWithoutAReducerSaysSo) {
+TEST(OverlapOptimizerStep, OneRankWithoutAReducerDoesNotStepInBackward) {
   if (ddp_test::group().size() != 1) GTEST_SKIP() << "one rank only";
   Net net;
   ddp::DistributedDataParallel model(ddp_test::group(), net);  // no Reducer at one rank
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
-  EXPECT_FALSE(model.overlap_optimizer_step(&optimizer));
+  model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), optimizer));
+  EXPECT_EQ(model.backward_steps_optimizer(), nullptr);
+  const torch::Tensor before = net->a->weight.clone();
+  backward(model, 0);
+  EXPECT_TRUE(net->a->weight.equal(before)) << "backward stepped without a Reducer";
 }
 
 TEST(OverlapOptimizerStep, RefusesWhatNeedsMoreThanOneBucket) {
   Net net, other;
   ddp::DDPOptions options = small_buckets(false);
   ddp::DistributedDataParallel model(ddp_test::group(), net, options);
-  torch::optim::LBFGS lbfgs(net->parameters(), torch::optim::LBFGSOptions(0.1));
-  EXPECT_THROW(
-      {
-        try {
-          model.overlap_optimizer_step(&lbfgs);
-        } catch (const std::invalid_argument& e) {
-          EXPECT_NE(std::string(e.what()).find("LBFGS re-evaluates the loss"),
-                    std::string::npos)
-              << e.what();
-          throw;
-        }
-      },
-      std::invalid_argument);
-  EXPECT_THROW(model.overlap_optimizer_step(&lbfgs, true), std::invalid_argument);
-  ddp::Adadelta adadelta(net->parameters());
-  EXPECT_THROW(model.overlap_optimizer_step(&adadelta), std::invalid_argument);
-  EXPECT_TRUE(model.overlap_optimizer_step(&adadelta, true) || ddp_test::group().size() == 1);
   torch::optim::SGD foreign(other->parameters(), torch::optim::SGDOptions(0.1));
-  EXPECT_THROW(model.overlap_optimizer_step(&foreign), std::invalid_argument);
+  try {
+    model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), foreign));
+    ADD_FAILURE() << "an optimizer of another module's parameters was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a parameter of the wrapped module"), std::string::npos)
+        << e.what();
+  }
   options.find_unused_parameters = true;
   ddp::DistributedDataParallel unused(ddp_test::group(), other, options);
   torch::optim::SGD sgd(other->parameters(), torch::optim::SGDOptions(0.1));
-  EXPECT_THROW(unused.overlap_optimizer_step(&sgd), std::invalid_argument);
-  EXPECT_FALSE(model.overlap_optimizer_step(nullptr));
+  try {
+    unused.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), sgd));
+    ADD_FAILURE() << "find_unused_parameters was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("find_unused_parameters"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(unused.backward_steps_optimizer(), nullptr);
+  torch::optim::SGD mine(net->parameters(), torch::optim::SGDOptions(0.1));
+  const ddp::CommHook twice = ddp::hook_then_optimizer(ddp::allreduce_hook(), mine);
+  EXPECT_THROW(ddp::hook_then_optimizer(twice, mine), std::invalid_argument);
+  // The composition keeps the inner hook's description and state (snapshots resume either way).
+  auto state = std::make_shared<ddp::PowerSGDState>();
+  const ddp::CommHook inner = ddp::powersgd_hook(state);
+  const ddp::CommHook composed = ddp::hook_then_optimizer(inner, mine);
+  EXPECT_EQ(composed.description(), inner.description());
+  EXPECT_EQ(composed.state(), inner.state());
+  EXPECT_EQ(composed.steps_optimizer(), &mine);
+  EXPECT_EQ(inner.steps_optimizer(), nullptr);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // A resume is exact whatever the run uses (issue 38): a run stopped by SIGTERM inside an epoch and
 // resumed from the snapshot the stop wrote ends bit-identical to the uninterrupted run, with each
 // comm hook (allreduce, fp16, bf16, PowerSGD: its error feedback, matrices, step count and random
-// generator are in the snapshot) and with ZeroRedundancyOptimizer over SGD, Adam and ddp::Adadelta
+// generator are in the snapshot; PowerSGD composed with the optimizer step inside backward) and
+// with ZeroRedundancyOptimizer over SGD, Adam and ddp::Adadelta
 // (every shard's state is consolidated into the snapshot). A state the library cannot save is
 // refused on every rank, naming it; a resume with other settings names each difference.
 #include <ddp/comm_hook.h>
@@ -96,6 +97,7 @@ struct Case {
   std::string name;
   std::function<ddp::CommHook()> hook;  // null: the default
   std::function<std::unique_ptr<torch::optim::Optimizer>(Mlp&)> optimizer;
+  bool step_in_backward = false;  // the hook composed with the optimizer (hook_then_optimizer)
 };
 
 // One run of a case: the model, its wrapper, optimizer and task, built alike every time.
@@ -105,7 +107,10 @@ struct CaseRun {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   Regression task{net, data()};
   explicit CaseRun(const Case& c) : optimizer(c.optimizer(net)) {
-    if (c.hook) model.register_comm_hook(c.hook());
+    if (!c.hook) return;
+    ddp::CommHook hook = c.hook();
+    if (c.step_in_backward) hook = ddp::hook_then_optimizer(std::move(hook), *optimizer);
+    model.register_comm_hook(std::move(hook));
   }
   static const Data& data() {
     static const Data d;
@@ -182,14 +187,14 @@ std::shared_ptr<ddp::PowerSGDState> powersgd_state() {
   return state;
 }
 
-// ZeRO-1 beside DDP's all-reduce (the gradients arrive averaged), over `Inner`'s shards.
+// ZeRO-1 beside DDP (its noop_hook leaves the gradients to ZeRO's reduce-scatter), over
+// `Inner`'s shards.
 template <typename Inner, typename Options>
 std::function<std::unique_ptr<torch::optim::Optimizer>(Mlp&)> zero(Options o) {
   return [o](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
     return std::make_unique<ddp::ZeroRedundancyOptimizer>(
         net->parameters(), pg().cpu(),
-        [o](std::vector<torch::Tensor> shard) { return std::make_unique<Inner>(shard, o); },
-        ddp::ZeroOptions{/*reduce_gradients=*/false});
+        [o](std::vector<torch::Tensor> shard) { return std::make_unique<Inner>(shard, o); });
   };
 }
 
@@ -208,12 +213,15 @@ TEST(ResumeExact, EveryCommHookResumesBitIdentically) {
   expect_exact_resume({"fp16", ddp::fp16_compress_hook, sgd});
   expect_exact_resume({"bf16", ddp::bf16_compress_hook, sgd});
   expect_exact_resume({"powersgd", [] { return ddp::powersgd_hook(powersgd_state()); }, sgd});
+  // The composition's state is PowerSGD's: saved and restored as without it.
+  expect_exact_resume(
+      {"powersgd_then_sgd", [] { return ddp::powersgd_hook(powersgd_state()); }, sgd, true});
 }
 
 TEST(ResumeExact, ZeroRedundancyOptimizerResumesBitIdenticallyOverAnyOptimizer) {
-  expect_exact_resume({"zero_sgd", nullptr, zero<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9))});
-  expect_exact_resume({"zero_adam", nullptr, zero<torch::optim::Adam>(torch::optim::AdamOptions(0.01))});
-  expect_exact_resume({"zero_adadelta", nullptr, zero<ddp::Adadelta>(ddp::AdadeltaOptions(1.0))});
+  expect_exact_resume({"zero_sgd", ddp::noop_hook, zero<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9))});
+  expect_exact_resume({"zero_adam", ddp::noop_hook, zero<torch::optim::Adam>(torch::optim::AdamOptions(0.01))});
+  expect_exact_resume({"zero_adadelta", ddp::noop_hook, zero<ddp::Adadelta>(ddp::AdadeltaOptions(1.0))});
 }
 
 // An optimizer that keeps its state in a map of its own, not in state(), as ddp::Adadelta did.
@@ -262,7 +270,8 @@ TEST(ResumeExact, StateOutsideTheOptimizersStateIsRefusedOnEveryRankNamingIt) {
   torch::mse_loss(net->forward(torch::ones({2, 6})), torch::zeros({2, 3})).backward();
   optimizer.step();
   try {
-    optimizer.consolidate_state_dict(0);
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
     FAIL() << "consolidated a state that is not in state()";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("HiddenStateSGD) saves state that its state() does not hold"),

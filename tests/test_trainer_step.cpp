@@ -177,9 +177,9 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
 
 namespace {
 
-// TrainerOptions::overlap_optimizer_step: the same epoch (accumulation of 2, a per-step schedule,
-// the seed's Adadelta) with the optimizer stepped inside backward ends bit-identical to the
-// Trainer's usual step after it; and it is off, saying why, where a step needs every gradient.
+// The optimizer stepped inside backward (hook_then_optimizer on the wrapper): the same epoch
+// (accumulation of 2, a per-step schedule, the seed's Adadelta) ends bit-identical to the
+// Trainer's usual step after it; and the Trainer refuses what needs every gradient first.
 TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
   const ddp::ImageDataset data = small_images();
   ddp::DDPOptions one_rank_too;
@@ -187,6 +187,7 @@ TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
   auto run = [&](bool overlap, torch::nn::Sequential& net) {
     ddp::DistributedDataParallel model(pg(), net.ptr(), one_rank_too);
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(0.5));
+    if (overlap) model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), optimizer));
     ddp::LRSchedule schedule(optimizer, warmup_cosine());
     ddp::TrainerOptions options;
     options.batch_size = 4;
@@ -194,10 +195,9 @@ TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
     options.seed = 5;
     options.accumulate = 2;
     options.lr_schedule = &schedule;
-    options.overlap_optimizer_step = overlap;
     ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
     ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
-    EXPECT_EQ(trainer.optimizer_step_overlapped(), overlap) << trainer.overlap_off_reason();
+    EXPECT_EQ(trainer.optimizer_step_overlapped(), overlap);
     trainer.train_epoch(1);
     return trainer.global_step();
   };
@@ -211,29 +211,39 @@ TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
   EXPECT_FALSE(torch::equal(plain->parameters()[0], small_cnn()->parameters()[0])) << "nothing trained";
 }
 
-TEST(TrainerStep, OverlappedStepIsOffWhereAStepNeedsEveryGradient) {
+TEST(TrainerStep, BackwardSteppingTheOptimizerRefusesWhatNeedsEveryGradient) {
   const ddp::ImageDataset data = small_images();
   torch::nn::Sequential net = small_cnn();
   ddp::DDPOptions one_rank_too;
   one_rank_too.reducer_at_one_rank = true;
   ddp::DistributedDataParallel model(pg(), net.ptr(), one_rank_too);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), optimizer));
   ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
-  auto reason = [&](auto change) {
+  auto refusal = [&](auto change, torch::optim::Optimizer& stepped) -> std::string {
     ddp::TrainerOptions options;
     options.report.log_interval = 0;
-    options.overlap_optimizer_step = true;
     change(options);
-    ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
-    EXPECT_FALSE(trainer.optimizer_step_overlapped());
-    return trainer.overlap_off_reason();
+    try {
+      ddp::Trainer trainer(pg(), *net, task, stepped, options, &model);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
   };
-  EXPECT_EQ(reason([](ddp::TrainerOptions& o) { o.clip_grad_norm = 1.0; }),
-            "clip_grad_norm needs every gradient before the step");
-  EXPECT_EQ(reason([](ddp::TrainerOptions& o) { o.amp = ddp::AmpMode::Fp16; }),
-            "the fp16 GradScaler's inf check needs every gradient before the step");
-  EXPECT_EQ(reason([](ddp::TrainerOptions& o) { o.on_nonfinite = ddp::OnNonFinite::Skip; }),
-            "OnNonFinite::Skip must be able to drop the step");
+  const std::string tail = " needs every gradient before the optimizer step, but backward steps it "
+                           "bucket by bucket (the comm hook hook_then_optimizer): register the "
+                           "inner hook alone, or drop the option";
+  EXPECT_EQ(refusal([](ddp::TrainerOptions& o) { o.clip_grad_norm = 1.0; }, optimizer),
+            "TrainerOptions::clip_grad_norm" + tail);
+  EXPECT_EQ(refusal([](ddp::TrainerOptions& o) { o.amp = ddp::AmpMode::Fp16; }, optimizer),
+            "TrainerOptions::amp Fp16 (the GradScaler's unscale and inf check)" + tail);
+  EXPECT_EQ(refusal([](ddp::TrainerOptions& o) { o.on_nonfinite = ddp::OnNonFinite::Skip; }, optimizer),
+            "TrainerOptions::on_nonfinite Skip" + tail);
+  torch::optim::SGD another(net->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_NE(refusal([](ddp::TrainerOptions&) {}, another).find("steps another optimizer"),
+            std::string::npos);
+  EXPECT_EQ(refusal([](ddp::TrainerOptions&) {}, optimizer), "accepted");
 }
 
 }  // namespace

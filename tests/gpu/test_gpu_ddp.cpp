@@ -76,21 +76,19 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
     const char* name;
     double bucket_mb;
     bool rebuild;
-    ddp::Compression compression;
+    ddp::CommHook (*hook)();
     double tolerance;
   };
-  using ddp::Compression;
   const std::vector<Config> configs = {
-      {"default buckets", 25, true, Compression::None, 1e-5},
-      {"one bucket per parameter", 1e-6, true, Compression::None, 1e-5},
-      {"per-parameter (no rebuild)", 1e-9, false, Compression::None, 1e-5},
-      {"fp16 on the wire", 25, true, Compression::Fp16, 2e-3}};
+      {"default buckets", 25, true, ddp::allreduce_hook, 1e-5},
+      {"one bucket per parameter", 1e-6, true, ddp::allreduce_hook, 1e-5},
+      {"per-parameter (no rebuild)", 1e-9, false, ddp::allreduce_hook, 1e-5},
+      {"fp16 on the wire", 25, true, ddp::fp16_compress_hook, 2e-3}};
   for (const Config& c : configs) {
     ddp::DDPOptions options;
     options.reducer_at_one_rank = true;  // one GPU still runs the NCCL reducer
     options.rebuild_buckets = c.rebuild;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
-    options.compression = c.compression;
     torch::manual_seed(3);
     auto distributed = std::make_shared<Net>();
     distributed->to(rt().device());
@@ -98,6 +96,7 @@ TEST_F(GpuDdp, NcclReducerEquivalentToOneProcessOnTheGlobalBatch) {
     auto reference = std::make_shared<Net>();
     reference->to(rt().device());
     ddp::DistributedDataParallel model(pg(), distributed, options);
+    model.register_comm_hook(c.hook());
     ASSERT_EQ(model.options().backend, ddp::Backend::Nccl) << c.name;
     ASSERT_FALSE(model.bucket_layout().empty()) << c.name;
     const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);

@@ -6,7 +6,8 @@
 /// all-reduce on the Communicator it is given) and returns a BucketFuture. At the end of backward
 /// the reducer waits for the futures, in bucket order, on the training thread, and copies each
 /// result into the parameters' grad(). Built-ins: allreduce_hook() (the default), fp16/bf16
-/// compression, and PowerSGD (below).
+/// compression, PowerSGD, noop_hook() (no communication: for ZeroRedundancyOptimizer), and one
+/// composition, hook_then_optimizer() (the optimizer stepped bucket by bucket inside backward).
 ///
 /// A hook must issue the same collectives in the same order on every rank (the Communicator's
 /// contract): decide only from what every rank knows (the bucket's index, sizes, the step count),
@@ -34,6 +35,10 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
 
 namespace ddp {
 
@@ -115,11 +120,16 @@ class CommHook {
   const std::shared_ptr<CommHookState>& state() const { return state_; }
   /// Its name and options, as given.
   const std::string& description() const { return description_; }
+  /// The optimizer this hook steps inside backward (a hook_then_optimizer() composition), so that
+  /// the caller must not step it again after backward; null for a hook that only reduces.
+  torch::optim::Optimizer* steps_optimizer() const { return steps_optimizer_; }
 
  private:
+  friend CommHook hook_then_optimizer(CommHook inner, torch::optim::Optimizer& optimizer);
   Function function_;
   std::shared_ptr<CommHookState> state_;
   std::string description_;
+  torch::optim::Optimizer* steps_optimizer_ = nullptr;
 };
 
 /// Divides the buffer by the number of ranks and sums it over them: the default, the gradients'
@@ -132,6 +142,35 @@ CommHook allreduce_hook();
 CommHook fp16_compress_hook();
 CommHook bf16_compress_hook();
 ///@}
+
+/// No communication: the bucket comes back as it went, this rank's own gradients (PyTorch's
+/// noop_hook). For ZeroRedundancyOptimizer beside DistributedDataParallel: its step()
+/// reduce-scatters the gradients itself, so with this hook they cross the network once, and DDP
+/// still checks the parameters, broadcasts rank 0's weights and buffers, and checks that every
+/// rank produced every gradient. Described as "noop".
+CommHook noop_hook();
+
+/// `inner`, then the optimizer step of each bucket's parameters, inside backward (PyTorch's
+/// _hook_then_optimizer): as soon as a bucket's reduction is waited for (in bucket order, at the
+/// end of backward), its averages go to its parameters' grad() and `optimizer` steps those
+/// parameters only, while the later buckets are still in flight. loss.backward() then returns
+/// with the model stepped: do not call optimizer.step() after it (the Trainer asks
+/// steps_optimizer() and does not). Bit-identical to optimizer.step() after backward under this
+/// contract, which composing the hook declares: `optimizer` updates each parameter from that
+/// parameter's gradient and state only (SGD, Adam, AdamW, Adagrad, RMSprop, ddp::Adadelta); an
+/// optimizer that takes a norm over all parameters, LBFGS (it re-evaluates the loss) and
+/// ZeroRedundancyOptimizer (its step is collective over every parameter) must not be composed.
+/// The state stays in `optimizer`: its state_dict, learning-rate schedules and zero_grad() work as
+/// before; each step() sees the param groups cut down to the bucket's parameters and gets them
+/// back whole. No place is left between the reduction and the step: gradient clipping, a
+/// GradScaler's unscale and inf check, and dropping a step whose gradients are not finite are
+/// impossible with it. no_sync() backward passes do not step (nothing is reduced).
+///
+/// Its state and description are `inner`'s: the step inside backward changes no result, so a
+/// snapshot written with or without it resumes with the other (PowerSGD's state included).
+/// register_comm_hook refuses it where a step needs more than one bucket (see there). The
+/// optimizer must outlive the wrapper that holds the hook.
+CommHook hook_then_optimizer(CommHook inner, torch::optim::Optimizer& optimizer);
 
 // PowerSGD gradient compression (Vogels et al. 2019) as a comm hook: the algorithm, order of
 // operations and state of PyTorch's torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook

@@ -56,13 +56,6 @@ namespace ddp {
 class Reducer;   ///< parallel/reducer.h (internal)
 class Timeline;  ///< timeline.h
 
-/// What travels on the wire; buckets are cast for the all-reduce and cast back.
-enum class Compression {
-  None,  ///< the gradients' own dtype
-  Fp16,  ///< IEEE half precision
-  Bf16,  ///< bfloat16
-};
-
 /// Who all-reduces the gradients and broadcasts parameters and buffers. Auto: NCCL when the
 /// parameters are on this rank's GPU and the build has the NCCL communicator, MPI otherwise.
 enum class Backend {
@@ -81,7 +74,6 @@ struct DDPOptions {
   /// false: a parameter without a gradient on some rank is an error naming it and the rank.
   /// true: such gradients count as zero on that rank (every step pays a check either way).
   bool find_unused_parameters = false;
-  Compression compression = Compression::None;  ///< what the buckets travel as
   Backend backend = Backend::Auto;  ///< who all-reduces
   /// true: prepare_forward() broadcasts rank 0's buffers (BatchNorm running statistics), as PyTorch
   /// DDP does before every forward, so every replica evaluates and checkpoints the same model.
@@ -96,7 +88,7 @@ struct DDPOptions {
   /// process runs the whole bucket path (hooks, buckets, the backend's all-reduce on its stream
   /// or thread, rebuild_buckets, no_sync(), find_unused_parameters): how one GPU proves the NCCL
   /// gradient path. Gradients equal a plain step's bit for bit (a sum over one rank, divided by
-  /// one) unless `compression` casts them; a parameter without a gradient is then an error unless
+  /// one) unless the comm hook casts them (fp16_compress_hook()); a parameter without a gradient is then an error unless
   /// find_unused_parameters, as with more ranks. false (default): at one rank there is nothing to
   /// average and no Reducer is built. No effect with more than one rank.
   bool reducer_at_one_rank = false;
@@ -114,15 +106,12 @@ struct DDPOptions {
   bool gradient_as_bucket_view = false;
 };
 
-/// Parses "none" / "fp16" / "bf16" and "auto" / "mpi" / "nccl"; throws std::invalid_argument
-/// naming the value otherwise.
+/// Parses "auto" / "mpi" / "nccl"; throws std::invalid_argument naming the value otherwise.
 ///@{
-Compression parse_compression(const std::string& name);
 Backend parse_backend(const std::string& name);
 ///@}
 /// The names the parsers accept, for messages and logs.
 ///@{
-const char* compression_name(Compression compression);
 const char* backend_name(Backend backend);
 ///@}
 
@@ -248,37 +237,20 @@ class DistributedDataParallel {
   ///@}
 
   /// Sets what reduces each bucket of gradients (comm_hook.h; PyTorch's register_comm_hook; its
-  /// state is what the hook captures, e.g. powersgd_hook(state)). Replaces the default: the hook
-  /// DDPOptions::compression picks, allreduce_hook() without compression. Call it before the first
-  /// training backward, identically on every rank; later it is a std::logic_error. With one rank
-  /// and no Reducer (DDPOptions::reducer_at_one_rank false) there is nothing to reduce and the
-  /// hook never runs.
+  /// state is what the hook captures, e.g. powersgd_hook(state)). Replaces the default,
+  /// allreduce_hook(). Call it before the first training backward, identically on every rank;
+  /// later it is a std::logic_error. With one rank and no Reducer (DDPOptions::reducer_at_one_rank
+  /// false) there is nothing to reduce and the hook never runs. A hook that steps an optimizer
+  /// (hook_then_optimizer()) is refused (std::invalid_argument, naming the reason) where a step
+  /// would need more than one bucket: with find_unused_parameters (a parameter no rank used keeps
+  /// its gradient, known only after the last bucket), and when a parameter of the optimizer is not
+  /// one of the module's (no bucket would ever step it).
   void register_comm_hook(CommHook hook);
 
-  /// Steps `optimizer` inside backward, one bucket at a time: as soon as a bucket's all-reduce is
-  /// done, its averages go to grad() and the optimizer steps that bucket's parameters, while the
-  /// later buckets are still in flight; then loss.backward() returns with the model stepped, and
-  /// optimizer.step() must not be called again. Bit-identical to optimizer.step() after backward
-  /// (each parameter's update reads only its own gradient and state, and the state stays in
-  /// `optimizer`: its state_dict, learning-rate schedules and zero_grad() work as before).
-  /// Returns true when backward will step it; false at one rank without a Reducer
-  /// (DDPOptions::reducer_at_one_rank false), where there is no all-reduce to overlap: call
-  /// optimizer.step() as usual then. Null turns it off (and returns false).
-  ///
-  /// Refused (std::invalid_argument, naming the reason) where a step needs more than one bucket:
-  /// an optimizer other than SGD, Adam, AdamW, Adagrad or RMSprop, unless `per_parameter` declares
-  /// that it too updates each parameter from that parameter's gradient and state only (true of
-  /// ddp::Adadelta; false of anything that takes a norm over all parameters; never LBFGS, which
-  /// re-evaluates the loss);
-  /// a parameter of `optimizer` that is not one of the module's; find_unused_parameters (a
-  /// parameter no rank used keeps its gradient, known only after the last bucket). It leaves no
-  /// place between the all-reduce and the step, so do not combine it with gradient clipping,
-  /// a GradScaler's inf check and unscale, or ZeroRedundancyOptimizer. no_sync() backward passes
-  /// do not step (nothing is reduced); the next synchronised one does. A parameter that got no
-  /// gradient on any rank is still the error of find_unused_parameters=false, raised after the
-  /// buckets have stepped. It takes effect from the next synchronised backward. The optimizer
-  /// must outlive the wrapper or be unregistered (null) first.
-  bool overlap_optimizer_step(torch::optim::Optimizer* optimizer, bool per_parameter = false);
+  /// The optimizer that loss.backward() steps (the registered hook's steps_optimizer()), so that
+  /// the caller must not step it again; null where backward steps none: a hook that only
+  /// reduces, or one rank without a Reducer, where the hook never runs (step after backward).
+  torch::optim::Optimizer* backward_steps_optimizer() const;
 
   /// The reducer's buckets (parameter indices in registration order); empty with one rank
   /// unless DDPOptions::reducer_at_one_rank.
@@ -320,7 +292,6 @@ class DistributedDataParallel {
   Communicator* comm_ = nullptr;
   std::unique_ptr<Communicator> owned_comm_;
   std::unique_ptr<Reducer> reducer_;  ///< destroyed first: it uses the communicators
-  std::string hook_description_ = "allreduce";  ///< what register_comm_hook was given, if ever
 };
 
 }  // namespace ddp

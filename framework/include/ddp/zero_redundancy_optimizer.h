@@ -30,29 +30,28 @@
 /// After step() a parameter's grad() is the average where this rank owns it and this rank's
 /// own gradient elsewhere: call zero_grad() before the next backward (as every loop does).
 ///
-/// With DistributedDataParallel (ZeroOptions::reduce_gradients):
-/// - true (the default, less traffic): step() reduces the gradients itself, so backward must
-///   leave each rank its own: use the module unwrapped, or run every backward under
-///   DistributedDataParallel::no_sync() (which then still checks and broadcasts the
-///   parameters at construction). With DDP's all-reduce too, the gradients would cross the
-///   network twice.
-/// - false: the gradients are already averaged on every rank (DDP's all-reduce, as c10d's
-///   ZeroRedundancyOptimizer is used with DDP); step() only shards the state and all-gathers
-///   the parameters.
+/// With DistributedDataParallel: register noop_hook() (comm_hook.h) on the wrapper, so that
+/// backward leaves each rank its own gradients and they cross the network once, in step()'s
+/// reduce-scatter; the wrapper still checks and broadcasts the parameters and buffers and checks
+/// that every rank produced every gradient. With DDP's default all-reduce as well, the gradients
+/// would cross the network twice (the results are the same up to rounding: the average of
+/// averages).
 ///
 /// State dict: the consolidated state is the unsharded optimizer's (the factory's type over
 /// every parameter, in order), so an unsharded optimizer, or a ZeroRedundancyOptimizer at any
-/// number of ranks, loads it. consolidate_state_dict(to) (collective) gathers every shard's
-/// state to rank `to`; save() then writes it there (torch::optim::Optimizer::save, so
-/// snapshots and torch::save work; the training kit's Checkpointer consolidates before each
-/// snapshot). load() reads a consolidated state on every rank (not collective) and keeps this
-/// rank's shard of it.
+/// number of ranks, loads it. save() (torch::optim::Optimizer::save) is collective: every rank
+/// calls it, every shard's state is gathered to rank 0, and rank 0 writes the consolidated state;
+/// the other ranks write nothing. So write rank 0's archive only (the training kit's snapshots call
+/// save() on every rank and write rank 0's); torch::save(optimizer, path) must run on every rank
+/// and is only correct where the ranks' paths differ. load() reads a consolidated state on every
+/// rank (not collective) and keeps this rank's shard of it.
 ///
 /// Contract: every rank constructs it (collective: rank 0's parameters are broadcast) with the
-/// same parameters, in the same order, of one dtype on one device, and calls step() and
-/// consolidate_state_dict() alike. The factory makes one parameter group; its options (the
+/// same parameters, in the same order, of one dtype on one device, and calls step() and save()
+/// alike. The factory makes one parameter group; its options (the
 /// learning rate a scheduler sets on param_groups()[0]) are copied to the shard's optimizer at
-/// every step. Not supported: several parameter groups, closures (LBFGS).
+/// every step. Not supported: several parameter groups, closures (LBFGS), and composing it with
+/// hook_then_optimizer() (its step is collective over every parameter, not per bucket).
 
 #include <ddp/communicator.h>
 
@@ -67,13 +66,6 @@
 
 namespace ddp {
 
-/// How ZeroRedundancyOptimizer treats the gradients (see the top of this file).
-struct ZeroOptions {
-  /// true: step() averages the gradients with a reduce-scatter; false: they are averaged
-  /// already (DistributedDataParallel's all-reduce).
-  bool reduce_gradients = true;
-};
-
 /// ZeRO-1 over `comm` (the contract is at the top of this file).
 class ZeroRedundancyOptimizer final : public torch::optim::Optimizer {
  public:
@@ -85,19 +77,17 @@ class ZeroRedundancyOptimizer final : public torch::optim::Optimizer {
   /// Collective: partitions `parameters`, makes this rank's shard optimizer with `factory`, and
   /// broadcasts rank 0's parameters. `comm` must outlive it.
   ZeroRedundancyOptimizer(std::vector<torch::Tensor> parameters, Communicator& comm,
-                          Factory factory, ZeroOptions options = {});
+                          Factory factory);
   ~ZeroRedundancyOptimizer() override;
 
   /// Collective (see the top of this file). Returns an undefined tensor; a closure throws.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  /// Collective: gathers every shard's state to rank `to` (-1: to every rank), for save().
-  /// step() discards it. Throws std::runtime_error on every rank when the shard optimizer keeps
-  /// state that its torch::optim::Optimizer::state() does not hold (consolidating moves the state
-  /// by parameter through state(): what is elsewhere would be lost), naming the optimizer.
-  void consolidate_state_dict(int to = 0);
-  /// Writes the consolidated state (the unsharded optimizer's format); throws on a rank that
-  /// holds none (consolidate_state_dict() was not called, or a step came after it).
+  /// Collective: gathers every shard's state to rank 0, which writes the consolidated state (the
+  /// unsharded optimizer's format); the other ranks write nothing. Throws std::runtime_error on
+  /// every rank when the shard optimizer keeps state that its torch::optim::Optimizer::state()
+  /// does not hold (consolidating moves the state by parameter through state(): what is
+  /// elsewhere would be lost), naming the optimizer.
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Reads a consolidated state (any world size's, or an unsharded optimizer's of the same type
   /// over the same parameters) and keeps this rank's shard of it. Not collective.
@@ -114,8 +104,7 @@ class ZeroRedundancyOptimizer final : public torch::optim::Optimizer {
   struct Impl;
   explicit ZeroRedundancyOptimizer(std::unique_ptr<Impl> impl);
   static std::unique_ptr<Impl> make_impl(std::vector<torch::Tensor> parameters,
-                                         Communicator& comm, Factory factory,
-                                         ZeroOptions options);
+                                         Communicator& comm, Factory factory);
   // The unsharded optimizer holding every rank's `shards` state; `error` says why it would
   // lose some (then the result must not be used).
   std::unique_ptr<torch::optim::Optimizer> consolidate(const Impl& z,

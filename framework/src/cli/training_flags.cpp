@@ -82,9 +82,10 @@ void check_training_flags(const TrainingFlags& f) {
     throw std::invalid_argument("--comm-hook '" + f.comm_hook +
                                 "' is not one of: allreduce, fp16, bf16, powersgd");
   }
-  if (f.comm_hook != "allreduce" && f.compression != "none" && f.compression != f.comm_hook) {
-    throw std::invalid_argument("--comm-hook " + f.comm_hook + " and --compression " + f.compression +
-                                " disagree: give one of them");
+  if (f.overlap_step && (f.clip_grad_norm > 0 || f.amp == "fp16" || f.on_nonfinite == "skip")) {
+    throw std::invalid_argument("--overlap-step steps the optimizer inside backward, bucket by "
+                                "bucket: not with --clip-grad-norm, --amp fp16 or --on-nonfinite "
+                                "skip, which need every gradient before the step");
   }
   (void)hierarchical_choice(f.hierarchical);
   require_at_least("--powersgd-rank", f.powersgd_rank, 1);
@@ -166,14 +167,13 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
   distributed.add_options()
     ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
     ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
-    ("compression", po::value(&f.compression)->default_value("none"), "gradients on the wire: none, fp16 or bf16")
-    ("comm-hook", po::value(&f.comm_hook)->default_value("allreduce"), "what reduces each gradient bucket: allreduce (the average), fp16 or bf16 (as --compression), or powersgd (low-rank compression with error feedback, as PyTorch's powerSGD_hook)")
+    ("comm-hook", po::value(&f.comm_hook)->default_value("allreduce"), "what reduces each gradient bucket: allreduce (the average), fp16 or bf16 (the average sent as half or bfloat16), or powersgd (low-rank compression with error feedback, as PyTorch's powerSGD_hook)")
     ("powersgd-rank", po::value(&f.powersgd_rank)->default_value(1), "with --comm-hook powersgd: the rank of the gradient approximation (PowerSGDState::matrix_approximation_rank)")
     ("powersgd-start-iter", po::value(&f.powersgd_start_iter)->default_value(1000), "with --comm-hook powersgd: plain all-reduce for the first N steps, compression after (>= 2)")
     ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
     ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
     ("gradient-as-bucket-view", po::bool_switch(&f.gradient_as_bucket_view), "gradients are views into the all-reduce buckets: no copy into the buckets and back, no gradient memory of their own (same results)")
-    ("overlap-step", po::bool_switch(&f.overlap_step), "the optimizer steps each gradient bucket inside backward as soon as its all-reduce is done (same results); off, and said, where a step needs every gradient first (--clip-grad-norm, --amp fp16, --on-nonfinite skip)")
+    ("overlap-step", po::bool_switch(&f.overlap_step), "the optimizer steps each gradient bucket inside backward as soon as its all-reduce is done (same results; not with --clip-grad-norm, --amp fp16 or --on-nonfinite skip, which need every gradient first)")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
     ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
@@ -240,8 +240,6 @@ std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const Tra
 
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline) {
   ddp::DDPOptions options;
-  options.compression = ddp::parse_compression(
-      flags.comm_hook == "fp16" || flags.comm_hook == "bf16" ? flags.comm_hook : flags.compression);
   options.backend = ddp::parse_backend(flags.backend);
   options.bucket_cap_mb = flags.bucket_mb;
   options.first_bucket_mb = flags.first_bucket_mb;
@@ -256,16 +254,22 @@ std::unique_ptr<ddp::DistributedDataParallel> make_ddp(ddp::ProcessGroup& group,
                                                        std::shared_ptr<torch::nn::Module> model,
                                                        const TrainingFlags& flags,
                                                        Parallelism parallelism,
-                                                       ddp::Timeline* timeline) {
+                                                       ddp::Timeline* timeline,
+                                                       torch::optim::Optimizer& optimizer) {
   if (parallelism != Parallelism::DataParallel) return nullptr;
   auto ddp_model = std::make_unique<ddp::DistributedDataParallel>(group, std::move(model),
                                                                   ddp_options(flags, timeline));
+  ddp::CommHook hook = ddp::allreduce_hook();
+  if (flags.comm_hook == "fp16") hook = ddp::fp16_compress_hook();
+  if (flags.comm_hook == "bf16") hook = ddp::bf16_compress_hook();
   if (flags.comm_hook == "powersgd") {
     auto state = std::make_shared<ddp::PowerSGDState>();
     state->matrix_approximation_rank = flags.powersgd_rank;
     state->start_powerSGD_iter = flags.powersgd_start_iter;
-    ddp_model->register_comm_hook(ddp::powersgd_hook(state));
+    hook = ddp::powersgd_hook(state);
   }
+  if (flags.overlap_step) hook = ddp::hook_then_optimizer(std::move(hook), optimizer);
+  ddp_model->register_comm_hook(std::move(hook));
   return ddp_model;
 }
 
@@ -299,7 +303,6 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   options.checkpoint.every_steps = flags.checkpoint_every_steps;
   options.checkpoint.every_seconds = flags.checkpoint_every_seconds.value_or(0);
   options.keep_global_batch = flags.keep_global_batch;
-  options.overlap_optimizer_step = flags.overlap_step;
   return options;
 }
 

@@ -3,7 +3,9 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <stdexcept>
+#include <unordered_set>
 #include <utility>
 
 namespace ddp {
@@ -72,5 +74,75 @@ CommHook compress_hook(torch::ScalarType wire_dtype, const char* description) {
 CommHook fp16_compress_hook() { return compress_hook(torch::kHalf, "fp16"); }
 
 CommHook bf16_compress_hook() { return compress_hook(torch::kBFloat16, "bf16"); }
+
+}  // namespace ddp
+
+namespace ddp {
+
+CommHook noop_hook() {
+  return CommHook([](Communicator&, GradBucket& bucket) { return BucketFuture(bucket.buffer); },
+                  nullptr, "noop");
+}
+
+namespace {
+
+// Steps `optimizer` on `params` only: each param group is cut down to those of its parameters in
+// `params` for the one step(), and given back whole afterwards (also when step() throws). The
+// state is keyed by parameter, so it is the same state a full step would update.
+void step_subset(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
+  std::unordered_set<const c10::TensorImpl*> wanted;
+  for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
+  auto& groups = optimizer.param_groups();
+  std::vector<std::vector<torch::Tensor>> whole(groups.size());
+  struct GiveBack {
+    std::vector<torch::optim::OptimizerParamGroup>& groups;
+    std::vector<std::vector<torch::Tensor>>& whole;
+    ~GiveBack() {
+      for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(whole[g]);
+    }
+  } give_back{groups, whole};
+  for (size_t g = 0; g < groups.size(); ++g) {
+    whole[g] = std::move(groups[g].params());
+    groups[g].params().clear();
+    for (const auto& p : whole[g]) {
+      if (wanted.count(p.unsafeGetTensorImpl())) groups[g].params().push_back(p);
+    }
+  }
+  optimizer.step();
+}
+
+}  // namespace
+
+CommHook hook_then_optimizer(CommHook inner, torch::optim::Optimizer& optimizer) {
+  if (!inner) throw std::invalid_argument("hook_then_optimizer: the inner hook is empty");
+  if (inner.steps_optimizer()) {
+    throw std::invalid_argument("hook_then_optimizer: the inner hook steps an optimizer already");
+  }
+  torch::optim::Optimizer* stepped = &optimizer;
+  CommHook::Function function = [inner, stepped](Communicator& comm, GradBucket& bucket) {
+    std::vector<torch::Tensor> params = bucket.parameters;
+    return inner(comm, bucket).then([params = std::move(params), stepped](torch::Tensor average) {
+      // The averages into grad() (the reducer copies them there again: the same values), then
+      // the step of these parameters.
+      torch::NoGradGuard no_grad;
+      int64_t offset = 0;
+      for (torch::Tensor p : params) {
+        torch::Tensor mine = average.narrow(0, offset, p.numel()).view(p.sizes());
+        offset += p.numel();
+        torch::Tensor& grad = p.mutable_grad();
+        if (!grad.defined()) {
+          grad = mine.clone();
+        } else if (!grad.is_same(mine)) {
+          grad.copy_(mine);
+        }
+      }
+      step_subset(*stepped, params);
+      return average;
+    });
+  };
+  CommHook composed(std::move(function), inner.state(), inner.description());
+  composed.steps_optimizer_ = stepped;
+  return composed;
+}
 
 }  // namespace ddp

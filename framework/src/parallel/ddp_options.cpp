@@ -4,27 +4,11 @@
 
 namespace ddp {
 
-Compression parse_compression(const std::string& name) {
-  if (name == "none") return Compression::None;
-  if (name == "fp16") return Compression::Fp16;
-  if (name == "bf16") return Compression::Bf16;
-  throw std::invalid_argument("unknown compression '" + name + "' (expected none, fp16 or bf16)");
-}
-
 Backend parse_backend(const std::string& name) {
   if (name == "auto") return Backend::Auto;
   if (name == "mpi") return Backend::Mpi;
   if (name == "nccl") return Backend::Nccl;
   throw std::invalid_argument("unknown backend '" + name + "' (expected auto, mpi or nccl)");
-}
-
-const char* compression_name(Compression compression) {
-  switch (compression) {
-    case Compression::None: return "none";
-    case Compression::Fp16: return "fp16";
-    case Compression::Bf16: return "bf16";
-  }
-  return "?";
 }
 
 const char* backend_name(Backend backend) {

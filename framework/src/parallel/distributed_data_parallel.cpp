@@ -214,9 +214,33 @@ int64_t DistributedDataParallel::sync_bytes() const {
 }
 
 void DistributedDataParallel::register_comm_hook(CommHook hook) {
-  if (!hook) throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
-  hook_description_ = hook.description();
+  const std::string what = "DistributedDataParallel::register_comm_hook: ";
+  if (!hook) throw std::invalid_argument(what + "the hook is empty");
+  if (const torch::optim::Optimizer* optimizer = hook.steps_optimizer()) {
+    if (options_.find_unused_parameters) {
+      throw std::invalid_argument(what + "a hook that steps the optimizer, not with "
+                                  "DDPOptions::find_unused_parameters (a parameter no rank used "
+                                  "keeps its gradient, known only after the last bucket)");
+    }
+    std::unordered_set<const c10::TensorImpl*> mine;
+    for (const auto& p : module_->parameters()) mine.insert(p.unsafeGetTensorImpl());
+    const auto& groups = optimizer->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t k = 0; k < groups[g].params().size(); ++k) {
+        if (!mine.count(groups[g].params()[k].unsafeGetTensorImpl())) {
+          throw std::invalid_argument(what + "parameter " + std::to_string(k) + " of the "
+                                      "optimizer's param group " + std::to_string(g) + " is not a "
+                                      "parameter of the wrapped module, and no bucket would ever "
+                                      "step it");
+        }
+      }
+    }
+  }
   if (reducer_) reducer_->set_comm_hook(std::move(hook));
+}
+
+torch::optim::Optimizer* DistributedDataParallel::backward_steps_optimizer() const {
+  return reducer_ ? reducer_->comm_hook().steps_optimizer() : nullptr;
 }
 
 std::string DistributedDataParallel::comm_hook_description() const {
@@ -273,77 +297,6 @@ std::string DistributedDataParallel::load_state(torch::serialize::InputArchive& 
   }
   state->load(hook_archive);
   return "";
-}
-
-namespace {
-
-// Steps `optimizer` on `params` only: each param group is cut down to those of its parameters in
-// `params` for the one step(), and given back whole afterwards. The state is keyed by parameter,
-// so it is the same state a full step would update.
-void step_subset(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
-  std::unordered_set<const c10::TensorImpl*> wanted;
-  for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
-  auto& groups = optimizer.param_groups();
-  std::vector<std::vector<torch::Tensor>> whole(groups.size());
-  struct GiveBack {
-    std::vector<torch::optim::OptimizerParamGroup>& groups;
-    std::vector<std::vector<torch::Tensor>>& whole;
-    ~GiveBack() {
-      for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(whole[g]);
-    }
-  } give_back{groups, whole};
-  for (size_t g = 0; g < groups.size(); ++g) {
-    whole[g] = std::move(groups[g].params());
-    groups[g].params().clear();
-    for (const auto& p : whole[g]) {
-      if (wanted.count(p.unsafeGetTensorImpl())) groups[g].params().push_back(p);
-    }
-  }
-  optimizer.step();
-}
-
-bool elementwise(torch::optim::Optimizer& optimizer) {
-  return dynamic_cast<torch::optim::SGD*>(&optimizer) || dynamic_cast<torch::optim::Adam*>(&optimizer) ||
-         dynamic_cast<torch::optim::AdamW*>(&optimizer) ||
-         dynamic_cast<torch::optim::Adagrad*>(&optimizer) ||
-         dynamic_cast<torch::optim::RMSprop*>(&optimizer);
-}
-
-}  // namespace
-
-bool DistributedDataParallel::overlap_optimizer_step(torch::optim::Optimizer* optimizer,
-                                                     bool per_parameter) {
-  const std::string what = "DistributedDataParallel::overlap_optimizer_step: ";
-  if (!optimizer) {
-    if (reducer_) reducer_->set_bucket_done(nullptr);
-    return false;
-  }
-  if (dynamic_cast<torch::optim::LBFGS*>(optimizer)) {
-    throw std::invalid_argument(what + "LBFGS re-evaluates the loss over all parameters; step it "
-                                "after backward");
-  }
-  if (!per_parameter && !elementwise(*optimizer)) {
-    throw std::invalid_argument(what + "only SGD, Adam, AdamW, Adagrad and RMSprop are known to "
-                                "step each parameter from its own gradient and state; declare "
-                                "another that does with per_parameter, or step it after backward");
-  }
-  std::unordered_set<const c10::TensorImpl*> mine;
-  for (const auto& p : module_->parameters()) mine.insert(p.unsafeGetTensorImpl());
-  const auto& groups = optimizer->param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (size_t k = 0; k < groups[g].params().size(); ++k) {
-      if (!mine.count(groups[g].params()[k].unsafeGetTensorImpl())) {
-        throw std::invalid_argument(what + "parameter " + std::to_string(k) + " of the optimizer's "
-                                    "param group " + std::to_string(g) + " is not a parameter of "
-                                    "the wrapped module, and no bucket would ever step it");
-      }
-    }
-  }
-  if (!reducer_) return false;
-  // The reducer refuses find_unused_parameters.
-  reducer_->set_bucket_done(
-      [optimizer](const std::vector<torch::Tensor>& params) { step_subset(*optimizer, params); });
-  return true;
 }
 
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const {

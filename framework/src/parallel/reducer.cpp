@@ -44,11 +44,7 @@ Reducer::Reducer(Communicator& data, Communicator& control, std::vector<torch::T
   for (size_t k = params_.size(); k-- > 0;) {
     if (params_[k].requires_grad()) order.push_back(k);
   }
-  switch (options_.compression) {
-    case Compression::None: hook_ = allreduce_hook(); break;
-    case Compression::Fp16: hook_ = fp16_compress_hook(); break;
-    case Compression::Bf16: hook_ = bf16_compress_hook(); break;
-  }
+  hook_ = allreduce_hook();
   build_buckets(order);
   check_layout_across_ranks();
   rebuild_pending_ = options_.rebuild_buckets;
@@ -139,16 +135,6 @@ void Reducer::set_comm_hook(CommHook hook) {
   hook_ = std::move(hook);
 }
 
-void Reducer::set_bucket_done(BucketDone done) {
-  if (done && options_.find_unused_parameters) {
-    throw std::invalid_argument(
-        "DistributedDataParallel::overlap_optimizer_step: not with "
-        "DDPOptions::find_unused_parameters (a parameter no rank used keeps its gradient, known "
-        "only after the last bucket)");
-  }
-  bucket_done_ = std::move(done);
-}
-
 void Reducer::rebuild_buckets() {
   std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
   std::vector<bool> seen(params_.size(), false);
@@ -197,8 +183,7 @@ void Reducer::restore_order(const std::vector<size_t>& order) {
 
 void Reducer::check_layout_across_ranks() {
   std::ostringstream layout;
-  layout << "backend " << data_comm_.backend() << ", compression " << compression_name(options_.compression) << ", " << buckets_.size()
-         << " buckets:";
+  layout << "backend " << data_comm_.backend() << ", " << buckets_.size() << " buckets:";
   for (const Bucket& b : buckets_) layout << " " << b.data.scalar_type() << "[" << b.data.numel() << "]";
   require_agreement(control_comm_, "DistributedDataParallel: the bucket layout", layout.str(),
                     "Ranks would issue different collectives (bucket layouts differ): use the "
@@ -286,16 +271,6 @@ void Reducer::wait_for_buckets() {
       }
       bucket.data.copy_(result.reshape(-1));
     }
-    if (bucket_done_) {
-      std::vector<torch::Tensor> params;
-      for (size_t i : bucket.params) {
-        hand_average(i);
-        params.push_back(params_[i]);
-      }
-      const auto step_start = Clock::now();
-      bucket_done_(params);
-      bucket_done_seconds_ += seconds_since(step_start);
-    }
     if (options_.timeline && span) {
       options_.timeline->span("all-reduce bucket " + std::to_string(b) + " (" +
                                   std::to_string(bucket.data.numel() * bucket.data.element_size() / 1024) +
@@ -323,7 +298,6 @@ void Reducer::finish_backward() {
     ~EndBackward() { flag = false; }
   } end{in_backward_};
   const auto start = Clock::now();
-  bucket_done_seconds_ = 0;
 
   // 1. Gradients that never came count as zero here; launch every bucket still waiting.
   const int64_t n = static_cast<int64_t>(params_.size());
@@ -354,10 +328,10 @@ void Reducer::finish_backward() {
   sync_bytes_ += bytes;
   const torch::Tensor used_anywhere = used_by.to(torch::kLong).sum(0).gt(0);
   auto anywhere = used_anywhere.accessor<bool, 1>();
-  for (size_t i = 0; i < params_.size() && !bucket_done_; ++i) {  // bucket_done_: handed already
+  for (size_t i = 0; i < params_.size(); ++i) {
     if (slots_[i].bucket != kNoBucket && anywhere[static_cast<int64_t>(i)]) hand_average(i);
   }
-  sync_seconds_ += seconds_since(start) - bucket_done_seconds_;  // the optimizer's is not sync
+  sync_seconds_ += seconds_since(start);  // with hook_then_optimizer, the steps' time too
   if (options_.timeline) options_.timeline->span("wait for gradient sync", "sync", start, Clock::now());
   if (rebuild_pending_) rebuild_buckets();
 

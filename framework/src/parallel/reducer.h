@@ -37,8 +37,7 @@
 // Averaging is the comm hook's (comm_hook.h): in step 2 the bucket, holding this rank's
 // gradients, is handed to the hook, which starts its reduction and returns a BucketFuture; in step
 // 3 the futures are waited for in bucket order and a result that is not the bucket itself is
-// copied in. The default, allreduce_hook(), divides by the world size and sums over ranks;
-// DDPOptions::compression picks fp16_compress_hook() or bf16_compress_hook() instead.
+// copied in. The default, allreduce_hook(), divides by the world size and sums over ranks.
 // Because the bucket holds the accumulated grad(), gradient accumulation and no_sync() stay
 // exact.
 //
@@ -53,11 +52,8 @@
 // without the option. The rebuild (step 5) copies every defined grad() into the new buckets and
 // points it there. Results are bit-identical to copying.
 //
-// The optimizer step overlapped (set_bucket_done, DistributedDataParallel::overlap_optimizer_step):
-// in step 3, as soon as bucket b's future is waited for, its averages are handed to grad() and
-// the callback steps the optimizer on that bucket's parameters, while the later buckets are still
-// in flight. Only with find_unused_parameters=false: then every parameter that requires grad
-// gets the average (a parameter no rank used is the error of step 4, raised after the steps).
+// The reducer knows no optimizer: a hook that steps one (hook_then_optimizer) does it in its
+// future's continuation, inside step 3's wait, bucket by bucket.
 //
 // Invariants: every rank has the same bucket layout (checked at construction and after the
 // rebuild); between backward passes no bucket is in flight; params_ never changes after
@@ -74,7 +70,6 @@
 #include <torch/types.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,15 +101,9 @@ class Reducer {
   double sync_seconds() const { return sync_seconds_; }
   int64_t sync_bytes() const { return sync_bytes_; }
 
-  // Replaces the comm hook (the default follows DDPOptions::compression). Only before the first
-  // synchronised backward; std::logic_error otherwise.
+  // Replaces the comm hook (the default: allreduce_hook()). Only before the first synchronised
+  // backward; std::logic_error otherwise.
   void set_comm_hook(CommHook hook);
-
-  // Called in step 3 with each bucket's parameters once their grad() holds the average, in
-  // bucket order, before the later buckets are waited for; null: none (the default). Only with
-  // find_unused_parameters=false (std::invalid_argument otherwise).
-  using BucketDone = std::function<void(const std::vector<torch::Tensor>& params)>;
-  void set_bucket_done(BucketDone done);
 
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
@@ -190,7 +179,6 @@ class Reducer {
   std::vector<Hook> hooks_;
 
   CommHook hook_;
-  BucketDone bucket_done_;
   bool sync_enabled_ = true;
   bool in_backward_ = false;
   bool synced_once_ = false;         // a synchronised backward has begun (the hook is fixed)
@@ -199,7 +187,6 @@ class Reducer {
   std::vector<size_t> rebuilt_order_;  // the order of step 5, once it has run
   size_t next_to_launch_ = 0;
   double sync_seconds_ = 0;
-  double bucket_done_seconds_ = 0;   // in bucket_done_ during this backward
   int64_t sync_bytes_ = 0;
 
 };

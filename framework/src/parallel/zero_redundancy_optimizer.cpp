@@ -93,7 +93,6 @@ std::string bytes_of(const torch::optim::Optimizer& optimizer) {
 struct ZeroRedundancyOptimizer::Impl {
   Communicator* comm = nullptr;
   Factory factory;
-  ZeroOptions options;
   std::vector<torch::Tensor> params;  // all, in the constructor's order
   std::vector<int> owner;             // rank stepping params[i]
   std::vector<int64_t> offset;        // params[i]'s first element in its owner's chunk
@@ -102,7 +101,6 @@ struct ZeroRedundancyOptimizer::Impl {
   torch::Tensor flat;                 // size() chunks: gradients, then parameters
   torch::Tensor mine;                 // this rank's chunk, apart (collectives need two buffers)
   std::unique_ptr<torch::optim::Optimizer> shard;
-  std::unique_ptr<torch::optim::Optimizer> consolidated;  // after consolidate_state_dict()
 
   int rank() const { return comm->rank(); }
   std::vector<torch::Tensor> shard_of(int r) const {
@@ -123,8 +121,7 @@ struct ZeroRedundancyOptimizer::Impl {
 };
 
 std::unique_ptr<ZeroRedundancyOptimizer::Impl> ZeroRedundancyOptimizer::make_impl(
-    std::vector<torch::Tensor> parameters, Communicator& comm, Factory factory,
-    ZeroOptions options) {
+    std::vector<torch::Tensor> parameters, Communicator& comm, Factory factory) {
   if (!factory) throw std::invalid_argument(std::string(kWhere) + ": no optimizer factory");
   if (parameters.empty()) throw std::invalid_argument(std::string(kWhere) + ": no parameters");
   const torch::Tensor& first = parameters.front();
@@ -142,7 +139,6 @@ std::unique_ptr<ZeroRedundancyOptimizer::Impl> ZeroRedundancyOptimizer::make_imp
   auto impl = std::make_unique<Impl>();
   impl->comm = &comm;
   impl->factory = std::move(factory);
-  impl->options = options;
   impl->params = std::move(parameters);
   impl->owner = partition(impl->params, comm.size());
   impl->load.assign(static_cast<size_t>(comm.size()), 0);
@@ -169,9 +165,8 @@ std::unique_ptr<ZeroRedundancyOptimizer::Impl> ZeroRedundancyOptimizer::make_imp
 }
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::Tensor> parameters,
-                                                 Communicator& comm, Factory factory,
-                                                 ZeroOptions options)
-    : ZeroRedundancyOptimizer(make_impl(std::move(parameters), comm, std::move(factory), options)) {}
+                                                 Communicator& comm, Factory factory)
+    : ZeroRedundancyOptimizer(make_impl(std::move(parameters), comm, std::move(factory))) {}
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::unique_ptr<Impl> impl)
     : torch::optim::Optimizer(impl->params, impl->shard->defaults().clone()),
@@ -189,32 +184,29 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   }
   Impl& z = *impl_;
   torch::NoGradGuard no_grad;
-  z.consolidated.reset();
   // What a scheduler set on this optimizer's group applies to the shard's.
   z.shard->param_groups()[0].set_options(param_groups_[0].options().clone());
 
   const int rank = z.rank();
-  if (z.options.reduce_gradients) {
-    for (size_t i = 0; i < z.params.size(); ++i) {
-      const torch::Tensor& grad = z.params[i].grad();
-      if (grad.defined()) {
-        z.in_flat(i).copy_(grad);
-      } else {
-        z.in_flat(i).zero_();
-      }
+  for (size_t i = 0; i < z.params.size(); ++i) {
+    const torch::Tensor& grad = z.params[i].grad();
+    if (grad.defined()) {
+      z.in_flat(i).copy_(grad);
+    } else {
+      z.in_flat(i).zero_();
     }
-    for (int r = 0; r < z.comm->size(); ++r) {  // padding: zeros (the all-gather wrote it)
-      z.flat.slice(0, r * z.chunk + z.load[static_cast<size_t>(r)], (r + 1) * z.chunk).zero_();
-    }
-    z.comm->reduce_scatter(z.mine, z.flat, ReduceOp::Avg);
-    for (size_t i = 0; i < z.params.size(); ++i) {
-      if (z.owner[i] != rank) continue;
-      torch::Tensor& grad = z.params[i].mutable_grad();
-      if (grad.defined()) {
-        grad.copy_(z.in_mine(i));
-      } else {
-        grad = z.in_mine(i).clone();
-      }
+  }
+  for (int r = 0; r < z.comm->size(); ++r) {  // padding: zeros (the all-gather wrote it)
+    z.flat.slice(0, r * z.chunk + z.load[static_cast<size_t>(r)], (r + 1) * z.chunk).zero_();
+  }
+  z.comm->reduce_scatter(z.mine, z.flat, ReduceOp::Avg);
+  for (size_t i = 0; i < z.params.size(); ++i) {
+    if (z.owner[i] != rank) continue;
+    torch::Tensor& grad = z.params[i].mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(z.in_mine(i));
+    } else {
+      grad = z.in_mine(i).clone();
     }
   }
   z.shard->step();
@@ -227,26 +219,6 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     if (z.owner[i] != rank) z.params[i].copy_(z.in_flat(i));
   }
   return {};
-}
-
-void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
-  Impl& z = *impl_;
-  if (to < -1 || to >= z.comm->size()) {
-    throw std::invalid_argument(std::string(kWhere) + "::consolidate_state_dict: rank " +
-                                std::to_string(to) + " is not -1 (every rank) or a rank of " +
-                                std::to_string(z.comm->size()));
-  }
-  z.consolidated.reset();
-  // Every shard's state, serialised by its own optimizer (so any optimizer's state travels).
-  const std::vector<std::string> shards = all_gather_strings(*z.comm, bytes_of(*z.shard));
-  std::string error;  // the consolidating ranks' verdict, sent to every rank below
-  if (to == -1 || to == z.rank()) {
-    z.consolidated = consolidate(z, shards, error);
-    if (!error.empty()) z.consolidated.reset();
-  }
-  for (const std::string& said : all_gather_strings(*z.comm, error)) {
-    if (!said.empty()) throw std::runtime_error(said);  // on every rank alike
-  }
 }
 
 std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::consolidate(
@@ -274,7 +246,7 @@ std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::consolidate(
       full->state()[key(p)] = std::move(found->second);
     }
     if (error.empty() && !same_archive(loaded, bytes_of(*rebuilt))) {
-      error = std::string(kWhere) + "::consolidate_state_dict: the optimizer of rank " +
+      error = std::string(kWhere) + "::save: the optimizer of rank " +
               std::to_string(r) + "'s shard (" + c10::demangle(typeid(*shard).name()) +
               ") saves state that its state() does not hold, so the shards cannot be put "
               "together into one optimizer's state and a snapshot would lose it: keep every "
@@ -287,12 +259,16 @@ std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::consolidate(
 }
 
 void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive& archive) const {
-  if (!impl_->consolidated) {
-    throw std::logic_error(std::string(kWhere) + "::save: rank " + std::to_string(impl_->rank()) +
-                           " holds no consolidated state: call consolidate_state_dict() on every "
-                           "rank after the last step() first");
+  const Impl& z = *impl_;
+  // Every shard's state, serialised by its own optimizer (so any optimizer's state travels).
+  const std::vector<std::string> shards = all_gather_strings(*z.comm, bytes_of(*z.shard));
+  std::string error;  // rank 0's verdict, sent to every rank below
+  std::unique_ptr<torch::optim::Optimizer> consolidated;
+  if (z.rank() == 0) consolidated = consolidate(z, shards, error);
+  for (const std::string& said : all_gather_strings(*z.comm, error)) {
+    if (!said.empty()) throw std::runtime_error(said);  // on every rank alike
   }
-  impl_->consolidated->save(archive);
+  if (consolidated) consolidated->save(archive);
 }
 
 void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
@@ -311,7 +287,6 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
   }
   param_groups_[0].set_options(full->param_groups()[0].options().clone());
   z.shard->param_groups()[0].set_options(full->param_groups()[0].options().clone());
-  z.consolidated.reset();
 }
 
 const std::vector<int>& ZeroRedundancyOptimizer::owners() const { return impl_->owner; }

@@ -3,7 +3,6 @@
 #include <ddp/checkpoint_file.h>
 #include <ddp/communicator.h>
 #include <ddp/train/divergence.h>
-#include <ddp/zero_redundancy_optimizer.h>
 
 #include "train/directory_lock.h"
 #include "train/reached_position.h"
@@ -63,13 +62,6 @@ std::string describe_optimizer(const torch::optim::Optimizer& optimizer) {
   return text;
 }
 
-
-// ZeRO-1 keeps the optimizer state in shards: every rank gathers it to rank 0, whose save()
-// writes it into the snapshot (the unsharded optimizer's format, which resume() loads at any
-// number of ranks). Before save_snapshot, which every rank enters.
-void consolidate(torch::optim::Optimizer& optimizer) {
-  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) zero->consolidate_state_dict(0);
-}
 
 }  // namespace
 
@@ -304,7 +296,6 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
   timed(false, [&] {
-    for (const auto& named : parts_.optimizers) consolidate(*named.second);
     save_snapshot(path, group_.cpu(), parts_, progress, rank_state, extras_);
   });
   if (group_.is_main()) remove_older_step_snapshots(path);
@@ -325,7 +316,6 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   const TrainingProgress progress = progress_at(epoch, 0, step, 0);
   const std::string path = snapshot_path(o.dir, epoch);
   timed(true, [&] {
-    for (const auto& named : parts_.optimizers) consolidate(*named.second);
     save_snapshot(path, group_.cpu(), parts_, progress, {}, extras_);
   });
   last_step_ = step;

@@ -228,11 +228,15 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
           ? comm.all_gather(rank_state.values.to(torch::kDouble).contiguous())
           : torch::Tensor();
   const GatheredStates ddp_states = extras.ddp ? gather_ddp_states(comm, *extras.ddp) : GatheredStates{};
+  // On every rank: an optimizer whose state is sharded (ZeroRedundancyOptimizer) gathers it to
+  // rank 0 in save(), collectively. The archive holds references, not copies, until written.
+  torch::serialize::OutputArchive optimizer_archive;
+  detail::write_optimizers(optimizer_archive, parts);
   if (comm.rank() != 0) return;
 
   torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive model_archive, optimizer_archive;
-  detail::write_parts(model_archive, optimizer_archive, parts);
+  torch::serialize::OutputArchive model_archive;
+  detail::write_modules(model_archive, parts);
   archive.write("model", model_archive);
   archive.write("optimizer", optimizer_archive);
   archive.write("model_description", c10::IValue(detail::describe_parts(parts)));

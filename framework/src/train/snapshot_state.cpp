@@ -82,17 +82,22 @@ std::string optimizer_types(const SnapshotParts& parts) {
   return text;
 }
 
-void write_parts(torch::serialize::OutputArchive& modules, torch::serialize::OutputArchive& optimizers,
-                 const SnapshotParts& parts) {
+void write_modules(torch::serialize::OutputArchive& modules, const SnapshotParts& parts) {
   if (one_model(parts)) {
     parts.modules[0].second->save(modules);
-    parts.optimizers[0].second->save(optimizers);
     return;
   }
   for (const auto& [name, module] : parts.modules) {
     torch::serialize::OutputArchive part;
     module->save(part);
     modules.write(name, part);
+  }
+}
+
+void write_optimizers(torch::serialize::OutputArchive& optimizers, const SnapshotParts& parts) {
+  if (one_model(parts)) {
+    parts.optimizers[0].second->save(optimizers);
+    return;
   }
   for (const auto& [name, optimizer] : parts.optimizers) {
     torch::serialize::OutputArchive part;

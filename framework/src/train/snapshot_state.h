@@ -33,10 +33,11 @@ std::string restore_ddp_state(DistributedDataParallel& ddp, const GatheredStates
 std::string describe_parts(const SnapshotParts& parts);
 // The optimizers' types: the one model's type, or "<name>=<type>" for each, joined by ", ".
 std::string optimizer_types(const SnapshotParts& parts);
-// Writes each module's and optimizer's state into `modules` and `optimizers` (the snapshot's
-// "model" and "optimizer" entries): the one model's directly, named ones as an archive each.
-void write_parts(torch::serialize::OutputArchive& modules, torch::serialize::OutputArchive& optimizers,
-                 const SnapshotParts& parts);
+// Write each module's (rank 0) and each optimizer's state (every rank: a sharded optimizer's
+// save() is collective) into the snapshot's "model" and "optimizer" entries: the one model's
+// directly, named ones as an archive each.
+void write_modules(torch::serialize::OutputArchive& modules, const SnapshotParts& parts);
+void write_optimizers(torch::serialize::OutputArchive& optimizers, const SnapshotParts& parts);
 // The reverse, copying into the modules' tensors (load_module); `scheduler` (may be null) is
 // stepped `epochs` times before the optimizers' state is loaded.
 void read_parts(torch::serialize::InputArchive& modules, torch::serialize::InputArchive& optimizers,

@@ -1,8 +1,6 @@
 #include <ddp/train/trainer.h>
-#include <ddp/zero_redundancy_optimizer.h>
 
 #include <ddp/config.h>
-#include <ddp/train/adadelta.h>
 #include <ddp/train/augment.h>
 #include <ddp/train/grad_clip.h>
 #include <ddp/train/replica_check.h>
@@ -162,29 +160,21 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
       sampler_(std::max<int64_t>(task.train_size(), 0), group.size(), group.rank(), options_.shuffle,
                options_.seed) {
   check_metric_names(task);
-  if (options_.overlap_optimizer_step) overlap_step_or_say_why();
-}
-
-void Trainer::overlap_step_or_say_why() {
-  std::string& why = overlap_off_reason_;
-  if (!ddp_) why = "no DistributedDataParallel";
-  else if (options_.clip_grad_norm > 0) why = "clip_grad_norm needs every gradient before the step";
-  else if (scaler_) why = "the fp16 GradScaler's inf check needs every gradient before the step";
-  else if (options_.on_nonfinite == OnNonFinite::Skip) why = "OnNonFinite::Skip must be able to drop the step";
-  else if (dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer_)) why = "ZeroRedundancyOptimizer steps after its reduce-scatter";
-  if (why.empty()) {
-    try {
-      if (!ddp_->overlap_optimizer_step(&optimizer_, dynamic_cast<Adadelta*>(&optimizer_) != nullptr)) {
-        why = "one rank without a Reducer: no all-reduce to overlap";
-      }
-    } catch (const std::invalid_argument& e) {
-      why = e.what();
-    }
+  backward_steps_ = ddp_ && ddp_->backward_steps_optimizer();
+  if (!backward_steps_) return;
+  if (ddp_->backward_steps_optimizer() != &optimizer_) {
+    throw std::invalid_argument("Trainer: the wrapper's comm hook steps another optimizer than the "
+                                "Trainer's: compose hook_then_optimizer() with this optimizer");
   }
-  if (group_.is_main()) {
-    std::printf("Optimizer step overlapped with the all-reduce: %s%s\n", why.empty() ? "on" : "off: ",
-                why.c_str());
-    std::fflush(stdout);
+  const char* needs_every_gradient = options_.clip_grad_norm > 0 ? "clip_grad_norm"
+                                     : scaler_ ? "amp Fp16 (the GradScaler's unscale and inf check)"
+                                     : options_.on_nonfinite == OnNonFinite::Skip ? "on_nonfinite Skip"
+                                                                                  : nullptr;
+  if (needs_every_gradient) {
+    throw std::invalid_argument(std::string("TrainerOptions::") + needs_every_gradient +
+                                " needs every gradient before the optimizer step, but backward "
+                                "steps it bucket by bucket (the comm hook hook_then_optimizer): "
+                                "register the inner hook alone, or drop the option");
   }
 }
 

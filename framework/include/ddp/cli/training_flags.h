@@ -37,8 +37,8 @@ struct TrainingFlags {
   bool keep_global_batch = false;  // --keep-global-batch (TrainerOptions::keep_global_batch)
   bool deterministic = false;      // --deterministic (use_deterministic_kernels)
   bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
-  bool overlap_step = false;  // --overlap-step (TrainerOptions::overlap_optimizer_step)
-  std::string data_dir, metrics_file, timeline, compression, backend, checkpoint_dir, resume;
+  bool overlap_step = false;  // --overlap-step (make_ddp composes hook_then_optimizer)
+  std::string data_dir, metrics_file, timeline, backend, checkpoint_dir, resume;
   std::string progress;
   // The training step.
   int64_t accumulate = 1, warmup_steps = 0;
@@ -76,9 +76,10 @@ void add_training_flags(boost::program_options::options_description& options, Tr
 // below their least value, --lr and the bucket sizes not finite and > 0, --lr and
 // --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume, --timeout
 // not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0 or
-// without --checkpoint-dir, an unknown --comm-hook, --comm-hook fp16/bf16/powersgd with another
-// --compression, --powersgd-rank < 1, --powersgd-start-iter < 2, a --hierarchical other than auto, on or off. ddp::cli::run calls it right
-// after parsing.
+// without --checkpoint-dir, an unknown --comm-hook, --powersgd-rank < 1, --powersgd-start-iter
+// < 2, a --hierarchical other than auto, on or off, --overlap-step with --clip-grad-norm, --amp
+// fp16 or --on-nonfinite skip (they need every gradient before the step). ddp::cli::run calls it
+// right after parsing.
 void check_training_flags(const TrainingFlags& flags);
 
 // --deterministic: the same run twice gives the same model on a GPU too, as
@@ -99,18 +100,21 @@ ddp::RuntimeOptions runtime_options(const TrainingFlags& flags);
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
 
-// The DistributedDataParallel options of --compression (and --comm-hook fp16/bf16,
-// the same hooks), --backend, --bucket-mb, --first-bucket-mb, --find-unused-parameters and
-// --no-broadcast-buffers.
+// The DistributedDataParallel options of --backend, --bucket-mb, --first-bucket-mb,
+// --find-unused-parameters, --gradient-as-bucket-view and --no-broadcast-buffers.
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline);
 
-// The wrapper those options describe, with --comm-hook powersgd's hook registered, or null for a
-// SingleProcess program. Collective.
+// The wrapper those options describe, with the hook of --comm-hook registered (fp16, bf16,
+// powersgd; allreduce is the default) and, with --overlap-step, composed with the step of
+// `optimizer` (hook_then_optimizer: the program's optimizer must update each parameter from its
+// own gradient and state, as SGD, Adam and ddp::Adadelta do); null for a SingleProcess program.
+// Collective.
 std::unique_ptr<ddp::DistributedDataParallel> make_ddp(ddp::ProcessGroup& group,
                                                        std::shared_ptr<torch::nn::Module> model,
                                                        const TrainingFlags& flags,
                                                        Parallelism parallelism,
-                                                       ddp::Timeline* timeline);
+                                                       ddp::Timeline* timeline,
+                                                       torch::optim::Optimizer& optimizer);
 
 // The TrainerOptions the flags describe (every field a flag sets: the one place to map a new
 // one). Checks the flags first, so an error names the flag rather than the option.

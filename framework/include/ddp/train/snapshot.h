@@ -152,7 +152,8 @@ std::string snapshot_path(const std::string& dir, int64_t epoch, int64_t batches
 std::vector<std::string> list_snapshots(const std::string& dir);
 
 // Collective over `comm` (gathers every rank's random generator states, CPU and, on a GPU,
-// CUDA, and `rank_state`); rank 0 writes `path`.
+// CUDA, and `rank_state`; every rank calls optimizer.save(), collective for
+// ZeroRedundancyOptimizer); rank 0 writes `path`.
 void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
                    const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
                    const RankState& rank_state = {}, const TrainingExtras& extras = {});

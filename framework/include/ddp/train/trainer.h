@@ -111,16 +111,6 @@ struct TrainerOptions {
   OnNonFinite on_nonfinite = OnNonFinite::Stop;
   int64_t max_skipped_steps = 10;  // >= 1
 
-  // true: the optimizer steps inside backward, each bucket as soon as its all-reduce is done
-  // (DistributedDataParallel::overlap_optimizer_step; bit-identical to stepping after). The
-  // gradient check then reads the gradients after the step: a non-finite one still stops the
-  // job before any snapshot, but the model in memory has taken the step. Off, and said on rank
-  // 0 at construction (optimizer_step_overlapped(), overlap_off_reason()), where a step needs
-  // every gradient before it or there is nothing to overlap: clip_grad_norm, AmpMode::Fp16 (the
-  // GradScaler's inf check), OnNonFinite::Skip, ZeroRedundancyOptimizer, an optimizer not known
-  // to step per parameter, one rank without a Reducer.
-  bool overlap_optimizer_step = false;
-
   // On resuming from a snapshot written by another number of ranks (or with another per-rank
   // batch size): true sets batch_size to the snapshot's global batch (its per-rank batch size x
   // its ranks) / this run's ranks, so training continues on the same global batches (and the
@@ -163,7 +153,12 @@ class Trainer {
   // parameters `optimizer` steps, and that snapshots save). `ddp` is the wrapper around `model`
   // when training data-parallel, or null for a single process. Checks the options (errors name
   // the field, e.g. TrainerOptions::batch_size), the task's metric names, and the checkpoint
-  // directory (Checkpointer); installs the stop handlers (StepBoundary).
+  // directory (Checkpointer); installs the stop handlers (StepBoundary). When the wrapper's
+  // backward steps `optimizer` (its comm hook, hook_then_optimizer(), registered before this),
+  // the Trainer does not step it after backward, and refuses (std::invalid_argument) what needs
+  // every gradient before the step: clip_grad_norm, AmpMode::Fp16, OnNonFinite::Skip. The
+  // gradient check then reads the gradients after the step: a non-finite one still stops the job
+  // before any snapshot, but the model in memory has taken the step.
   Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& task,
           torch::optim::Optimizer& optimizer, TrainerOptions options,
           DistributedDataParallel* ddp = nullptr);
@@ -190,10 +185,8 @@ class Trainer {
   int64_t global_step() const { return global_step_; }
   // The fp16 loss scaler (TrainerOptions::amp is Fp16), else null.
   const GradScaler* grad_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
-  // Whether backward steps the optimizer (TrainerOptions::overlap_optimizer_step), and if asked
-  // for but off, why ("" otherwise).
-  bool optimizer_step_overlapped() const { return overlap_off_reason_.empty() && options_.overlap_optimizer_step; }
-  const std::string& overlap_off_reason() const { return overlap_off_reason_; }
+  // Whether backward steps the optimizer (the wrapper's comm hook), so the Trainer does not.
+  bool optimizer_step_overlapped() const { return backward_steps_; }
   // Optimizer steps dropped for non-finite gradients (OnNonFinite::Skip) in this run.
   int64_t skipped_steps() const { return skipped_total_; }
   // The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
@@ -209,7 +202,7 @@ class Trainer {
   TrainerOptions options_;
   DistributedDataParallel* ddp_;
   std::optional<GradScaler> scaler_;  // with AmpMode::Fp16
-  std::string overlap_off_reason_;    // TrainerOptions::overlap_optimizer_step asked for, not on
+  bool backward_steps_ = false;       // the wrapper's backward steps optimizer_
   StepBoundary boundary_;  // the stop agreement, the Checkpointer, where an epoch starts
   Reporter reporter_;
   std::unique_ptr<DataSource<std::any>> source_;
@@ -243,8 +236,6 @@ class Trainer {
   // overflow, OnNonFinite::Skip), update the scaler, step the per-step schedule. Returns whether
   // the optimizer stepped; throws TrainingDiverged (Stop).
   bool optimizer_step(int64_t epoch);
-  // Turns on the overlapped step, or says why not (TrainerOptions::overlap_optimizer_step).
-  void overlap_step_or_say_why();
   // Throws TrainingDiverged saying where, what and the learning rate (every rank alike).
   [[noreturn]] void diverged(const std::string& what, int64_t step, int64_t epoch);
   double sync_seconds() const;  // the wrapper's gradient sync so far (0 without one)
