@@ -77,7 +77,7 @@ std::vector<torch::Tensor> train(const ddp::CommHook& hook, ddp::DDPOptions opti
   for (int64_t s = 0; s < kSteps; ++s) {
     opt.zero_grad(!options.gradient_as_bucket_view);  // views are zeroed in place
     const torch::Tensor mine = x[s].slice(0, r * kBatch, (r + 1) * kBatch);
-    ddp_model.prepare_forward();  // a Sequential's forward is a template: the wrapper cannot call it
+    ddp_model.prepare_forward();  // then the module itself, as PyTorch's reference does
     ((model->forward(mine) - y[s].slice(0, r * kBatch, (r + 1) * kBatch)).pow(2).mean()).backward();
     out.push_back(flat(grads(*model)));
     opt.step();

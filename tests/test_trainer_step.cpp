@@ -79,8 +79,8 @@ TEST_P(TrainerStepViews, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoo
     const ddp::Batch batch = data.gather(indices, begin, std::min(n, begin + options.batch_size), torch::kCPU);
     const torch::Tensor inputs = data.normalise(batch.inputs);
     if (first) plain_optimizer.zero_grad();
-    // A Sequential has a templated forward, so the wrapper cannot call it: the module is run
-    // directly after the pre-forward work, as the Trainer does with its Forward function.
+    // The module is run directly after the pre-forward work, as the Trainer does with its
+    // Forward function.
     plain_model.prepare_forward();
     torch::Tensor loss;
     {
