@@ -3,6 +3,7 @@
 # LibTorch of the project's environment (.venv, from scripts/setup.sh) unless the arguments name
 # another. Extra arguments go to CMake's configure step, e.g. -DCMAKE_PREFIX_PATH=<libtorch>.
 # ccache, when installed, keeps compiled objects for the next build of the same sources.
+# DDP_BUILD_TARGETS (space-separated) builds only those targets and what they need; unset: all.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}
@@ -15,4 +16,6 @@ if command -v ccache > /dev/null; then
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=ON "${launcher[@]}" "$@"
-cmake --build "$build" -j "$(nproc)"
+targets=()
+for target in ${DDP_BUILD_TARGETS:-}; do targets+=(--target "$target"); done
+cmake --build "$build" -j "$(nproc)" "${targets[@]}"
