@@ -1,4 +1,4 @@
-// The cost of the Trainer's per-step stop check (docs/reliability.md): the all-reduce (Max) of
+// The cost of the Trainer's per-step stop check (docs/records/reliability.md): the all-reduce (Max) of
 // 6 doubles (what StopAgreement sends) on the process group's CPU communicator, timed one by one. Reports the median and
 // the 90th percentile over the slowest rank, in microseconds, so that a rank descheduled now
 // and then on a busy machine does not hide the typical cost.

@@ -1,4 +1,4 @@
-// ZeRO-1 against the unsharded optimizer (docs/performance.md): Adam on an MLP of 784-1024-512-10
+// ZeRO-1 against the unsharded optimizer (docs/records/performance.md): Adam on an MLP of 784-1024-512-10
 // (1.33 M parameters, 5.3 MB of fp32), a synthetic batch per rank, three ways per round, the
 // rounds alternating them:
 //   ddp+adam   DistributedDataParallel (all-reduce) and torch::optim::Adam on every rank

@@ -3,7 +3,7 @@
 # namespaces, tbf-shaped link, as bench/emulated_hosts.sh): a plain MPI exchange (one way vs
 # both ways), ddp's all-reduce (its socket ring: two hosts) and raw MPI_Allreduce
 # (bench_allreduce), and PyTorch's gloo
-# all-reduce. Needs root. Prints plain text; the numbers are quoted in docs/performance.md.
+# all-reduce. Needs root. Prints plain text; the numbers are recorded in docs/records/performance.md.
 #   bench/emulated_duplex.sh [RATE (100mbit)]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,6 +1,7 @@
-"""Writes docs/performance.md from the benchmark results (JSON lines) and all-reduce tables.
+"""Writes docs/records/performance.md (the records of a benchmark run) from the results (JSON lines)
+and all-reduce tables; docs/performance.md is the hand-written guide and is not touched.
 
-Usage: /usr/bin/python3 bench/report.py --results DIR --out docs/performance.md
+Usage: /usr/bin/python3 bench/report.py --results DIR --out docs/records/performance.md
 DIR holds throughput.jsonl, emulated.jsonl (optional), allreduce_np*.txt, machine.txt and
 commands.txt, as bench/run_all.sh leaves them.
 """
@@ -108,7 +109,7 @@ def main():
         "",
         efficiency_table(local) if local else "(not run)",
         "",
-        "![cnn](img/throughput_cnn.png) ![resnet18](img/throughput_resnet18.png) ![mlp](img/throughput_mlp.png)",
+        "![cnn](../img/throughput_cnn.png) ![resnet18](../img/throughput_resnet18.png) ![mlp](../img/throughput_mlp.png)",
         "",
         "## Two emulated hosts",
         "",
@@ -119,7 +120,7 @@ def main():
         "",
         throughput_table(emulated, ["model", "link"]) if emulated else "(not run)",
         "",
-        "![emulated](img/throughput_emulated.png)" if emulated else "",
+        "![emulated](../img/throughput_emulated.png)" if emulated else "",
         "",
         "## All-reduce bandwidth (nccl-tests style)",
         "",
@@ -149,13 +150,11 @@ def main():
             before_after_table(before_emulated, emulated, ["model", "link"]) if emulated else "(not run)",
             "",
         ]
-    analysis = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
-    if os.path.exists(analysis):
-        parts += [read(analysis), ""]
+    parts += ["The reading of these figures: [bench/analysis.md](../../bench/analysis.md).", ""]
     parts += [
         "## Timeline of a 2-rank step",
         "",
-        "![timeline](img/timeline_cnn_2ranks.png)",
+        "![timeline](../img/timeline_cnn_2ranks.png)",
         "",
         "## Commands",
         "",

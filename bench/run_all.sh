@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark and writes docs/performance.md and docs/img/*.png:
+# Runs every benchmark and writes docs/records/performance.md and docs/img/*.png:
 #   1. all-reduce bandwidth (ddp communicator vs raw MPI_Allreduce), 2 and 4 ranks
 #   2. training throughput: ddp bucketed, ddp per-parameter and PyTorch DDP (gloo), models
 #      mlp / cnn / resnet18, 1, 2 and 4 ranks on this host
@@ -30,7 +30,7 @@ plot_python=/usr/bin/python3
 rm -rf "$results" && mkdir -p "$results" "$root/docs/img"
 commands=$results/commands.txt
 
-# Logs the command for docs/performance.md, then runs it.
+# Logs the command for docs/records/performance.md, then runs it.
 run() {
   echo "$*" | sed "s|$root/||g" >> "$commands"
   "$@"
@@ -94,4 +94,4 @@ run $plot_python "$root/scripts/timeline_png.py" "$results/timeline_cnn_2ranks.j
 
 echo "== report"
 $plot_python "$root/bench/plot.py" --out-dir "$root/docs/img" "$results"/*.jsonl
-$plot_python "$root/bench/report.py" --results "$results" --out "$root/docs/performance.md"
+$plot_python "$root/bench/report.py" --results "$results" --out "$root/docs/records/performance.md"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Usage: bench/waiting_cpu.sh BUILD_DIR [ddp_mnist flags]
-# The CPU a rank burns while it waits for a stopped one (docs/reliability.md): starts
+# The CPU a rank burns while it waits for a stopped one (docs/records/reliability.md): starts
 # ddp_mnist at 2 ranks, sends rank 1 SIGSTOP once rank 0 has logged batch 10, then reports
 # rank 0's utime + stime (/proc/PID/stat) over the next 20 s, per thread too, and ends the job.
 set -u

@@ -6,7 +6,7 @@
 //
 // Why: Open MPI's TCP transport moves bytes only while a thread polls it inside an MPI call, so
 // between hosts linked by TCP its all-reduce runs at the speed the polling thread gets a core
-// beside training (55-70% of a 100 Mbit/s link in docs/performance.md); on the ring the worker
+// beside training (docs/records/performance.md); on the ring the worker
 // sleeps in poll() while the kernel moves the bytes. The ring's result is bitwise the same on
 // every rank, but may differ in the last bits from MPI's (another order of additions). The other
 // collectives, and the small all-reduces, stay on MPI, whose latency is lower.

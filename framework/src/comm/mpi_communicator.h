@@ -13,7 +13,7 @@
 // waits (spin, then sleeps), in an MPI_Ibarrier (everyone has arrived), then makes the blocking
 // MPI_Allreduce: Open MPI's blocking all-reduce uses faster algorithms for large messages than
 // its non-blocking one, and sleeping while bytes move over TCP stalls them
-// (docs/performance.md). Limit: a rank stopped after every rank arrived at such a large
+// (docs/records/performance.md). Limit: a rank stopped after every rank arrived at such a large
 // all-reduce (in the middle of the transfer) leaves the others spinning in it until the
 // timeout. Smaller ones are one MPI_Iallreduce.
 //
@@ -42,8 +42,8 @@ struct MpiOptions : WorkerOptions {
   // The largest message of one MPI_Allreduce: a larger all-reduce is made of consecutive calls
   // on pieces of at most this many bytes (the result is the same, element by element). 0 (the
   // default): one call per tensor (up to INT_MAX elements). Why it exists: Open MPI moved large
-  // messages slower per byte than pieces of a few MiB in our measurements, over shared memory
-  // (cache) and over TCP (docs/performance.md); the default stays 0 until a quiet-machine
+  // messages slower per byte than pieces of a few MiB over shared memory and over TCP
+  // (docs/records/performance.md); the default stays 0 until a quiet-machine
   // benchmark shows pieces help end to end. DDP_MPI_MESSAGE_KIB sets it for ProcessGroup.
   std::size_t max_message_bytes = 0;
 };

@@ -4,9 +4,8 @@
 // linked by TCP (comm/cpu_communicator.h); it also works alone (tests, benchmarks).
 //
 // Why it exists: Open MPI's TCP transport moves bytes only while a thread polls it inside an
-// MPI call, so its all-reduce crosses a link at the speed the polling thread gets a core; with
-// training on every core it reached 55-70% of a 100 Mbit/s link where gloo's sockets reached
-// 90% (docs/performance.md). Here the kernel moves the bytes while the thread sleeps in poll():
+// MPI call, so its all-reduce crosses a link at the speed the polling thread gets a core, well
+// below what gloo's sockets reach with training on every core (docs/records/performance.md). Here the kernel moves the bytes while the thread sleeps in poll():
 // no core is spent waiting. It does not replace MPI where MPI has a faster transport than TCP
 // (shared memory on one host, InfiniBand): CpuOptions::sockets decides where it is used.
 //

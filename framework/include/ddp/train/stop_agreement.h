@@ -18,7 +18,7 @@
 // (Max) three doubles on the group's CPU communicator: the signal each got (0: none), its rank
 // and the seconds since it arrived. Every rank gets the same answer, so all stop before the same
 // step, and the answer says which signal, which rank (the highest that got one) and how long ago
-// (the longest wait). docs/reliability.md has the all-reduce's cost (some microseconds).
+// (the longest wait).
 //
 // Other facts that must be agreed at the same boundary ride on the same all-reduce, so that they
 // cost no message of their own: should_stop's `agreed` values (StepBoundary, step_boundary.h,
