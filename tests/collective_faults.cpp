@@ -24,6 +24,11 @@
 //                               group's check passes them; results checked)
 //   collective_faults mpi_error what a failing MPI call of a mismatch's error class says (rank 0
 //                               prints it): it points to DDP_DEBUG=DETAIL
+//   collective_faults one_rank_forward  a DistributedDataParallel over Linear, BatchNorm1d,
+//                               Linear; at step 2 rank 0 alone runs one more forward through the
+//                               wrapper in training mode (as a program that samples on rank 0
+//                               does), whose buffer broadcast the other ranks never make: the job
+//                               ends naming both sides' calls, without DDP_DEBUG=DETAIL
 #include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/backend_options.h"
@@ -91,6 +96,23 @@ void across_communicators(ddp::ProcessGroup& group, const std::string& mode) {
   }
 }
 
+// "one_rank_forward" (see the top).
+void one_rank_forward(ddp::ProcessGroup& group) {
+  ddp::DDPOptions options;
+  options.backend = ddp::Backend::Mpi;
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8),
+                            torch::nn::Linear(8, 2));
+  ddp::DistributedDataParallel model(group, net, options);
+  const int rank = group.rank();
+  for (int step = 0; step < 4; ++step) {
+    torch::Tensor x = torch::full({3, 4}, 1.0 + rank + step);
+    if (step == 2 && rank == 0) model.forward(x);  // a sample, through the wrapper
+    model.forward(x).sum().backward();
+  }
+  throw std::runtime_error("collective_faults one_rank_forward: the mismatch went unnoticed");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,6 +121,7 @@ int main(int argc, char** argv) {
   return ddp::run_or_abort(runtime, [&] {
     ddp::ProcessGroup group(runtime);
     if (mode == "across" || mode == "interleave") return across_communicators(group, mode);
+    if (mode == "one_rank_forward") return one_rank_forward(group);
     if (mode == "mpi_error") {
       try {
         DDP_MPI_CHECK(MPI_ERR_TRUNCATE);

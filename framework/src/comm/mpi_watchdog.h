@@ -6,17 +6,14 @@
 // ends the job when a collective is still unfinished WatchdogOptions::timeout after the worker
 // entered it: it calls WatchdogOptions::on_fatal_error (ProcessGroup passes Runtime::abort) with
 // a message naming the collective (comm/collective.h: kind, its sequence number on the
-// communicator, counting every kind, dtype and shape), this rank, and the ranks that never
-// arrived. To know those, the timed-out rank asks every other rank over a private duplicate of
-// the worker's communicator and waits 2 s; ranks whose watchdogs have fired too answer with
-// their worker's state. Limits, honestly: only ranks waiting past the timeout themselves answer,
-// so the ranks named "no answer" are those stopped, dead, hung, or alive but not in this
-// collective (an idle rank cannot be told from a stopped one: the watchdog makes no MPI call in
-// normal operation, because Open MPI 4.1.4's shared-memory transport crashed when it polled
-// beside the workers); an answering rank in another collective is named with it; the ranks are
-// those of the communicator (ProcessGroup's are duplicates of MPI_COMM_WORLD, so these are the
-// world ranks). The timeout counts from when this rank entered the collective, not from when it
-// was queued.
+// communicator, counting every kind, dtype and shape), this rank, and what every other rank is
+// in, which it asks through the worker's Inquiry (comm/inquiry.h), waiting up to 2 s: a rank
+// waiting in a collective of this process group answers with it (so a rank in another
+// collective, on this communicator or another of the group, is named with its call), and a rank
+// that does not answer is stopped, dead, hung, or alive but in no collective (its program is
+// elsewhere). The ranks are those of the communicator (ProcessGroup's are duplicates of
+// MPI_COMM_WORLD, so these are the world ranks). The timeout counts from when this rank entered
+// the collective, not from when it was queued.
 //
 // Stop signals (<ddp/stop_signal.h>): a program that stops on SIGTERM stops at its next step
 // boundary, which a rank stuck in a collective whose peer is dead or hung never reaches (Slurm's
@@ -28,12 +25,12 @@
 // keep the full timeout.
 
 #include "comm/collective.h"
+#include "comm/inquiry.h"
 
 #include <mpi.h>
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -54,8 +51,8 @@ struct WatchdogOptions {
   // job). Unset: the message goes to stderr and the process calls std::abort().
   std::function<void(const std::string&)> on_fatal_error;
   // The debug mode (DDP_DEBUG=DETAIL): the worker checks that every rank calls the same
-  // collective (comm/mpi_worker.h). While it is off, a timeout's message suggests it: a live
-  // rank waiting in another communicator's collective looks like a stopped one here.
+  // collective before it runs it (comm/mpi_worker.h), which also names a rank that called a
+  // collective while the others are in none.
   bool check_collectives = false;
 };
 
@@ -73,34 +70,23 @@ struct WorkerState {
 class MpiWatchdog {
  public:
   // Watches what `state` returns (called every 100 ms on the watchdog thread; must be cheap and
-  // thread-safe). Collective over `comm` (MPI_Comm_dup for the questions and answers).
-  MpiWatchdog(MPI_Comm comm, WatchdogOptions options, std::function<WorkerState()> state);
-  // Stops the thread and frees the duplicate. Destroy it after the worker has stopped.
+  // thread-safe); asks the other ranks through `inquiry`, where the worker is `member`.
+  MpiWatchdog(WatchdogOptions options, std::function<WorkerState()> state,
+              std::shared_ptr<Inquiry> inquiry, int member);
+  // Stops the thread. Destroy it after the worker has stopped.
   ~MpiWatchdog();
   MpiWatchdog(const MpiWatchdog&) = delete;
   MpiWatchdog& operator=(const MpiWatchdog&) = delete;
 
  private:
   void loop();
-  // Answers the other ranks' questions about this rank's worker (watchdog thread only).
-  void answer_questions();
   // `after_stop`: ended by stop_grace after a stop signal, not by the timeout.
   [[noreturn]] void timed_out(const WorkerState& state, bool after_stop);
 
   WatchdogOptions options_;
   std::function<WorkerState()> state_;
-  MPI_Comm comm_ = MPI_COMM_NULL;  // the watchdogs' questions and answers
-  int rank_ = 0;
-  int size_ = 1;
-
-  // Watchdog thread only: the posted receive for questions, and the answers being sent.
-  MPI_Request question_ = MPI_REQUEST_NULL;
-  int64_t question_buffer_ = 0;
-  struct Answer {
-    MPI_Request request = MPI_REQUEST_NULL;
-    int64_t values[3] = {0, 0, 0};
-  };
-  std::deque<std::unique_ptr<Answer>> answers_;
+  std::shared_ptr<Inquiry> inquiry_;
+  int member_ = 0;
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -14,6 +14,9 @@ namespace ddp::detail {
 
 using Clock = std::chrono::steady_clock;
 
+// How long a failed collective waits for the other ranks' answers (comm/inquiry.h).
+constexpr std::chrono::milliseconds kAnswerWait{2000};
+
 struct MpiTask {
   Collective call;             // seq set by submit()
   int64_t ticket = 0;          // its place in the debug mode's check, set by submit()
@@ -90,9 +93,12 @@ MpiWorker::MpiWorker(MPI_Comm comm, WorkerOptions options) : options_(std::move(
   DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   if (options_.check_collectives) {
     check_ = options_.check ? options_.check : std::make_shared<CollectiveCheck>(comm_);
-    member_ = check_->join(options_.check_name);
+    member_ = check_->join(options_.name);
   }
-  watchdog_ = std::make_unique<MpiWatchdog>(comm_, options_, [this] { return state(); });
+  inquiry_ = options_.inquiry ? options_.inquiry : std::make_shared<Inquiry>(comm_);
+  inquiry_member_ = inquiry_->join(options_.name, [this] { return report(); });
+  watchdog_ = std::make_unique<MpiWatchdog>(options_, [this] { return state(); }, inquiry_,
+                                            inquiry_member_);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -104,6 +110,7 @@ MpiWorker::~MpiWorker() {
   wake_.notify_all();
   thread_.join();     // the queued collectives finish under the watchdog
   watchdog_.reset();  // then the watchdog stops
+  inquiry_->leave(inquiry_member_);
   if (!mpi_finalized() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -138,6 +145,7 @@ void MpiWorker::wait(MPI_Request& request, bool spin) const {
     DDP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
     if (may_sleep && Clock::now() >= spin_until) {
+      inquiry_->answer();  // a peer whose collective failed or hung may be asking
       std::this_thread::sleep_for(std::min(sleep, options_.max_sleep));
       if (sleep < options_.max_sleep) sleep *= 2;
     }
@@ -147,6 +155,44 @@ void MpiWorker::wait(MPI_Request& request, bool spin) const {
 WorkerState MpiWorker::state() const {
   std::lock_guard<std::mutex> lock(state_mutex_);
   return state_;
+}
+
+CallReport MpiWorker::report() const {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  CallReport report;
+  report.seq = state_.seq;
+  report.in_collective = state_.in_collective && state_.call;
+  if (report.in_collective) report.fingerprint = state_.call->fingerprint();
+  return report;
+}
+
+std::exception_ptr MpiWorker::named_failure(const Collective& call, const std::exception& error) {
+  const std::vector<RankReport> reports = inquiry_->ask(kAnswerWait);
+  const Collective::Fingerprint mine = call.fingerprint();
+  std::string others;
+  bool differ = false;
+  for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
+    if (r == rank_) continue;
+    others += others.empty() ? "" : "; ";
+    others += "rank " + std::to_string(r);
+    if (!reports[r].answered) {
+      others += ": no answer within 2 s (stopped, dead, or in no collective)";
+      differ = true;
+      continue;
+    }
+    bool here = false;
+    for (const CallReport& c : reports[r].calls) {
+      here = here || (c.member == inquiry_member_ && c.fingerprint == mine);
+    }
+    differ = differ || !here;
+    others += reports[r].calls.empty() ? " is in no collective"
+                                       : " is in " + describe_calls(*inquiry_, reports[r]);
+  }
+  std::string message = "rank " + std::to_string(rank_) + ": " + call.describe() + " on " +
+                        inquiry_->name(inquiry_member_) + " failed: " + error.what();
+  if (!others.empty()) message += ". The other ranks: " + others;
+  if (differ) message += std::string(". ") + mismatch_cause();
+  return std::make_exception_ptr(std::runtime_error(message));
 }
 
 void MpiWorker::loop() {
@@ -174,9 +220,17 @@ void MpiWorker::loop() {
       if (check_) {
         check_->check(task->ticket, member_, task->call, [this](MPI_Request& r) { wait(r); });
       }
-      task->run();
     } catch (...) {
-      error = std::current_exception();
+      error = std::current_exception();  // the check's own error names both sides
+    }
+    if (!error) {
+      try {
+        task->run();
+      } catch (const std::exception& e) {
+        error = named_failure(task->call, e);
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     {
       std::lock_guard<std::mutex> lock(state_mutex_);

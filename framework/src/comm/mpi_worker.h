@@ -15,13 +15,19 @@
 // once); the constructor throws std::runtime_error saying so when MPI provides less.
 //
 // Errors: what a queued call throws (a failing MPI call: MPI's message, the call and file:line,
-// util/mpi_check.h) is rethrown by Work::wait() on the caller's thread.
+// util/mpi_check.h) is rethrown by Work::wait() on the caller's thread, with what the other
+// ranks are in (comm/inquiry.h: the worker asks them first, up to 2 s), so that a collective
+// called by some ranks only (MPI_ERR_TRUNCATE) is named on both sides, e.g. "rank 1:
+// all_reduce #62 float32[2570] (sum) on communicator 3 (DistributedDataParallel's gradient
+// communicator) failed: ...; rank 0 is in broadcast #62 float32[4] (root 0) on communicator 3
+// (...)", with the likely cause.
 //
 // Waiting (wait()): a collective is a non-blocking MPI call that the worker tests. For the first
 // WorkerOptions::spin of a wait it tests without pause (what a blocking call does, so a
 // collective whose peers are there costs the same); after that it sleeps between tests, 20 us at
 // first, doubling up to WorkerOptions::max_sleep: a rank waiting for a peer that is late,
-// stopped or dead no longer burns a core.
+// stopped or dead no longer burns a core. Between those sleeps it answers the other ranks'
+// questions (comm/inquiry.h).
 //
 // Debug mode (WorkerOptions::check_collectives; ProcessGroup sets it from DDP_DEBUG=DETAIL):
 // before each collective the ranks all-gather its fingerprint (comm/collective_check.h), over
@@ -32,6 +38,7 @@
 
 #include "comm/collective.h"
 #include "comm/collective_check.h"
+#include "comm/inquiry.h"
 #include "comm/mpi_watchdog.h"
 
 #include <ddp/communicator.h>
@@ -61,8 +68,12 @@ struct WorkerOptions : WatchdogOptions {
   // With check_collectives: the check this worker's calls go through, shared with the other
   // communicators of its ProcessGroup; unset: the worker makes one of its own (collective).
   std::shared_ptr<detail::CollectiveCheck> check;
-  // How the check's messages name this communicator ("ProcessGroup::cpu()"; "": by number).
-  std::string check_name;
+  // Where a failed or hung collective asks what the other ranks are in (comm/inquiry.h), shared
+  // with the other communicators of its ProcessGroup; unset: the worker makes one of its own
+  // (collective).
+  std::shared_ptr<detail::Inquiry> inquiry;
+  // How messages name this communicator ("ProcessGroup::cpu()"; "": by number).
+  std::string name;
 };
 
 namespace detail {
@@ -99,10 +110,15 @@ class MpiWorker {
  private:
   void loop();
   WorkerState state() const;
+  CallReport report() const;  // state() as the Inquiry reports it
+  // The error of `call`'s failed run, with what the other ranks are in.
+  std::exception_ptr named_failure(const Collective& call, const std::exception& error);
 
   WorkerOptions options_;
   std::shared_ptr<CollectiveCheck> check_;  // the debug mode's, null without it
   int member_ = 0;                          // this worker's number in check_
+  std::shared_ptr<Inquiry> inquiry_;
+  int inquiry_member_ = 0;                  // this worker's number in inquiry_
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;

@@ -43,13 +43,19 @@ extern const char* const kSetupWhy;
 
 // A new communicator for CPU tensors over every rank of `runtime` (comm/cpu_communicator.h:
 // MPI, with the TCP ring for large all-reduces where that policy says, through one leader per
-// host where ProcessGroupOptions::hierarchical says). Collective. Under DDP_DEBUG=DETAIL its
-// calls are checked through `check` (comm/collective_check.h), which a group's communicators
-// share: made here when null, named `name` in its messages. Without `check` (nullptr): a check
-// of its own.
-std::unique_ptr<Communicator> make_cpu_communicator(
-    const Runtime& runtime, const ProcessGroupOptions& group,
-    std::shared_ptr<detail::CollectiveCheck>* check = nullptr, const std::string& name = "");
+// host where ProcessGroupOptions::hierarchical says). Collective. A group's communicators share
+// `shared`'s parts, made here with the first: the Inquiry that names what each rank is in when
+// a collective fails or hangs (comm/inquiry.h), and under DDP_DEBUG=DETAIL the check of every
+// call (comm/collective_check.h). Messages name the communicator `name`. Without `shared`
+// (nullptr): parts of its own.
+struct GroupChecks {
+  std::shared_ptr<detail::Inquiry> inquiry;
+  std::shared_ptr<detail::CollectiveCheck> check;  // under DDP_DEBUG=DETAIL
+};
+std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime,
+                                                    const ProcessGroupOptions& group,
+                                                    GroupChecks* shared = nullptr,
+                                                    const std::string& name = "");
 
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 // timeout 0: DDP_NCCL_TIMEOUT_SECONDS, else DDP_TIMEOUT_SECONDS, else 600 s.

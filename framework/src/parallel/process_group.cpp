@@ -28,8 +28,8 @@ class ProcessMembership final : public detail::GroupMembership {
   int replica() const override { return 0; }
   int replicas_per_process() const override { return 1; }
   std::unique_ptr<Communicator> new_cpu_communicator(const std::string& name) override {
-    // One debug-mode check for all of them (comm/collective_check.h), made with the first.
-    return make_cpu_communicator(runtime_, options_, &check_, name);
+    // One Inquiry (and debug-mode check) for all of them, made with the first.
+    return make_cpu_communicator(runtime_, options_, &shared_, name);
   }
   std::shared_ptr<Communicator> gpu_communicator() override {
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
@@ -48,7 +48,7 @@ class ProcessMembership final : public detail::GroupMembership {
  private:
   Runtime& runtime_;
   ProcessGroupOptions options_;
-  std::shared_ptr<detail::CollectiveCheck> check_;  // under DDP_DEBUG=DETAIL
+  GroupChecks shared_;
 };
 
 }  // namespace
