@@ -16,6 +16,13 @@ using Clock = std::chrono::steady_clock;
 
 // How long a failed collective waits for the other ranks' answers (comm/inquiry.h).
 constexpr std::chrono::milliseconds kAnswerWait{2000};
+// A collective unfinished this long asks whether the ranks are stuck in different collectives
+// (check_deadlock), then again after twice as long, and so on. A rank waiting in a collective
+// answers within a few milliseconds (its sleeps are at most WorkerOptions::max_sleep), so a short
+// answer wait suffices; a rank that does not answer is busy elsewhere and decides nothing.
+constexpr auto kFirstDeadlockCheck = std::chrono::seconds(5);
+constexpr auto kDeadlockAnswerWait = std::chrono::milliseconds(200);
+constexpr auto kDeadlockSettle = std::chrono::seconds(1);
 
 struct MpiTask {
   Collective call;             // seq set by submit()
@@ -138,9 +145,12 @@ void MpiWorker::wait(MPI_Request& request, bool spin) const {
   // without pause is what keeps it fast. Past `spin`, a peer is late (or stopped, or dead), and
   // sleeping between tests frees the core; the sleep doubles so a long wait costs a few
   // wake-ups per second per millisecond of max_sleep, while a peer arriving soon is noticed soon.
-  const auto spin_until = Clock::now() + (spin ? options_.spin : std::chrono::microseconds(0));
+  const auto start = Clock::now();
+  const auto spin_until = start + (spin ? options_.spin : std::chrono::microseconds(0));
   const bool may_sleep = options_.max_sleep.count() > 0;
   std::chrono::microseconds sleep(20);
+  auto check_every = kFirstDeadlockCheck;
+  auto next_check = start + check_every;
   for (;;) {
     DDP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
@@ -148,8 +158,81 @@ void MpiWorker::wait(MPI_Request& request, bool spin) const {
       inquiry_->answer();  // a peer whose collective failed or hung may be asking
       std::this_thread::sleep_for(std::min(sleep, options_.max_sleep));
       if (sleep < options_.max_sleep) sleep *= 2;
+      if (Clock::now() >= next_check) {
+        if (check_deadlock(request)) return;  // it finished meanwhile
+        check_every *= 2;
+        next_check = Clock::now() + check_every;
+      }
     }
   }
+}
+
+namespace {
+
+// Whether `reports` show a collective that cannot finish: every other rank answered, some rank
+// is not in `mine` (the worker `member`'s current call), and every such rank is in another
+// collective, where it waits for a rank that is not there.
+bool stalled(const std::vector<RankReport>& reports, int self, int member,
+             const Collective::Fingerprint& mine) {
+  bool missing = false;
+  for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
+    if (r == self) continue;
+    if (!reports[r].answered) return false;
+    bool here = false;
+    for (const CallReport& call : reports[r].calls) {
+      here = here || (call.member == member && call.fingerprint == mine);
+    }
+    if (here) continue;
+    if (reports[r].calls.empty()) return false;  // in none: its program may yet call it
+    missing = true;
+  }
+  return missing;
+}
+
+bool same_reports(const std::vector<RankReport>& a, const std::vector<RankReport>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t r = 0; r < a.size(); ++r) {
+    if (a[r].answered != b[r].answered || a[r].calls.size() != b[r].calls.size()) return false;
+    for (size_t i = 0; i < a[r].calls.size(); ++i) {
+      const CallReport &x = a[r].calls[i], &y = b[r].calls[i];
+      if (x.member != y.member || x.seq != y.seq || x.fingerprint != y.fingerprint) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool MpiWorker::check_deadlock(MPI_Request& request) const {
+  const WorkerState now = state();
+  if (!now.call) return false;
+  const Collective::Fingerprint mine = now.call->fingerprint();
+  const auto first = inquiry_->ask(kDeadlockAnswerWait);
+  if (!stalled(first, rank_, inquiry_member_, mine)) return false;
+  // Stable for a while (no rank moved on), or it was a moment between two calls.
+  const auto until = Clock::now() + kDeadlockSettle;
+  while (Clock::now() < until) {
+    int done = 0;
+    DDP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return true;
+    inquiry_->answer();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto second = inquiry_->ask(kDeadlockAnswerWait);
+  if (!stalled(second, rank_, inquiry_member_, mine) || !same_reports(first, second)) return false;
+  std::string others;
+  for (int r = 0; r < static_cast<int>(second.size()); ++r) {
+    if (r == rank_) continue;
+    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
+              " is in " + describe_calls(*inquiry_, second[r]);
+  }
+  throw CollectivesDiffer(
+      "rank " + std::to_string(rank_) + ": " + now.call->describe() + " on " +
+      inquiry_->name(inquiry_member_) + " cannot finish: the ranks call different collectives, "
+      "and none has moved on for " +
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - now.entered)
+                         .count()) +
+      " s: " + others + ". " + mismatch_cause());
 }
 
 WorkerState MpiWorker::state() const {
@@ -226,6 +309,8 @@ void MpiWorker::loop() {
     if (!error) {
       try {
         task->run();
+      } catch (const CollectivesDiffer&) {
+        error = std::current_exception();  // names every side already
       } catch (const std::exception& e) {
         error = named_failure(task->call, e);
       } catch (...) {

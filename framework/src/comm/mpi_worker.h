@@ -22,6 +22,14 @@
 // communicator) failed: ...; rank 0 is in broadcast #62 float32[4] (root 0) on communicator 3
 // (...)", with the likely cause.
 //
+// Stuck in different collectives: a wait unfinished after 5 s asks the other ranks (comm/
+// inquiry.h; again after 10, 20, ... s). When every other rank answers, none has moved on in a
+// second, and a rank missing from this collective is waiting in another one (which therefore
+// waits for a rank that is here), no collective can finish: the call fails with
+// CollectivesDiffer naming every rank's call and the likely cause, long before the watchdog's
+// timeout. A rank that does not answer (computing, stopped, dead) decides nothing: the timeout
+// stays the limit then.
+//
 // Waiting (wait()): a collective is a non-blocking MPI call that the worker tests. For the first
 // WorkerOptions::spin of a wait it tests without pause (what a blocking call does, so a
 // collective whose peers are there costs the same); after that it sleeps between tests, 20 us at
@@ -51,6 +59,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -80,6 +89,11 @@ namespace detail {
 
 struct MpiTask;  // one queued collective: what it is, what to run, and its outcome
 
+// The ranks wait in different collectives, none of which can finish: what() names each rank's.
+struct CollectivesDiffer : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class MpiWorker {
  public:
   // Collective over `comm` (two MPI_Comm_dup: the worker's, the watchdog's).
@@ -105,12 +119,17 @@ class MpiWorker {
   // false: sleeps from the start, for waits on a peer that is busy elsewhere (the hierarchical
   // all-reduce's host phases: comm/hierarchical_communicator.h), where spinning takes the core
   // that peer's training needs.
+  // Throws CollectivesDiffer when the ranks are stuck in different collectives (below).
   void wait(MPI_Request& request, bool spin = true) const;
 
  private:
   void loop();
   WorkerState state() const;
   CallReport report() const;  // state() as the Inquiry reports it
+  // Inside wait(), from 5 s on: asks the other ranks, and throws CollectivesDiffer when they are
+  // stuck in other collectives (twice the same answers, 1 s apart); true when `request` finished
+  // meanwhile.
+  bool check_deadlock(MPI_Request& request) const;
   // The error of `call`'s failed run, with what the other ranks are in.
   std::exception_ptr named_failure(const Collective& call, const std::exception& error);
 
