@@ -41,15 +41,15 @@ CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::sec
 
 std::unique_ptr<Communicator> make_cpu_communicator(
     const Runtime& runtime, const ProcessGroupOptions& group,
-    std::shared_ptr<detail::CollectiveCheck>* check, const std::string& name) {
+    std::shared_ptr<detail::CollectiveCheck>& check, const std::string& name) {
   CpuOptions options = cpu_options_from_environment(runtime, group.timeout);
   options.hierarchical = group.hierarchical;
   const auto phase = detail::setup_phase("creating a CPU communicator (MPI_Comm_dup)", kSetupWhy);
-  if (options.mpi.check_collectives && check) {
-    if (!*check) {
-      *check = std::make_shared<detail::CollectiveCheck>(detail::RuntimeInternals::comm(runtime));
+  if (options.mpi.check_collectives) {
+    if (!check) {
+      check = std::make_shared<detail::CollectiveCheck>(detail::RuntimeInternals::comm(runtime));
     }
-    options.mpi.check = *check;
+    options.mpi.check = check;
     options.mpi.check_name = name;
   }
   return make_cpu_communicator(detail::RuntimeInternals::comm(runtime), options);

@@ -1,6 +1,6 @@
 #pragma once
 // The backends' options as the group's options and the environment set them, for every
-// communicator the parallel layer creates (ProcessGroup's and the replica set's): the timeout
+// communicator ProcessGroup creates: the timeout
 // (ProcessGroupOptions::timeout, else DDP_TIMEOUT_SECONDS, else 600 s), the debug mode, the MPI
 // tuning and the TCP ring's variables (read through util/environment.h's table), and
 // Runtime::abort for a watchdog that fires.
@@ -45,11 +45,10 @@ extern const char* const kSetupWhy;
 // MPI, with the TCP ring for large all-reduces where that policy says, through one leader per
 // host where ProcessGroupOptions::hierarchical says). Collective. Under DDP_DEBUG=DETAIL its
 // calls are checked through `check` (comm/collective_check.h), which a group's communicators
-// share: made here when null, named `name` in its messages. Without `check` (nullptr): a check
-// of its own.
+// share: made here when null, named `name` in its messages.
 std::unique_ptr<Communicator> make_cpu_communicator(
     const Runtime& runtime, const ProcessGroupOptions& group,
-    std::shared_ptr<detail::CollectiveCheck>* check = nullptr, const std::string& name = "");
+    std::shared_ptr<detail::CollectiveCheck>& check, const std::string& name);
 
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 // timeout 0: DDP_NCCL_TIMEOUT_SECONDS, else DDP_TIMEOUT_SECONDS, else 600 s.
