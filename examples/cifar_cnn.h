@@ -5,7 +5,6 @@
 // ddp::BatchNorm2d (not torch::nn's) so that --sync-batchnorm can convert it in place.
 
 #include <ddp/sync_batch_norm.h>
-#include <ddp/train/dropout.h>
 
 #include <torch/torch.h>
 
@@ -32,8 +31,7 @@ struct CifarCnnImpl : torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor out = torch::flatten(features->forward(x), 1);
-    // ddp::dropout: each replica draws from its own generator (ddp/nn/dropout.h).
-    out = ddp::dropout(torch::relu(fc1(out)), dropout->options.p(), is_training());
+    out = dropout(torch::relu(fc1(out)));
     return torch::log_softmax(fc2(out), 1);
   }
 

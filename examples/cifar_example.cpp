@@ -84,10 +84,8 @@ int run_cifar_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
     ddp::ImageDataset test = ddp::load_cifar10(flags.data_dir, ddp::CifarSplit::Test);
     ddp::cli::place_data(group, train, test, flags.data_dir);
 
-    // torch::manual_seed + construction with this replica's own generator (ddp/util/generator.h).
-    Model model;
-    ddp::build_seeded(static_cast<uint64_t>(flags.seed), device,
-                      [&] { model = make_model(cifar.model); });
+    torch::manual_seed(static_cast<uint64_t>(flags.seed));
+    Model model = make_model(cifar.model);
     model.module->to(device);
     if (cifar.sync_batchnorm && parallel) {
       const int layers =

@@ -2,8 +2,6 @@
 // The seed scripts' MNIST CNN: conv 1->32->64, max-pool, dropout .25/.5, fc 9216->128->10,
 // log-softmax.
 
-#include <ddp/train/dropout.h>
-
 #include <torch/torch.h>
 
 struct MnistCnn : torch::nn::Module {
@@ -18,10 +16,9 @@ struct MnistCnn : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     x = torch::relu(conv1(x));
     x = torch::relu(conv2(x));
-    // ddp::dropout: each replica draws from its own generator (ddp/nn/dropout.h).
-    x = ddp::dropout(torch::max_pool2d(x, 2), dropout1->options.p(), is_training());
+    x = dropout1(torch::max_pool2d(x, 2));
     x = torch::relu(fc1(torch::flatten(x, 1)));
-    x = fc2(ddp::dropout(x, dropout2->options.p(), is_training()));
+    x = fc2(dropout2(x));
     return torch::log_softmax(x, 1);
   }
 

@@ -45,11 +45,10 @@ int run_mnist_example(int argc, char** argv, ddp::cli::Parallelism parallelism,
     ddp::cli::place_data(group, train, test, flags.data_dir);
 
     const auto timeline = ddp::cli::make_timeline(group, flags);
-    // torch::manual_seed + construction, as each rank does, but with this replica's own
-    // generator (ddp/util/generator.h): replicas in one process train what ranks train.
-    std::shared_ptr<MnistCnn> net;
-    ddp::build_seeded(static_cast<uint64_t>(flags.seed), device,
-                      [&] { net = std::make_shared<MnistCnn>(); });
+    // The seed, then the model: every rank builds the same weights and draws its dropout masks
+    // from the same generator state.
+    torch::manual_seed(static_cast<uint64_t>(flags.seed));
+    auto net = std::make_shared<MnistCnn>();
     if (no_dropout) {
       net->dropout1->options.p(0);
       net->dropout2->options.p(0);

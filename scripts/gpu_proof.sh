@@ -6,9 +6,9 @@
 # at world size 1 against the CPU result, SyncBatchNorm over NCCL, the comm hooks, the overlapped
 # optimizer step and ZeRO-1 on CUDA tensors, the watchdog), the unit and
 # distributed tests on the CPU, `mnist` on the GPU, `ddp_mnist` on one rank over NCCL, a
-# mid-epoch SIGTERM and resume on the GPU compared bit for bit, `--replicas-per-process 1` on the
-# GPU, `ddp_cifar` (ResNet-18) with AMP in bf16 and fp16, and the training throughput of the seed
-# CNN and of ResNet-18 with AMP against PyTorch DDP on the same GPU. Meant for a GPU
+# mid-epoch SIGTERM and resume on the GPU compared bit for bit, `ddp_cifar` (ResNet-18) with
+# AMP in bf16 and fp16, and the training throughput of the seed CNN and of ResNet-18 with AMP
+# against PyTorch DDP on the same GPU. Meant for a GPU
 # machine with python3 + CUDA torch, nvcc and CMake, but maybe without MPI, Boost, GoogleTest or
 # zlib headers, and without internet: what is missing is unpacked with `dpkg -x` from .debs/,
 # which scripts/fetch_gpu_debs.sh downloads on a Debian 12 machine.
@@ -220,14 +220,14 @@ fi
 # --- Run ----------------------------------------------------------------------------------------
 # The real run on the rank's GPU; the dry run the same commands, tiny, with the CPU standing in.
 if [ $dry -eq 0 ]; then
-  device=cuda no_cuda=() limit=0 replica_limit=50 unit_filter='*' dist_filter='*'
+  device=cuda no_cuda=() limit=0 unit_filter='*' dist_filter='*'
   ctest_dist='^distributed_np'
   bench_steps=(--warmup-steps 50 --window-steps 500 --windows 5)
   # ResNet-18 with AMP: 100 steps of batch 128 in ddp_cifar; 3 windows of 100 in the benchmark.
   cifar_train=12800 cifar_test=1000 cifar_batch=128 cifar_limit=100
   amp_bench=(--model resnet18 --batch-size 128 --warmup-steps 20 --window-steps 100 --windows 3)
 else
-  device=cpu no_cuda=(--no-cuda) limit=4 replica_limit=4 unit_filter='Bucketing*'
+  device=cpu no_cuda=(--no-cuda) limit=4 unit_filter='Bucketing*'
   dist_filter='ReducerAtOneRank.*:SnapshotCudaGenerator.*' ctest_dist='^distributed_np1$'
   bench_steps=(--warmup-steps 2 --window-steps 3 --windows 1)
   # fp16 on a CPU is emulated (seconds per ResNet-18 step): two samples, two steps.
@@ -295,10 +295,6 @@ gpu_steps() {
     if grep -q 'generator states' '$resume/resumed.log'; then exit 1; fi
     '$build/tools/ddp_compare_models' '$resume/full/model_with_epoch2.pt' \
       '$resume/term/model_with_epoch2.pt'"
-
-  # The replica path (a thread per replica, the ReplicaCommunicator) with the one GPU there is.
-  step replicas_one "$mpirun" -np 1 "$build/examples/ddp_mnist" --epochs 1 --data-dir "$data" \
-    --replicas-per-process 1 --show-topology --limit-train-batches $replica_limit "${no_cuda[@]}"
 
   # ddp_cifar's ResNet-18 with mixed precision, through the Trainer and its data path (the data
   # set on the GPU, the crops and flips there): that it trains to a test result in bf16 and in
@@ -378,7 +374,6 @@ rows=(
   "mnist_gpu|mnist, one epoch on the GPU, to a test result; its epoch line gives the data's share of the step"
   "ddp_mnist_nccl|ddp_mnist, one epoch on one rank over NCCL (NCCL_DEBUG=INFO shows NCCL starting)"
   "resume_gpu|a mid-epoch SIGTERM and --resume of ddp_mnist on the GPU (dropout on the GPU): the resumed model equals the uninterrupted one bit for bit, with the CUDA generator state from the snapshot (after two uninterrupted runs were equal: the kernels are deterministic)"
-  "replicas_one|--replicas-per-process 1 on the GPU: the replica thread and its communicator, with one replica"
   "throughput_ddp|the seed CNN at batch 64, one rank: ddp's samples/s (bench_throughput)"
   "throughput_pytorch|the same with PyTorch DDP over NCCL from the same python (bench/pytorch_ddp.py); the ratio below"
   "cifar_amp|ddp_cifar's ResNet-18 on synthetic CIFAR-format data, 100 steps of batch 128 with --amp bf16 and with --amp fp16 (the GradScaler), to a test result; its epoch lines give samples/s, the data's share of the step and the GPU memory peak"
@@ -389,7 +384,6 @@ rows=(
 )
 cannot=(
   "NCCL between GPUs: real all-reduce traffic (NVLink, PCIe, the network), its overlap with backward, and bucket order agreed across ranks"
-  "the multi-GPU replica path: --replicas-per-process N > 1, one GPU per replica thread, create_for_devices joining a process's GPUs in one NCCL group"
   "the NCCL watchdog naming another rank that never arrived (one rank cannot be missing)"
   "SyncBatchNorm statistics over several GPUs, and DDP on GPUs against one process on the global batch with more than one replica"
   "scaling: samples/s at 2 to 8 GPUs against PyTorch DDP, and NCCL's bootstrap across hosts"

@@ -126,9 +126,6 @@ want_status=2 check checkpoint_seconds_nan '--checkpoint-every-seconds must be a
   "$mnist" "${data[@]}" --checkpoint-dir "$tmp/ck" --checkpoint-every-seconds nan
 want_status=2 check checkpoint_seconds_no_dir '--checkpoint-every-seconds needs --checkpoint-dir to write to' \
   "$mnist" "${data[@]}" --checkpoint-every-seconds 60
-# More replicas than this machine has CPUs (issue 26: 1000 took 38 s, then blamed --batch-size).
-check replicas_per_process_1000 '--replicas-per-process must be at most [0-9]+, the CPUs of this machine \(got 1000\)' \
-  timeout 60 "$mnist" "${data[@]}" --replicas-per-process 1000
 check resume_from_directory "$tmp: cannot read the snapshot: not a regular file: it is a directory" \
   "$mnist" "${data[@]}" --resume="$tmp"
 # Issue 38, said, not silent. --resume on a mistyped folder (created, empty) or on one without a

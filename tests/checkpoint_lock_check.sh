@@ -7,7 +7,7 @@
 #                with status 0 and its files, and leaves no lock file.
 #   stale lock   job C's rank 0 is killed (kill -9) while it holds the lock; job D on the same
 #                directory takes it over, saying so naming C's rank 0, and trains.
-#   one job      2 ranks x 2 replicas on this host, all of one job: no refusal.
+#   one job      2 ranks on this host, both of one job, in a fresh directory: no refusal.
 # Prints the time job B takes to be refused (docs/reliability.md).
 set -euo pipefail
 mpiexec=$1 mnist=$2 tmp=$3
@@ -87,10 +87,10 @@ grep -E "^Took over $dir/\.ddp\.lock, left by a job that is gone \(host $host, p
   "$tmp/d.log" || fail "job D did not say whose lock it took over"
 [ ! -e "$dir/.ddp.lock" ] || fail "job D left its lock file"
 
-echo "== one job: 2 ranks x 2 replicas on one host"
-dir=$tmp/replicas
-train --epochs 1 --limit-train-batches 2 --replicas-per-process 2 --checkpoint-dir "$dir" \
-  > "$tmp/e.log" 2>&1 || { tail -n 5 "$tmp/e.log"; fail "2 ranks x 2 replicas of one job failed"; }
-[ -f "$dir/snapshot_epoch1.pt" ] || fail "no snapshot from the job of 2 x 2 replicas"
-grep -q "in use by another job" "$tmp/e.log" && fail "replicas of one job refused each other"
+echo "== one job: 2 ranks on one host"
+dir=$tmp/one_job
+train --epochs 1 --limit-train-batches 2 --checkpoint-dir "$dir" \
+  > "$tmp/e.log" 2>&1 || { tail -n 5 "$tmp/e.log"; fail "2 ranks of one job failed"; }
+[ -f "$dir/snapshot_epoch1.pt" ] || fail "no snapshot from the job of 2 ranks"
+grep -q "in use by another job" "$tmp/e.log" && fail "the ranks of one job refused each other"
 echo "checkpoint_lock_check: every case passed"

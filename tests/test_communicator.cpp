@@ -456,15 +456,14 @@ TEST(Collective, ChecksTheArgumentsAgainstTheBackendsRules) {
             "no error");
   EXPECT_EQ(error([&] { Collective::all_gather(host, torch::zeros({2}, torch::kByte)); }), "no error");
 
-  // A backend bound to a device, taking any dtype (the replicas' hub: the CPU).
+  // A backend bound to a device, taking any dtype.
   ddp::detail::Rules cpu_only;
-  cpu_only.prefix = "replica communicator: ";
+  cpu_only.prefix = "cpu backend: ";
   cpu_only.device = torch::Device(torch::kCPU);
-  cpu_only.device_reason = "the replicas reduce CPU tensors";
+  cpu_only.device_reason = "it reduces CPU tensors";
   const torch::Tensor elsewhere = torch::zeros({2}, torch::TensorOptions().device(torch::kMeta));
   EXPECT_EQ(error([&] { Collective::all_gather(cpu_only, elsewhere); }),
-            "replica communicator: all_gather: the tensor is on meta, but the replicas reduce CPU "
-            "tensors");
+            "cpu backend: all_gather: the tensor is on meta, but it reduces CPU tensors");
   EXPECT_EQ(error([&] { Collective::all_reduce(cpu_only, torch::zeros({2}, torch::kShort), ReduceOp::Max); }),
             "no error");
 }

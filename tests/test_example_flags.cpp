@@ -11,9 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <algorithm>
 #include <string>
-#include <thread>
 
 namespace {
 
@@ -68,15 +66,6 @@ TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
             "--log-interval must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.check_sync_every = -3; }),
             "--check-sync-every must be >= 0 (got -3)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.replicas_per_process = -1; }),
-            "--replicas-per-process must be >= 0 (got -1)");
-  const int64_t most = std::min(std::max(1u, std::thread::hardware_concurrency()), 1024u);
-  const std::string cpus = std::to_string(most);
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.replicas_per_process = 5000; }),
-            "--replicas-per-process must be at most " + cpus + ", the CPUs of this machine (got "
-            "5000): each replica is a thread of its own with its own model copy, so more cannot "
-            "run at once; use more processes (ranks) or machines instead");
-  EXPECT_EQ(error_of([most](TrainingFlags& f) { f.replicas_per_process = most; }), "");
 }
 
 TEST(ExampleFlags, TrainingStepFlagsAreChecked) {

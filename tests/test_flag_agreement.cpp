@@ -108,13 +108,4 @@ TEST(FlagAgreement, ABadFlagOnSomeRanksNamesThem) {
   EXPECT_EQ(describe_flag_difference({bad, bad}), "");  // refused alike: the usual message
 }
 
-// With replicas, the texts are per replica; the ranks named are processes.
-TEST(FlagAgreement, ReplicasOfAProcessCountAsItsRank) {
-  const std::string three = fingerprint({"--limit-train-batches", "3"});
-  const std::string five = fingerprint({"--limit-train-batches", "5"});
-  EXPECT_EQ(describe_flag_difference({three, three, five, five}, 2),
-            "the ranks were started with different flags: --limit-train-batches is 3 on rank 0 "
-            "and 5 on rank 1");
-}
-
 }  // namespace

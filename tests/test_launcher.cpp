@@ -167,13 +167,18 @@ TEST(GpusOnNode, SlurmFirstThenTheDeviceLists) {
   EXPECT_EQ(ddp::gpus_on_node({}), -1);
 }
 
-TEST(GpuRankMismatch, OneTaskPerNodeLeavesGpusIdle) {
-  // srun -N 2 --gpus-per-node 2 without --ntasks-per-node: one task per node.
+TEST(GpuRankMismatch, OneTaskPerNodeUsesOneGpuAndSaysHowToUseAll) {
+  // srun -N 2 --gpus-per-node 2 without --ntasks-per-node: one task per node, which uses one of
+  // the GPUs it sees; the notice says how many, and to start one task per GPU.
   const std::string warning = ddp::gpu_rank_mismatch(2, 1, "n1", /*cuda_usable=*/false);
-  EXPECT_TRUE(contains(warning, "node n1 has 2 GPUs but 1 rank")) << warning;
-  EXPECT_TRUE(contains(warning, "1 GPU would sit idle")) << warning;
+  EXPECT_TRUE(contains(warning, "node n1 has 2 GPUs but 1 rank, and ddp runs one rank per GPU"))
+      << warning;
+  EXPECT_TRUE(contains(warning, "each rank uses one GPU, so 1 GPU sits idle")) << warning;
+  EXPECT_TRUE(contains(warning, "To use all 2, start one task per GPU")) << warning;
   EXPECT_TRUE(contains(warning, "srun --ntasks-per-node=2")) << warning;
+  EXPECT_TRUE(contains(warning, "mpirun -np <GPUs of the job> --npernode 2")) << warning;
   EXPECT_TRUE(contains(warning, "the ranks train on the CPU")) << warning;
+  EXPECT_TRUE(contains(ddp::gpu_rank_mismatch(8, 2, "n1", true), "so 6 GPUs sit idle"));
   EXPECT_FALSE(contains(ddp::gpu_rank_mismatch(2, 1, "n1", true), "CPU"));
   const std::string sharing = ddp::gpu_rank_mismatch(1, 2, "n2", false);
   EXPECT_TRUE(contains(sharing, "ranks would share GPUs")) << sharing;
@@ -237,24 +242,16 @@ TEST(DescribeJob, BannerNamesLauncherNodesDevicesAndThreads) {
             "threads per rank (rank 0: 8 CPUs shared by 3 ranks)");
 }
 
-TEST(DescribeJob, BannerCountsProcessesTimesReplicas) {
+TEST(DescribeJob, OneTaskPerNodeIsOneRankPerNode) {
+  // srun -N 2 --gpus-per-node 2: one task per node, each on one of its node's GPUs (the notice
+  // of gpu_rank_mismatch says the other sits idle).
   ddp::ThreadChoice threads;
-  threads.threads = 1;
-  threads.from_user = true;
-  threads.reason = "OMP_NUM_THREADS=1";
-  // mpirun -np 2 ddp_mnist --replicas-per-process 2 on one machine.
-  const std::vector<ddp::RankPlace> one_node = {{0, 2, false, 1, 2}, {0, 2, false, 1, 2}};
-  EXPECT_EQ(ddp::describe_job(ddp::detect_launch({}), one_node, threads),
-            "ddp: singleton (no launcher): 2 processes x 2 replicas = 4 replicas on 1 node, "
-            "device cpu, 1 thread per replica (OMP_NUM_THREADS=1)");
-  // srun -N 2 --gpus-per-node 2: one task per node, 2 GPUs each.
-  const std::vector<ddp::RankPlace> two_nodes = {{0, 1, true, 4, 2}, {1, 1, true, 4, 2}};
-  threads.threads = 4;
-  threads.reason = "8 CPUs in this rank's cpuset, divided among 2 replicas";
+  threads.threads = 8;
+  threads.reason = "8 CPUs in this rank's cpuset";
+  const std::vector<ddp::RankPlace> two_nodes = {{0, 1, true, 8}, {1, 1, true, 8}};
   EXPECT_EQ(ddp::describe_job(ddp::detect_launch(srun_task3()), two_nodes, threads),
-            "ddp: Slurm srun (PMIx), job 12: 2 processes x 2 replicas = 4 replicas on 2 nodes "
-            "(1 process per node), one GPU per replica, 4 threads per replica (8 CPUs in this "
-            "rank's cpuset, divided among 2 replicas)");
+            "ddp: Slurm srun (PMIx), job 12: 2 ranks on 2 nodes (1 per node), one GPU per rank, "
+            "8 threads per rank (8 CPUs in this rank's cpuset)");
 }
 
 }  // namespace

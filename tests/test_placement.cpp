@@ -117,17 +117,25 @@ TEST(Placement, RanksSharingTheirOneVisibleGpuIsAnError) {
   EXPECT_NE(placement_error({{}, 1, 2, {"u", ""}}), "");
 }
 
-TEST(Placement, FewerRanksThanGpusRunsAndWarnsWithTheFix) {
-  // srun -N 2 --gpus-per-node=2 without --ntasks-per-node: one task per node sees both GPUs.
+TEST(Placement, FewerRanksThanGpusUsesOneGpuPerRankAndSaysHowToUseAll) {
+  // srun -N 2 --gpus-per-node=2 without --ntasks-per-node: one task per node sees both GPUs and
+  // uses the first, as it would with one GPU; rank 0's notice says so, with the fix.
   const Node node{{{"SLURM_GPUS_ON_NODE", "2"}, {"CUDA_VISIBLE_DEVICES", "0,1"}}, 2, 1, {}};
   const Placed placed = place(node);
   EXPECT_EQ(placed.devices, std::vector<torch::Device>{cuda(0)});
   EXPECT_TRUE(contains(placed.warning, "node n1 has 2 GPUs but 1 rank")) << placed.warning;
+  EXPECT_TRUE(contains(placed.warning, "each rank uses one GPU, so 1 GPU sits idle"))
+      << placed.warning;
+  EXPECT_TRUE(contains(placed.warning, "To use all 2, start one task per GPU")) << placed.warning;
   EXPECT_TRUE(contains(placed.warning, "srun --ntasks-per-node=2")) << placed.warning;
+  EXPECT_TRUE(contains(placed.warning, "mpirun -np")) << placed.warning;
   EXPECT_FALSE(contains(placed.warning, "train on the CPU")) << placed.warning;
-  // A workstation with 4 GPUs and 2 ranks, no launcher variables: CUDA's count still warns.
-  const std::string workstation = place({{}, 4, 2, {}}).warning;
-  EXPECT_TRUE(contains(workstation, "2 GPUs would sit idle")) << workstation;
+  // A workstation with 4 GPUs and 2 ranks, no launcher variables: CUDA's count still says so,
+  // and each rank uses the GPU of its local rank.
+  const Placed workstation = place({{}, 4, 2, {}});
+  EXPECT_EQ(workstation.devices, (std::vector<torch::Device>{cuda(0), cuda(1)}));
+  EXPECT_TRUE(contains(workstation.warning, "so 2 GPUs sit idle")) << workstation.warning;
+  EXPECT_TRUE(contains(workstation.warning, "srun --ntasks-per-node=4")) << workstation.warning;
 }
 
 TEST(Placement, CpuWhenCudaIsOffOrShowsNothing) {
@@ -248,66 +256,6 @@ TEST(ParseBackend, NamesAndTheBadValue) {
   } catch (const std::invalid_argument& e) {
     EXPECT_TRUE(contains(e.what(), "'gloo'")) << e.what();
   }
-}
-
-}  // namespace
-
-// Issue 14: one process drives every GPU it is given, one replica per GPU.
-namespace {
-
-TEST(Replicas, OneTaskPerNodeTrainsOneReplicaPerGpu) {
-  // The card's command: srun -N 2 --gpus-per-node 2 ./ddp_cifar starts one task per node, which
-  // sees both GPUs: 2 replicas on cuda:0 and cuda:1, and no warning.
-  const Node node{{{"SLURM_GPUS_ON_NODE", "2"}, {"CUDA_VISIBLE_DEVICES", "0,1"}}, 2, 1, {}};
-  const int replicas = ddp::default_replicas_per_process(true, node.visible, node.ranks, false);
-  EXPECT_EQ(replicas, 2);
-  EXPECT_EQ(ddp::select_device(true, 2, 0, 1, false, replicas, 0), cuda(0));
-  EXPECT_EQ(ddp::select_device(true, 2, 0, 1, false, replicas, 1), cuda(1));
-  EXPECT_EQ(ddp::gpu_rank_mismatch(ddp::gpus_to_pair(node.env, 2, 1, false), 1, "n1", true,
-                                   replicas),
-            "");
-  // 8 GPUs, 2 ranks: 4 replicas each, rank 1's on cuda:4..7.
-  EXPECT_EQ(ddp::default_replicas_per_process(true, 8, 2, false), 4);
-  EXPECT_EQ(ddp::select_device(true, 8, 1, 2, false, 4, 3), cuda(7));
-}
-
-TEST(Replicas, DefaultIsOneOnTheCpuAndWithAGpuPerRank) {
-  EXPECT_EQ(ddp::default_replicas_per_process(false, 4, 1, false), 1);  // --no-cuda, CPU build
-  EXPECT_EQ(ddp::default_replicas_per_process(true, 1, 1, true), 1);    // --gpus-per-task=1
-  EXPECT_EQ(ddp::default_replicas_per_process(true, 4, 4, false), 1);   // one rank per GPU
-  EXPECT_EQ(ddp::default_replicas_per_process(true, 2, 4, false), 1);   // too few (an error later)
-  EXPECT_EQ(ddp::default_replicas_per_process(true, 5, 2, false), 2);   // 1 left over, warned
-  EXPECT_EQ(ddp::select_device(false, 2, 0, 1, false, 2, 1), kCpu);     // CPU replicas
-}
-
-TEST(Replicas, TooFewGpusForTheReplicasIsAnErrorWithTheFix) {
-  try {
-    ddp::select_device(true, 2, 0, 2, false, 2, 0);
-    FAIL() << "2 ranks x 2 replicas on 2 GPUs must be refused";
-  } catch (const std::runtime_error& e) {
-    EXPECT_TRUE(contains(e.what(), "2 rank(s) x 2 replicas on this node need 4 GPUs")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "RuntimeOptions::replicas_per_process")) << e.what();
-  }
-  try {
-    ddp::select_device(true, 1, 0, 2, /*own_gpu=*/true, 2, 0);
-    FAIL() << "a rank with one GPU of its own cannot drive 2 replicas";
-  } catch (const std::runtime_error& e) {
-    EXPECT_TRUE(contains(e.what(), "one GPU of its own")) << e.what();
-  }
-}
-
-TEST(Replicas, MismatchWarningOnlyWhereAGpuIsReallyIdle) {
-  EXPECT_EQ(ddp::gpu_rank_mismatch(4, 2, "n1", true, 2), "");  // 2 ranks x 2 replicas
-  const std::string idle = ddp::gpu_rank_mismatch(3, 1, "n1", true, 2);
-  EXPECT_TRUE(contains(idle, "node n1 has 3 GPUs but 1 rank x 2 replicas")) << idle;
-  EXPECT_TRUE(contains(idle, "1 GPU would sit idle")) << idle;
-  // One replica per task and idle GPUs (e.g. --replicas-per-process 1 set by hand): the fix
-  // names the replicas too.
-  const std::string one = ddp::gpu_rank_mismatch(2, 1, "n1", true, 1);
-  EXPECT_TRUE(contains(one, "let each rank train 2 replicas")) << one;
-  EXPECT_TRUE(contains(one, "--replicas-per-process")) << one;
-  const std::string sharing = ddp::gpu_rank_mismatch(2, 2, "n1", true, 2);
-  EXPECT_TRUE(contains(sharing, "replicas would share GPUs")) << sharing;
 }
 
 }  // namespace

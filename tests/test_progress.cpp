@@ -140,9 +140,9 @@ TEST(ReportFormat, GenericLinesNameEveryMetricAndNoAccuracy) {
   EXPECT_EQ(format.log_line(line), "Epoch 2 [1280/96 (50%)] loss 0.250000 ETA ?");
   ddp::EpochResult r = epoch_result(2, 8743);
   r.train_metrics = {ddp::Metric{"abs_error", 1200.0, 60000}};
-  EXPECT_EQ(format.epoch_lines(r, "4 replica(s)"),
+  EXPECT_EQ(format.epoch_lines(r, "4 rank(s)"),
             "\nTrain set: loss 0.5267, abs_error 0.02\n"
             "Test set: loss 0.3343, accuracy 0.8743\n\n"
-            "Epoch 2: 50.21 s, 1195 samples/s over 4 replica(s) | data 0.1%, forward+backward "
+            "Epoch 2: 50.21 s, 1195 samples/s over 4 rank(s) | data 0.1%, forward+backward "
             "89.6%, gradient sync 4.8%, optimizer 4.4%\n\n");
 }

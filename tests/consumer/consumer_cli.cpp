@@ -1,5 +1,5 @@
 // A program on ddp::cli from an install prefix: the training flags parsed before the Runtime,
-// --help and flag errors from rank 0, the body under run_or_abort once per replica.
+// --help and flag errors from rank 0, the body once under run_or_abort.
 #include <ddp/cli/app.h>
 #include <ddp/cli/training_flags.h>
 

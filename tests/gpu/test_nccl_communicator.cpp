@@ -2,7 +2,6 @@
 // replaces host synchronisation, and the argument checks. Run under mpirun (one rank per GPU);
 // every test skips on a rank without a CUDA device.
 #include "comm/nccl_communicator.h"
-#include "runtime/runtime_internals.h"
 
 #include "test_support.h"
 
@@ -194,26 +193,6 @@ TEST_F(Nccl, BarrierReturnsOnlyWhenTheNcclStreamIsDone) {
   }
   comm().barrier();
   EXPECT_TRUE(comm().stream().query());
-}
-
-}  // namespace
-
-namespace {
-
-// Issue 14's creation path (one communicator per device of the process, in one NCCL group
-// call), here with the one device each rank has: what a GPU machine with one GPU can run.
-TEST_F(Nccl, CreateForDevicesJoinsTheProcessesDevicesInOneGroup) {
-  ddp::NcclOptions options;
-  auto comms = ddp::NcclCommunicator::create_for_devices(
-      ddp::detail::RuntimeInternals::comm(rt()), rt().rank(), rt().rank(), rt().world_size(), {rt().device()}, options);
-  ASSERT_EQ(comms.size(), 1u);
-  EXPECT_EQ(comms[0]->rank(), rt().rank());
-  EXPECT_EQ(comms[0]->size(), rt().world_size());
-  EXPECT_EQ(comms[0]->device(), rt().device());
-  torch::Tensor t = torch::full({8}, rt().rank() + 1.0, on_gpu(torch::kFloat));
-  comms[0]->all_reduce(t, ddp::ReduceOp::Sum);
-  const double n = rt().world_size();
-  EXPECT_TRUE(t.cpu().equal(torch::full({8}, n * (n + 1) / 2, torch::kFloat)));
 }
 
 }  // namespace

@@ -22,7 +22,6 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/process_group.h>
-#include <ddp/replicas.h>
 #include <ddp/runtime.h>
 #include <ddp/stop_signal.h>
 #include <ddp/sync_batch_norm.h>

@@ -10,8 +10,7 @@
 ///
 /// The backends know nothing of the Runtime: this is where they get what they need from it (the
 /// bootstrap communicator, rank, size, device, the collective timeout, the debug mode
-/// (DDP_DEBUG=DETAIL), and Runtime::abort as what to do when a watchdog fires). With several
-/// replicas per process (replicas.h) each replica thread has a group of its own.
+/// (DDP_DEBUG=DETAIL), and Runtime::abort as what to do when a watchdog fires).
 ///
 /// Invariant: destroyed before the Runtime (declare it after), since its communicators need MPI.
 
@@ -41,20 +40,16 @@ struct ProcessGroupOptions {
 };
 
 namespace detail {
-class GroupMembership;  ///< where the communicators come from (internal: a process, a replica)
+struct GroupChecks;  ///< parallel/backend_options.h: what the group's MPI communicators share
 }
 
 /// The job's communicators (this file's comment says what they are and when they are made).
 class ProcessGroup {
  public:
-  /// Collective over every rank of `runtime`. The process trains one replica: with
-  /// Runtime::replicas_per_process() > 1 this throws std::logic_error (use run_replicas, which
-  /// gives each replica thread its group). Reads the environment: DDP_TIMEOUT_SECONDS (unless
+  /// Collective over every rank of `runtime`. Reads the environment: DDP_TIMEOUT_SECONDS (unless
   /// options.timeout is set), DDP_DEBUG, and the MPI backend's tuning variables
   /// (the table in src/util/environment.cpp); a bad value is an error naming the variable.
   explicit ProcessGroup(Runtime& runtime, ProcessGroupOptions options = {});
-  /// A group over `membership` (internal; run_replicas makes each replica thread's).
-  ProcessGroup(Runtime& runtime, std::unique_ptr<detail::GroupMembership> membership);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -62,25 +57,20 @@ class ProcessGroup {
   /// The Runtime it was made from.
   Runtime& runtime() const { return runtime_; }
 
-  /// This replica's place in the job: what a rank is when each process trains one replica.
-  /// rank() = Runtime::rank() * replicas_per_process() + replica(); size() counts every replica.
+  /// The Runtime's rank and world size: one process is one rank and one model replica.
   ///@{
-  int rank() const { return runtime_.rank() * replicas_per_process() + replica(); }
-  int size() const { return runtime_.world_size() * replicas_per_process(); }
+  int rank() const { return runtime_.rank(); }
+  int size() const { return runtime_.world_size(); }
   ///@}
   /// rank() == 0: the one that prints and writes files.
   bool is_main() const { return rank() == 0; }
-  /// This replica's index in its process (0 .. replicas_per_process() - 1).
-  int replica() const;
-  /// Replicas each process trains (Runtime::replicas_per_process()).
-  int replicas_per_process() const;
-  /// The device this replica computes on (Runtime::replica_device).
-  torch::Device device() const { return runtime_.replica_device(replica()); }
+  /// The device this rank computes on (Runtime::device).
+  torch::Device device() const { return runtime_.device(); }
 
   /// Collectives over all ranks for CPU tensors (MPI).
   Communicator& cpu() { return *cpu_; }
 
-  /// Whether gpu() can exist: this replica computes on CUDA and nccl_communicator_built().
+  /// Whether gpu() can exist: this rank computes on CUDA and nccl_communicator_built().
   bool has_gpu() const;
   /// Collectives over all ranks for CUDA tensors on runtime().device() (NCCL). The first call
   /// creates it and is therefore collective: every rank must make it (DistributedDataParallel
@@ -92,8 +82,7 @@ class ProcessGroup {
   /// CPU, so that its traffic cannot be confused with anybody else's. Collective.
   std::shared_ptr<Communicator> for_device(torch::Device device);
 
-  /// A new MPI communicator over all ranks, with a worker thread of its own. Collective. With
-  /// several replicas per process: a new channel of the replicas' in-memory hub.
+  /// A new MPI communicator over all ranks, with a worker thread of its own. Collective.
   /// Under DDP_DEBUG=DETAIL the calls of all the group's MPI communicators (cpu(), these,
   /// for_device()'s) are checked as one sequence: a rank calling a collective on one while
   /// another calls one on a second is named at once instead of hanging (docs/reliability.md);
@@ -104,7 +93,8 @@ class ProcessGroup {
 
  private:
   Runtime& runtime_;
-  std::unique_ptr<detail::GroupMembership> membership_;
+  ProcessGroupOptions options_;
+  std::shared_ptr<detail::GroupChecks> checks_;  ///< one for all its MPI communicators
   std::unique_ptr<Communicator> cpu_;
   std::shared_ptr<Communicator> gpu_;  ///< shared with for_device()'s users
 };

@@ -14,10 +14,12 @@
 /// this rank has unless OMP_NUM_THREADS says otherwise. Set DDP_SKIP_LAUNCH_CHECKS=1 to skip
 /// the checks.
 ///
-/// GPUs (docs/gpu.md): each rank computes on GPU local_rank() among those it sees, or on device 0
-/// when the launcher gave every rank a GPU of its own; start-up makes that device current, before
-/// anything is allocated on it. A node with more ranks than visible GPUs ends the job saying how
-/// to launch it instead; fewer ranks than GPUs is a warning.
+/// GPUs (docs/gpu.md): one process is one rank, trains one model replica, on one device. Each
+/// rank computes on GPU local_rank() among those it sees, or on device 0 when the launcher gave
+/// every rank a GPU of its own; start-up makes that device current, before anything is allocated
+/// on it. A node with more ranks than visible GPUs ends the job saying how to launch it instead;
+/// fewer ranks than GPUs (`srun --gpus-per-node 2` with one task per node) is a notice on rank 0:
+/// each rank uses one GPU, and the notice says how to start one task per GPU.
 ///
 /// The Runtime says where the job runs; it does not communicate tensors. The communicators are
 /// built from it by ProcessGroup (process_group.h). MPI itself stays inside the library: this
@@ -39,10 +41,6 @@ struct RuntimeOptions {
   bool use_cuda = true;
   /// false: rank 0 prints no start-up banner (warnings and errors still appear).
   bool print_banner = true;
-  /// Replicas this process trains, one thread each (replicas.h): 0 picks the default, the GPUs
-  /// this process sees per local rank on a GPU, 1 on the CPU. Must come out the same on every
-  /// rank.
-  int replicas_per_process = 0;
   /// How long MPI start-up (MPI_Init and the Runtime's first collectives) may wait for the other
   /// ranks before the phase watchdog ends the job (WatchedPhase below). 0: the start-up default,
   /// DDP_STARTUP_TIMEOUT_SECONDS, else 600 s. ddp::cli sets --timeout here, so that a job given
@@ -83,18 +81,12 @@ class Runtime {
   int num_nodes() const { return num_nodes_; }      ///< the job's nodes
   bool is_main() const { return rank_ == 0; }       ///< rank 0
   const std::string& hostname() const { return hostname_; }  ///< MPI's processor name
-  /// The device of the process's first replica (its only one, unless replicas_per_process() > 1).
+  /// The device this rank computes on.
   torch::Device device() const { return device_; }
-  /// Replicas this process trains (RuntimeOptions::replicas_per_process, resolved); the same on
-  /// every rank, so the job has world_size() * replicas_per_process() replicas.
-  int replicas_per_process() const { return replicas_; }
-  /// The device of replica `replica` (0..replicas_per_process()-1): the CPU, or GPU
-  /// local_rank() * replicas_per_process() + replica.
-  torch::Device replica_device(int replica) const;
   /// MPI's thread support level (MPI_THREAD_MULTIPLE, which the communicators need).
   int mpi_thread_level() const { return thread_level_; }
-  /// LibTorch's intra-op threads of each replica, as start-up chose them (the rank's CPUs,
-  /// divided among its replicas), or as OMP_NUM_THREADS set them.
+  /// LibTorch's intra-op threads, as start-up chose them (the rank's CPUs), or as
+  /// OMP_NUM_THREADS set them.
   int intra_op_threads() const { return intra_op_threads_; }
 
   /// "rank 1/4 local 1/2 node 0/2 host n1 device cpu"
@@ -119,7 +111,6 @@ class Runtime {
   int node_rank_ = 0, num_nodes_ = 1;
   std::string hostname_;
   torch::Device device_{torch::kCPU};
-  int replicas_ = 1;
   int intra_op_threads_ = 1;
   int visible_gpus_ = 0;  ///< CUDA devices this rank sees (0 without CUDA or with use_cuda off)
   bool own_gpu_ = false;  ///< every rank of the node sees one GPU, its own
@@ -142,8 +133,8 @@ class Runtime {
 /// training kit data loading, evaluation (progress after each batch) and snapshot writes.
 ///
 /// Invariants: phases nest per thread and only the innermost phase of each thread is watched
-/// (when it ends, the enclosing one's clock restarts); phases of several threads (replicas) are
-/// watched independently. A phase fires 5 s after its timeout, so that a collective inside it,
+/// (when it ends, the enclosing one's clock restarts); phases of several threads are watched
+/// independently. A phase fires 5 s after its timeout, so that a collective inside it,
 /// whose own watchdog names the ranks that never arrived, is reported by that watchdog first.
 class WatchedPhase {
  public:

@@ -44,8 +44,8 @@ namespace ddp {
 constexpr int kStoppedExitCode = 75;
 
 /// Installs the stop handlers for SIGTERM, SIGUSR1 and SIGUSR2 while it lives, and puts the
-/// previous handlers back when the last one is destroyed (nesting is counted, under a lock: the
-/// Trainers of a process's replica threads each install them).
+/// previous handlers back when the last one is destroyed (nesting is counted, under a lock, so
+/// any thread may install them).
 class StopSignalHandlers {
  public:
   StopSignalHandlers();

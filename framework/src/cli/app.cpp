@@ -3,7 +3,7 @@
 #include <ddp/cli/finish.h>
 
 #include <ddp/communicator.h>
-#include <ddp/replicas.h>
+#include <ddp/process_group.h>
 #include <ddp/runtime.h>
 #include <ddp/stop_signal.h>
 #include <ddp/train/stop_agreement.h>
@@ -22,7 +22,7 @@ namespace ddp::cli {
 
 namespace {
 
-// For a SingleProcess program started as several ranks or replicas: which to use instead.
+// For a SingleProcess program started as several ranks: which to use instead.
 std::string instead(const Program& program) {
   if (program.data_parallel_program.empty()) return "";
   return ": use " + program.data_parallel_program + " for data-parallel training";
@@ -103,42 +103,36 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
       throw std::runtime_error(name + " trains in one process but was started as " +
                                std::to_string(runtime.world_size()) + " ranks" + instead(program));
     }
-    if (checked && parallelism == Parallelism::SingleProcess && runtime.replicas_per_process() > 1) {
-      throw std::runtime_error(name + " trains one replica but --replicas-per-process is " +
-                               std::to_string(runtime.replicas_per_process()) + instead(program));
+    ddp::ProcessGroup group(runtime, group_options);
+    // Before anything that depends on the flags, so that ranks started with different ones
+    // (or a bad one on some ranks only) stop here instead of failing later in a collective.
+    const std::string differ = agree_on_flags(group.cpu(), fingerprint);
+    if (!differ.empty() || !flag_error.empty()) {
+      // Every rank stops here; rank 0 explains.
+      if (group.is_main()) {
+        std::cerr << name << ": " << (differ.empty() ? flag_error + " (see --help)" : differ) << "\n";
+      }
+      status = 2;
+      return;
     }
-    status = ddp::run_replicas(runtime, [&](ddp::ProcessGroup& group) {
-      // Before anything that depends on the flags, so that ranks started with different ones
-      // (or a bad one on some ranks only) stop here instead of failing later in a collective.
-      const std::string differ = agree_on_flags(group.cpu(), fingerprint, group.replicas_per_process());
-      if (!differ.empty() || !flag_error.empty()) {
-        // Every rank stops here; rank 0 explains.
-        if (group.is_main()) {
-          std::cerr << name << ": " << (differ.empty() ? flag_error + " (see --help)" : differ) << "\n";
-        }
-        return 2;
+    if (help) {
+      if (group.is_main()) {
+        std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
+                  << name << " [options]\n" << program.description << "\n\n" << options << "\n";
       }
-      if (help) {
-        if (group.is_main()) {
-          std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
-                    << name << " [options]\n" << program.description << "\n\n" << options << "\n";
-        }
-        return 0;
+      return;
+    }
+    if (stopped_during_start_up(group)) {
+      status = ddp::kStoppedExitCode;
+      return;
+    }
+    if (flags.show_topology) {
+      const auto lines = ddp::all_gather_strings(group.cpu(), runtime.summary());
+      if (group.is_main()) {
+        for (const auto& line : lines) std::cout << line << "\n";
       }
-      if (stopped_during_start_up(group)) return ddp::kStoppedExitCode;
-      if (flags.show_topology) {
-        std::string place = runtime.summary();
-        if (group.replicas_per_process() > 1) {
-          place += " replica " + std::to_string(group.replica()) + "/" +
-                   std::to_string(group.replicas_per_process()) + " on " + group.device().str();
-        }
-        const auto lines = ddp::all_gather_strings(group.cpu(), place);
-        if (group.is_main()) {
-          for (const auto& line : lines) std::cout << line << "\n";
-        }
-      }
-      return run_training(group, train);  // finish.h: a diverged run's status
-    }, group_options);
+    }
+    status = run_training(group, train);  // finish.h: a diverged run's status
   });
   return aborted ? aborted : status;
 }

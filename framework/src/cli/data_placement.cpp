@@ -41,10 +41,8 @@ void place_data(ddp::ProcessGroup& group, ddp::ImageDataset& train, ddp::ImageDa
   if (group.is_main()) {
     const ddp::Runtime& runtime = group.runtime();
     std::cout << "Train set size: " << train.size() << "\nTest set size: " << test.size()
-              << "\nTraining on " << group.size()
-              << (group.replicas_per_process() > 1 ? " replica(s)" : " rank(s)") << ", "
-              << runtime.num_nodes() << " node(s), device " << group.device() << ", data "
-              << data_dir << std::endl;
+              << "\nTraining on " << group.size() << " rank(s), " << runtime.num_nodes()
+              << " node(s), device " << group.device() << ", data " << data_dir << std::endl;
   }
 }
 
@@ -55,10 +53,10 @@ void check_batch_memory(ddp::ProcessGroup& group, const TrainingFlags& flags, to
   // Host memory only: on a GPU the batch lives in the device's memory (not estimated yet).
   if (group.device().is_cuda()) return;
   const ddp::HostMemory memory = ddp::host_memory_available();
-  // A batch holds at most this replica's shard (the sampler pads shards to the same size).
+  // A batch holds at most this rank's shard (the sampler pads shards to the same size).
   const int64_t ranks = group.size();
-  // Every replica on the node holds its batch at once.
-  const int local = group.runtime().local_size() * group.replicas_per_process();
+  // Every rank on the node holds its batch at once.
+  const int local = group.runtime().local_size();
   const int64_t train_batch = std::min(flags.batch_size, (train_size + ranks - 1) / ranks);
   const int64_t test_batch = std::min(flags.test_batch_size, (test_size + ranks - 1) / ranks);
   const uint64_t per_sample = ddp::training_bytes_per_sample(model, forward, sample_shape);

@@ -5,7 +5,6 @@
 #include <boost/any.hpp>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -125,12 +124,9 @@ std::string flags_error_text(const std::string& program, const std::string& erro
          escape_newlines(error) + "\n";
 }
 
-std::string describe_flag_difference(const std::vector<std::string>& texts, int replicas_per_process) {
-  const int per_process = std::max(1, replicas_per_process);
-  std::vector<std::map<std::string, std::string>> ranks;  // one per process
-  for (size_t i = 0; i < texts.size(); i += static_cast<size_t>(per_process)) {
-    ranks.push_back(settings_of(texts[i]));
-  }
+std::string describe_flag_difference(const std::vector<std::string>& texts) {
+  std::vector<std::map<std::string, std::string>> ranks;
+  for (const std::string& text : texts) ranks.push_back(settings_of(text));
   // Every name any rank has: the program first, a refused rank's error next (its other
   // settings are unknown), then in name order.
   std::vector<std::string> names{kProgram, kError};
@@ -179,14 +175,14 @@ std::string describe_flag_difference(const std::vector<std::string>& texts, int 
   return "";
 }
 
-std::string agree_on_flags(Communicator& comm, const std::string& text, int replicas_per_process) {
+std::string agree_on_flags(Communicator& comm, const std::string& text) {
   const uint64_t mine = hash64(text.data(), text.size());
   torch::Tensor hash = torch::empty({1}, torch::kLong);
   std::memcpy(hash.data_ptr<int64_t>(), &mine, sizeof mine);
   const torch::Tensor all = comm.all_gather(hash);
   if ((all == all[0]).all().item<bool>()) return "";
   // Different hashes: different texts, so some setting differs.
-  return describe_flag_difference(all_gather_strings(comm, text), replicas_per_process);
+  return describe_flag_difference(all_gather_strings(comm, text));
 }
 
 }  // namespace ddp::cli

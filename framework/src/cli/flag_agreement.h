@@ -40,14 +40,13 @@ std::string flags_error_text(const std::string& program, const std::string& erro
 // "the ranks were started with different flags: --limit-train-batches is 3 on ranks 0,2 and 5
 // on rank 1" (ranks as ranges: "ranks 0-3,5"), "--timeout is not given on rank 1",
 // "the ranks run different programs: ...", "the ranks were started with different flags,
-// refused on rank 1: --epochs must be >= 1 (got 0) (see --help)". `texts` holds one text per replica of the job, in
-// replica order, `replicas_per_process` per rank: the ranks named are processes.
-std::string describe_flag_difference(const std::vector<std::string>& texts,
-                                     int replicas_per_process = 1);
+// refused on rank 1: --epochs must be >= 1 (got 0) (see --help)". `texts` holds one text per
+// rank, in rank order.
+std::string describe_flag_difference(const std::vector<std::string>& texts);
 
-// Collective over `comm` (every replica of the job): compares the hashes of every replica's
-// `text`, and gathers the texts only when they differ. Returns "" when all agree, else
-// describe_flag_difference's message, on every replica.
-std::string agree_on_flags(Communicator& comm, const std::string& text, int replicas_per_process);
+// Collective over `comm` (every rank of the job): compares the hashes of every rank's `text`,
+// and gathers the texts only when they differ. Returns "" when all agree, else
+// describe_flag_difference's message, on every rank.
+std::string agree_on_flags(Communicator& comm, const std::string& text);
 
 }  // namespace ddp::cli

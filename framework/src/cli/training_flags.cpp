@@ -18,7 +18,6 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 namespace po = boost::program_options;
 
@@ -95,19 +94,6 @@ void check_training_flags(const TrainingFlags& f) {
   if (f.schedule != "cosine" && f.schedule != "step") {
     throw std::invalid_argument("--schedule '" + f.schedule + "' is not one of: cosine, step");
   }
-  require_at_least("--replicas-per-process", f.replicas_per_process, 0);
-  // Each replica is a thread of its own training a copy of the model (on a GPU: driving it), so
-  // more replicas than the machine has CPUs cannot run at once; they only take turns and
-  // multiply the memory. Refused here, before start-up: 1000 took 38 s to build its replicas
-  // and was then refused by the memory check, which named --batch-size (issue 26).
-  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-  if (f.replicas_per_process > static_cast<int64_t>(std::min(cpus, 1024u))) {
-    throw std::invalid_argument(
-        "--replicas-per-process must be at most " + std::to_string(std::min(cpus, 1024u)) +
-        ", the CPUs of this machine (got " + std::to_string(f.replicas_per_process) +
-        "): each replica is a thread of its own with its own model copy, so more cannot run at "
-        "once; use more processes (ranks) or machines instead");
-  }
   if (f.timeout) {
     require_finite("--timeout", *f.timeout, 0, /*least_allowed=*/false);
     if (*f.timeout > 1e7) {
@@ -175,7 +161,6 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
     ("gradient-as-bucket-view", po::bool_switch(&f.gradient_as_bucket_view), "gradients are views into the all-reduce buckets: no copy into the buckets and back, no gradient memory of their own (same results)")
     ("overlap-step", po::bool_switch(&f.overlap_step), "the optimizer steps each gradient bucket inside backward as soon as its all-reduce is done (same results; not with --clip-grad-norm, --amp fp16 or --on-nonfinite skip, which need every gradient first)")
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
-    ("replicas-per-process", po::value(&f.replicas_per_process)->default_value(0), "replicas each process trains, one thread each (0: its GPUs per local rank on a GPU, 1 on the CPU)")
     ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
     ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
      "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived, or a wait outside one (MPI start-up, building a communicator, loading data, ...), naming it (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600; MPI start-up without --timeout: DDP_STARTUP_TIMEOUT_SECONDS, else 600)");
@@ -228,7 +213,6 @@ ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags) {
 ddp::RuntimeOptions runtime_options(const TrainingFlags& flags) {
   ddp::RuntimeOptions options;
   options.use_cuda = !flags.no_cuda;
-  options.replicas_per_process = static_cast<int>(flags.replicas_per_process);
   options.startup_timeout = timeout_seconds(flags);
   return options;
 }

@@ -1,5 +1,5 @@
 #pragma once
-// One call of a collective, as every backend (MPI, the TCP ring, NCCL, the replicas' hub)
+// One call of a collective, as every backend (MPI, the TCP ring, NCCL)
 // describes it: its kind, its tensor's dtype and shape, its reduce op or root, and its number on
 // its communicator. A backend builds it with the factories below, which check the arguments
 // against the backend's Rules first, so a Collective exists only for a call the backend can

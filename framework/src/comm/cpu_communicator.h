@@ -1,8 +1,8 @@
 #pragma once
 // ProcessGroup's communicator for CPU tensors: the MPI backend (comm/mpi_communicator.h), and,
 // where CpuOptions::sockets says, ddp's TCP ring (comm/socket_ring.h) for the all-reduces of at
-// least CpuOptions::socket_bytes. make_cpu_communicator() decides; ProcessGroup and the replica
-// set's per-process communicators are made by it (parallel/backend_options.h).
+// least CpuOptions::socket_bytes. make_cpu_communicator() decides; ProcessGroup's communicators
+// are made by it (parallel/backend_options.h).
 //
 // Why: Open MPI's TCP transport moves bytes only while a thread polls it inside an MPI call, so
 // between hosts linked by TCP its all-reduce runs at the speed the polling thread gets a core

@@ -83,15 +83,6 @@ void NcclCommunicator::StreamDeleter::operator()(cudaStream_t stream) const {
 
 NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int rank, int size,
                                    torch::Device device, NcclOptions options)
-    : NcclCommunicator(rank, size, device, std::move(options), NotJoined{}) {
-  const ncclUniqueId id = broadcast_nccl_unique_id(bootstrap, rank_);
-  c10::cuda::CUDAGuard guard(device_.index());
-  DDP_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), rank_);
-  start_watchdog();
-}
-
-NcclCommunicator::NcclCommunicator(int rank, int size, torch::Device device, NcclOptions options,
-                                   NotJoined)
     : device_(device), rank_(rank), size_(size), options_(std::move(options)) {
   rules_.prefix = "NcclCommunicator::";
   rules_.dtypes = {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16,
@@ -116,37 +107,15 @@ NcclCommunicator::NcclCommunicator(int rank, int size, torch::Device device, Ncc
   cudaStream_t stream = nullptr;
   DDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest), rank_);
   stream_.reset(stream);
-}
 
-void NcclCommunicator::start_watchdog() {
+  const ncclUniqueId id = broadcast_nccl_unique_id(bootstrap, rank_);
+  DDP_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), rank_);
   try {
     watchdog_ = std::thread([this] { watch(); });
   } catch (...) {
     ncclCommAbort(comm_);
-    comm_ = nullptr;
     throw;
   }
-}
-
-std::vector<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create_for_devices(
-    MPI_Comm bootstrap, int process_rank, int first_rank, int size,
-    const std::vector<torch::Device>& devices, const NcclOptions& options) {
-  std::vector<std::unique_ptr<NcclCommunicator>> comms;
-  for (size_t i = 0; i < devices.size(); ++i) {
-    comms.emplace_back(new NcclCommunicator(first_rank + static_cast<int>(i), size, devices[i],
-                                            options, NotJoined{}));
-  }
-  const ncclUniqueId id = broadcast_nccl_unique_id(bootstrap, process_rank);
-  // One thread joins several ranks: NCCL needs them in one group, or the first
-  // ncclCommInitRank would wait for the others forever.
-  DDP_NCCL_CHECK(ncclGroupStart(), first_rank);
-  for (auto& comm : comms) {
-    c10::cuda::CUDAGuard guard(comm->device_.index());
-    DDP_NCCL_CHECK(ncclCommInitRank(&comm->comm_, size, id, comm->rank_), comm->rank_);
-  }
-  DDP_NCCL_CHECK(ncclGroupEnd(), first_rank);
-  for (auto& comm : comms) comm->start_watchdog();
-  return comms;
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -155,8 +124,7 @@ NcclCommunicator::~NcclCommunicator() {
     stopping_ = true;
   }
   wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
-  if (comm_ == nullptr) return;  // never joined (a failed start-up)
+  watchdog_.join();
   // Destroy waits for the collectives still queued. After an error, or while an exception
   // unwinds (the peers may never join those collectives), that could hang: abort instead.
   ncclResult_t async_error = ncclSuccess;

@@ -65,18 +65,6 @@ class NcclCommunicator final : public Communicator {
   // must be a CUDA device.
   NcclCommunicator(MPI_Comm bootstrap, int rank, int size, torch::Device device,
                    NcclOptions options);
-  // One communicator per device of this process, for a process that trains one replica per
-  // GPU (--replicas-per-process): the communicator of devices[i] has rank first_rank + i of
-  // `size`, ranks numbered over every device of the job. Collective over every process of
-  // `bootstrap` (`process_rank` is this process's place in it): the process of rank 0 creates
-  // the NCCL unique id, MPI broadcasts it, and the process joins all its devices in one NCCL
-  // group call (ncclGroupStart, ncclCommInitRank per device, ncclGroupEnd), which NCCL needs
-  // when one thread initialises several ranks. Each communicator has its own stream and
-  // watchdog; each replica thread issues collectives on its own.
-  static std::vector<std::unique_ptr<NcclCommunicator>> create_for_devices(
-      MPI_Comm bootstrap, int process_rank, int first_rank, int size,
-      const std::vector<torch::Device>& devices, const NcclOptions& options);
-
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -108,11 +96,6 @@ class NcclCommunicator final : public Communicator {
   struct StreamDeleter {
     void operator()(cudaStream_t stream) const;
   };
-  struct NotJoined {};
-  // Checks the arguments and creates the stream; the NCCL communicator is joined by the caller,
-  // which then calls start_watchdog().
-  NcclCommunicator(int rank, int size, torch::Device device, NcclOptions options, NotJoined);
-  void start_watchdog();
 
   // Numbers `call` and queues it on the NCCL stream.
   std::shared_ptr<Pending> enqueue(detail::Collective call, const std::vector<torch::Tensor>& tensors,

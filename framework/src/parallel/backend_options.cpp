@@ -41,19 +41,17 @@ CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::sec
 
 std::unique_ptr<Communicator> make_cpu_communicator(
     const Runtime& runtime, const ProcessGroupOptions& group,
-    GroupChecks* shared, const std::string& name) {
+    detail::GroupChecks& shared, const std::string& name) {
   CpuOptions options = cpu_options_from_environment(runtime, group.timeout);
   options.hierarchical = group.hierarchical;
   options.mpi.name = name;
   const auto phase = detail::setup_phase("creating a CPU communicator (MPI_Comm_dup)", kSetupWhy);
-  if (shared) {
-    MPI_Comm world = detail::RuntimeInternals::comm(runtime);
-    if (!shared->inquiry) shared->inquiry = std::make_shared<detail::Inquiry>(world);
-    options.mpi.inquiry = shared->inquiry;
-    if (options.mpi.check_collectives) {
-      if (!shared->check) shared->check = std::make_shared<detail::CollectiveCheck>(world);
-      options.mpi.check = shared->check;
-    }
+  MPI_Comm world = detail::RuntimeInternals::comm(runtime);
+  if (!shared.inquiry) shared.inquiry = std::make_shared<detail::Inquiry>(world);
+  options.mpi.inquiry = shared.inquiry;
+  if (options.mpi.check_collectives) {
+    if (!shared.check) shared.check = std::make_shared<detail::CollectiveCheck>(world);
+    options.mpi.check = shared.check;
   }
   return make_cpu_communicator(detail::RuntimeInternals::comm(runtime), options);
 }

@@ -1,6 +1,6 @@
 #pragma once
 // The backends' options as the group's options and the environment set them, for every
-// communicator the parallel layer creates (ProcessGroup's and the replica set's): the timeout
+// communicator ProcessGroup creates: the timeout
 // (ProcessGroupOptions::timeout, else DDP_TIMEOUT_SECONDS, else 600 s), the debug mode, the MPI
 // tuning and the TCP ring's variables (read through util/environment.h's table), and
 // Runtime::abort for a watchdog that fires.
@@ -46,16 +46,19 @@ extern const char* const kSetupWhy;
 // host where ProcessGroupOptions::hierarchical says). Collective. A group's communicators share
 // `shared`'s parts, made here with the first: the Inquiry that names what each rank is in when
 // a collective fails or hangs (comm/inquiry.h), and under DDP_DEBUG=DETAIL the check of every
-// call (comm/collective_check.h). Messages name the communicator `name`. Without `shared`
-// (nullptr): parts of its own.
+// call (comm/collective_check.h). Messages name the communicator `name`.
+namespace detail {
+// What the MPI communicators of one ProcessGroup share.
 struct GroupChecks {
-  std::shared_ptr<detail::Inquiry> inquiry;
-  std::shared_ptr<detail::CollectiveCheck> check;  // under DDP_DEBUG=DETAIL
+  std::shared_ptr<Inquiry> inquiry;
+  std::shared_ptr<CollectiveCheck> check;  // under DDP_DEBUG=DETAIL
 };
+}  // namespace detail
+
 std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime,
                                                     const ProcessGroupOptions& group,
-                                                    GroupChecks* shared = nullptr,
-                                                    const std::string& name = "");
+                                                    detail::GroupChecks& shared,
+                                                    const std::string& name);
 
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
 // timeout 0: DDP_NCCL_TIMEOUT_SECONDS, else DDP_TIMEOUT_SECONDS, else 600 s.

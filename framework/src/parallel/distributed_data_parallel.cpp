@@ -182,7 +182,7 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     for (const auto& p : module_->parameters()) broadcast_from_rank0(*comm_, p);
     for (const auto& b : module_->buffers()) broadcast_from_rank0(*comm_, b);
   }
-  // One replica: its gradients are the average, unless asked to run the bucket path anyway.
+  // One rank: its gradients are the average, unless asked to run the bucket path anyway.
   if (world_size_ == 1 && !options_.reducer_at_one_rank) return;
 
   std::vector<torch::Tensor> params;

@@ -202,38 +202,22 @@ int gpus_to_pair(const Environment& env, int visible, int local_size, bool own_g
 }
 
 std::string gpu_rank_mismatch(int gpus, int ranks_on_node, const std::string& node,
-                              bool cuda_usable, int replicas_per_rank) {
-  const int replicas = std::max(replicas_per_rank, 1);
-  const int units = ranks_on_node * replicas;
-  if (gpus <= 0 || gpus == units) return "";
+                              bool cuda_usable) {
+  if (gpus <= 0 || gpus == ranks_on_node) return "";
   std::string message = "node " + node + " has " + plural(gpus, "GPU") + " but " +
-                        plural(ranks_on_node, "rank");
-  if (replicas > 1) {
-    message += " x " + plural(replicas, "replica") + " (ddp trains one replica per GPU): ";
+                        plural(ranks_on_node, "rank") + ", and ddp runs one rank per GPU: ";
+  if (ranks_on_node < gpus) {
+    message += "each rank uses one GPU, so " + plural(gpus - ranks_on_node, "GPU") +
+               (gpus - ranks_on_node == 1 ? " sits" : " sit") + " idle. To use all " + std::to_string(gpus) + ", start one task per GPU";
   } else {
-    message += " (ddp runs one rank per GPU): ";
+    message += "ranks would share GPUs. Start one task per GPU";
   }
-  if (units < gpus) {
-    message += plural(gpus - units, "GPU") + " would sit idle.";
-  } else {
-    message += replicas > 1 ? "replicas would share GPUs." : "ranks would share GPUs.";
-  }
-  message += " Start " + std::to_string(gpus) + " ranks per node: `srun --ntasks-per-node=" +
-             std::to_string(gpus) + "` (Slurm starts one task per node unless told), `mpirun "
+  message += ": `srun --ntasks-per-node=" + std::to_string(gpus) +
+             "` (Slurm starts one task per node unless told), `mpirun -np <GPUs of the job> "
              "--npernode " + std::to_string(gpus) + "` or `ddprun -H host:" +
              std::to_string(gpus) + ",...`; or request as many GPUs as ranks per node";
-  if (ranks_on_node > 0 && gpus % ranks_on_node == 0 && gpus / ranks_on_node != replicas) {
-    message += "; or let each rank train " + std::to_string(gpus / ranks_on_node) +
-               " replicas, one per GPU (RuntimeOptions::replicas_per_process, the examples' "
-               "--replicas-per-process)";
-  }
   if (!cuda_usable) message += " (no CUDA device is usable here: the ranks train on the CPU)";
   return message;
-}
-
-int default_replicas_per_process(bool on_cuda, int visible_gpus, int local_size, bool own_gpu) {
-  if (!on_cuda || own_gpu || local_size < 1 || visible_gpus <= local_size) return 1;
-  return visible_gpus / local_size;  // any remainder sits idle, and gpu_rank_mismatch says so
 }
 
 ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_sharing_mask) {
@@ -280,18 +264,9 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
     max_threads = std::max(max_threads, r.threads);
   }
   const int world = static_cast<int>(ranks.size());
-  int replicas = 1;
-  for (const RankPlace& r : ranks) replicas = std::max(replicas, r.replicas);
-  const char* unit = replicas > 1 ? "replica" : "rank";
   std::ostringstream out;
-  out << "ddp: " << launch.description << ": ";
-  if (replicas > 1) {
-    out << plural(world, "process") << " x " << plural(replicas, "replica") << " = "
-        << plural(world * replicas, "replica");
-  } else {
-    out << plural(world, "rank");
-  }
-  out << " on " << plural(static_cast<int>(per_node.size()), "node");
+  out << "ddp: " << launch.description << ": " << plural(world, "rank") << " on "
+      << plural(static_cast<int>(per_node.size()), "node");
   if (per_node.size() > 1) {
     std::string sizes;
     bool uniform = true;
@@ -299,55 +274,31 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
       uniform = uniform && size == per_node.begin()->second;
       sizes += (sizes.empty() ? "" : "+") + std::to_string(size);
     }
-    const std::string per = replicas > 1 ? (per_node.begin()->second == 1 && uniform
-                                                ? " process"
-                                                : " processes")
-                                         : "";
-    out << " (" << (uniform ? std::to_string(per_node.begin()->second) + per + " per node"
-                            : sizes + per)
+    out << " (" << (uniform ? std::to_string(per_node.begin()->second) + " per node" : sizes)
         << ")";
   }
   if (on_cuda == 0) {
     out << ", device cpu";
   } else if (on_cuda == world) {
-    out << ", one GPU per " << unit;
+    out << ", one GPU per rank";
   } else {
     out << ", " << on_cuda << " on GPUs and " << world - on_cuda << " on the CPU";
   }
   out << ", ";
   if (min_threads == max_threads) {
-    out << plural(min_threads, "thread") << " per " << unit << " (" << rank0_threads.reason << ")";
+    out << plural(min_threads, "thread") << " per rank (" << rank0_threads.reason << ")";
   } else {
-    out << min_threads << "-" << max_threads << " threads per " << unit << " (rank 0: "
+    out << min_threads << "-" << max_threads << " threads per rank (rank 0: "
         << rank0_threads.reason << ")";
   }
   return out.str();
 }
 
 torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size, bool own_gpu, int replicas, int replica) {
+                            int local_size, bool own_gpu) {
   if (!use_cuda || visible_cuda_devices <= 0) return torch::Device(torch::kCPU);
-  replicas = std::max(replicas, 1);
+  if (own_gpu) return torch::Device(torch::kCUDA, 0);
   const std::string gpus = std::to_string(visible_cuda_devices);
-  if (own_gpu) {
-    if (replicas > 1) {
-      throw std::runtime_error(
-          "each rank of this node sees one GPU of its own, so it cannot train " +
-          std::to_string(replicas) + " replicas (one per GPU): set "
-          "RuntimeOptions::replicas_per_process to 1, or let each rank see its node's GPUs "
-          "(`srun --gpus-per-node` instead of `--gpus-per-task`)");
-    }
-    return torch::Device(torch::kCUDA, 0);
-  }
-  if (replicas > 1 && local_size * replicas > visible_cuda_devices) {
-    throw std::runtime_error(
-        std::to_string(local_size) + " rank(s) x " + std::to_string(replicas) +
-        " replicas on this node need " + std::to_string(local_size * replicas) +
-        " GPUs, one per replica, but only " + gpus + " CUDA device(s) are visible: lower "
-        "RuntimeOptions::replicas_per_process (the examples' --replicas-per-process) to " +
-        std::to_string(std::max(1, visible_cuda_devices / std::max(local_size, 1))) +
-        " or start fewer ranks per node");
-  }
   if (local_size > visible_cuda_devices) {
     throw std::runtime_error(
         std::to_string(local_size) + " ranks on this node but only " + gpus +
@@ -356,8 +307,7 @@ torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_r
         gpus + "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or "
         "set RuntimeOptions::use_cuda to false to train on the CPU");
   }
-  return torch::Device(torch::kCUDA,
-                       static_cast<c10::DeviceIndex>(local_rank * replicas + replica));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
 bool each_rank_sees_its_own_gpu(const std::vector<std::string>& gpu_ids) {

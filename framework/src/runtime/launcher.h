@@ -72,20 +72,15 @@ int gpus_on_node(const Environment& env);
 // nothing).
 int gpus_to_pair(const Environment& env, int visible, int local_size, bool own_gpu);
 
-// Warning with the fix when a node's GPUs and replicas (ranks x `replicas_per_rank`) do not pair
-// up one to one, or "" when they do or the node has no GPUs: only what really leaves a GPU idle
-// or makes replicas share one is reported. `node` names it in the message, `cuda_usable` says
-// whether this build and machine can use them (without CUDA the warning explains the ranks run
-// on the CPU).
+// Rank 0's one-line notice, with the fix, when a node's GPUs and ranks do not pair up one to one,
+// or "" when they do or the node has no GPUs. ddp runs one rank per GPU: a rank that sees more
+// GPUs than its node has ranks (`srun -N 2 --gpus-per-node 2` starts one task per node) uses one
+// of them, as it would with one GPU, and the notice says how many the node has, that each rank
+// uses one, and how to use all: one task per GPU. Not an error: the job trains, on fewer GPUs.
+// `node` names the node, `cuda_usable` says whether this build and machine can use GPUs
+// (without CUDA the notice says the ranks run on the CPU).
 std::string gpu_rank_mismatch(int gpus, int ranks_on_node, const std::string& node,
-                              bool cuda_usable, int replicas_per_rank = 1);
-
-// The replicas a process trains when RuntimeOptions::replicas_per_process is 0 (the examples'
-// --replicas-per-process default): on a GPU, the GPUs the process sees divided among the ranks of
-// its node (`srun -N 2 --gpus-per-node 2` starts one task per node: 2 replicas each), so that
-// no GPU sits idle; 1 on the CPU, and 1 when each rank has a GPU of its own (`own_gpu`) or
-// there are no more GPUs than ranks.
-int default_replicas_per_process(bool on_cuda, int visible_gpus, int local_size, bool own_gpu);
+                              bool cuda_usable);
 
 // LibTorch's intra-op threads per rank and why: OMP_NUM_THREADS when the user set it (then
 // LibTorch already uses it), else SLURM_CPUS_PER_TASK inside a Slurm job, else the CPUs in this
@@ -111,14 +106,11 @@ struct RankPlace {
   int node_rank = 0;
   int local_size = 1;
   bool on_cuda = false;
-  int threads = 1;    // intra-op threads of each of its replicas
-  int replicas = 1;   // replicas the rank trains (RuntimeOptions::replicas_per_process)
+  int threads = 1;  // LibTorch's intra-op threads
 };
 
 // Rank 0's start-up banner, e.g. "ddp: Slurm srun (PMIx), job 12: 4 ranks on 2 nodes
-// (2 per node), device cpu, 1 thread per rank (SLURM_CPUS_PER_TASK=1)". With several replicas
-// per rank the counts are spelled out: "ddp: Open MPI mpirun: 2 processes x 2 replicas = 4
-// replicas on 1 node, device cpu, 1 thread per replica (OMP_NUM_THREADS=1)".
+// (2 per node), device cpu, 1 thread per rank (SLURM_CPUS_PER_TASK=1)".
 std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>& ranks,
                          const ThreadChoice& rank0_threads);
 
@@ -129,13 +121,10 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
 // - cuda:<local_rank> when the ranks see all the node's GPUs (srun --gpus-per-node, mpirun);
 // - std::runtime_error naming the counts and the fixes when the node has more ranks than
 //   visible GPUs (NCCL cannot run two ranks on one GPU).
-// Fewer ranks than GPUs is not an error: rank 0 warns (gpu_rank_mismatch in launcher.h).
-// With `replicas` per rank (RuntimeOptions::replicas_per_process), replica `replica` of the
-// rank computes on cuda:<local_rank * replicas + replica>; the node must have local_size *
-// replicas GPUs, and a rank that sees one GPU of its own (`own_gpu`) cannot have several.
+// Fewer ranks than GPUs is not an error: each rank still uses one, and rank 0 says so
+// (gpu_rank_mismatch above).
 torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size, bool own_gpu = false, int replicas = 1,
-                            int replica = 0);
+                            int local_size, bool own_gpu = false);
 
 // Whether every rank of a node has a GPU of its own, from each rank's id (UUID) of the one GPU
 // it sees, "" when it sees none or several: all ids present and no two equal.

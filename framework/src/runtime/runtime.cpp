@@ -170,7 +170,7 @@ void Runtime::start(int* argc, char*** argv, RuntimeOptions options) {
   detail::set_phase_mpi_ready(true);
   {
     const auto phase = detail::startup_phase(
-        "the Runtime's start-up collectives (topology, GPUs, replicas)",
+        "the Runtime's start-up collectives (topology, GPUs)",
         "every rank must reach them; one is stopped, or hangs before its Runtime",
         options.startup_timeout);
     init_topology(options);
@@ -229,41 +229,14 @@ void Runtime::init_topology(RuntimeOptions options) {
   }
 
   try {
-    if (options.replicas_per_process < 0) {
-      throw std::invalid_argument("RuntimeOptions::replicas_per_process must be >= 0 (0: the "
-                                  "default), got " + std::to_string(options.replicas_per_process));
-    }
-    const bool on_cuda = options.use_cuda && visible_gpus_ > 0;
-    replicas_ = options.replicas_per_process > 0
-                    ? options.replicas_per_process
-                    : default_replicas_per_process(on_cuda, visible_gpus_, local_size_, own_gpu_);
-    device_ = select_device(options.use_cuda, visible_gpus_, local_rank_, local_size_, own_gpu_,
-                            replicas_, 0);
+    device_ = select_device(options.use_cuda, visible_gpus_, local_rank_, local_size_, own_gpu_);
 #if DDP_WITH_CUDA
     if (device_.is_cuda()) detail::set_current_cuda_device(device_.index(), rank_);
 #endif
   } catch (const std::exception& e) {
     abort(e.what());  // a placement error on every rank: end the job with the reason
   }
-  // The replica index of the job is rank * replicas: every rank must have the same count.
-  int counts[2] = {replicas_, -replicas_};
-  DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_MAX, comm));
-  if (counts[0] != -counts[1]) {
-    abort("the ranks train different numbers of replicas (" + std::to_string(-counts[1]) + " to " +
-          std::to_string(counts[0]) + "; this one " + std::to_string(replicas_) +
-          "): RuntimeOptions::replicas_per_process must come out the same on every rank (its "
-          "default follows each node's GPUs per rank: set it, or give every node as many GPUs "
-          "per rank)");
-  }
-  ThreadChoice& replica_threads = impl_->replica_threads;
-  replica_threads = threads;
-  if (replicas_ > 1 && !threads.from_user) {
-    replica_threads.threads = std::max(1, threads.threads / replicas_);
-    replica_threads.reason += ", divided among " + std::to_string(replicas_) + " replicas";
-    // LibTorch's count is process-wide; each replica thread takes it on its first parallel op.
-    if (!g_first_runtime_done) at::set_num_threads(replica_threads.threads);
-  }
-  intra_op_threads_ = replica_threads.threads;
+  intra_op_threads_ = threads.threads;
   report_job(options);
   g_first_runtime_done = true;
 }
@@ -271,13 +244,12 @@ void Runtime::init_topology(RuntimeOptions options) {
 void Runtime::report_job(const RuntimeOptions& options) const {
   // Rank 0 learns every rank's place in one gather; fixed-size records keep it a single call.
   struct Place {
-    int node_rank, local_size, on_cuda, threads, gpus, replicas;
+    int node_rank, local_size, on_cuda, threads, gpus;
     char node[64];
   };
   const LaunchInfo& launch = impl_->launch;
-  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, impl_->replica_threads.threads,
-             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), replicas_,
-             {}};
+  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, impl_->threads.threads,
+             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), {}};
   const std::string node = launch.slurm_node.empty() ? hostname_ : launch.slurm_node;
   std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
   std::vector<Place> all(rank_ == 0 ? world_size_ : 0);
@@ -289,16 +261,16 @@ void Runtime::report_job(const RuntimeOptions& options) const {
   std::map<int, Place> first_of_node;
   std::map<int, bool> node_uses_cuda;
   for (const Place& p : all) {
-    places.push_back({p.node_rank, p.local_size, p.on_cuda != 0, p.threads, p.replicas});
+    places.push_back({p.node_rank, p.local_size, p.on_cuda != 0, p.threads});
     first_of_node.emplace(p.node_rank, p);
     node_uses_cuda[p.node_rank] = node_uses_cuda[p.node_rank] || p.on_cuda != 0;
   }
   if (options.print_banner) {
-    std::cout << describe_job(launch, places, impl_->replica_threads) << std::endl;
+    std::cout << describe_job(launch, places, impl_->threads) << std::endl;
   }
   for (const auto& [node_rank, p] : first_of_node) {
     const std::string warning =
-        gpu_rank_mismatch(p.gpus, p.local_size, p.node, node_uses_cuda[node_rank], p.replicas);
+        gpu_rank_mismatch(p.gpus, p.local_size, p.node, node_uses_cuda[node_rank]);
     if (!warning.empty()) std::cerr << "ddp: warning: " << warning << std::endl;
   }
 }
@@ -321,15 +293,6 @@ Runtime::~Runtime() {
         "it returns once every rank has called it; a rank is stopped or hangs before its end");
     MPI_Finalize();
   }
-}
-
-torch::Device Runtime::replica_device(int replica) const {
-  if (replica < 0 || replica >= replicas_) {
-    throw std::out_of_range("Runtime::replica_device: replica " + std::to_string(replica) +
-                            " of " + std::to_string(replicas_));
-  }
-  if (!device_.is_cuda()) return device_;
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_.index() + replica));
 }
 
 std::string Runtime::summary() const {

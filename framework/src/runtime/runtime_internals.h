@@ -15,9 +15,8 @@ struct Runtime::Impl {
   // The library's own duplicate of MPI_COMM_WORLD, for bootstrap exchanges: communicators are
   // duplicated from it, the NCCL unique id travels over it.
   MPI_Comm comm = MPI_COMM_NULL;
-  LaunchInfo launch;            // from the environment the launcher left (read before MPI_Init)
-  ThreadChoice threads;         // the rank's intra-op threads and why
-  ThreadChoice replica_threads; // each replica's: threads divided among the replicas
+  LaunchInfo launch;     // from the environment the launcher left (read before MPI_Init)
+  ThreadChoice threads;  // the rank's intra-op threads and why
 };
 
 namespace detail {
@@ -26,9 +25,6 @@ struct RuntimeInternals {
   static MPI_Comm comm(const Runtime& runtime) { return runtime.impl_->comm; }
   static const LaunchInfo& launch(const Runtime& runtime) { return runtime.impl_->launch; }
   static const ThreadChoice& threads(const Runtime& runtime) { return runtime.impl_->threads; }
-  static const ThreadChoice& replica_threads(const Runtime& runtime) {
-    return runtime.impl_->replica_threads;
-  }
 };
 
 }  // namespace detail

@@ -2,8 +2,8 @@
 // One job per checkpoint directory: flock(2) on <dir>/.ddp.lock, taken by the process that
 // writes the directory (rank 0's Checkpointer; the other ranks never touch it) and held while it
 // uses it. The file names its holder in one line (host, pid, start time, Slurm job), so that a
-// second job is refused naming the first; its other ranks are not asked, so ranks and replicas
-// of one job never refuse each other.
+// second job is refused naming the first; its other ranks are not asked, so the ranks of one job
+// never refuse each other.
 //
 // Why flock: the kernel drops it when the holding process ends, however it ends (kill -9, a
 // crash, MPI_Abort), so a lock file whose flock is free was left by a job that is gone. It is

@@ -31,8 +31,7 @@ Reporter::Reporter(ProcessGroup& group, ReporterOptions options)
 Reporter::~Reporter() = default;
 
 std::string Reporter::ranks() const {
-  return std::to_string(group_.size()) +
-         (group_.replicas_per_process() > 1 ? " replica(s)" : " rank(s)");
+  return std::to_string(group_.size()) + " rank(s)";
 }
 
 void Reporter::start_run(const ResumePoint& start) {

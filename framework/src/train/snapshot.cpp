@@ -3,7 +3,6 @@
 #include <ddp/runtime.h>
 
 #include <ddp/checkpoint_file.h>
-#include <ddp/replicas.h>
 
 #include "train/snapshot_cuda.h"
 #include "train/snapshot_format.h"
@@ -58,8 +57,9 @@ std::string first_difference(const std::string& expected, const std::string& fou
   }
 }
 
-torch::Tensor cpu_generator_state() {
-  return cpu_generator().get_state();  // the replica's own (util/generator.h)
+// LibTorch's default CPU generator: what dropout and torch::rand on the CPU draw from.
+torch::Tensor default_generator_state() {
+  return at::globalContext().defaultGenerator(torch::kCPU).get_state();
 }
 
 // The CUDA device the model computes on (its first parameter's or buffer's), if any.
@@ -217,7 +217,7 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
                                 const SnapshotParts& parts, const TrainingProgress& progress, const RankState& rank_state,
                                 const TrainingExtras& extras,
                                 const torch::Tensor& cuda_generator_state) {
-  const torch::Tensor generators = comm.all_gather(cpu_generator_state());
+  const torch::Tensor generators = comm.all_gather(default_generator_state());
   const torch::Tensor cuda_generators = gather_cuda_generator_states(comm, cuda_generator_state);
   // Every rank hands in the same kinds (the same code runs everywhere), so every rank takes part
   // in the same gathers.
@@ -453,7 +453,8 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
     throw fail(std::string("cannot restore the training state: ") + e.what());
   }
   if (progress.world_size == comm.size()) {
-    at::Generator generator = cpu_generator();  // shared, not a copy
+    // Shared, not a copy.
+    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
     // A tensor of its own: given a row view of the gathered states (storage offset > 0 on every
     // rank but 0), LibTorch 2.15's set_state crashed on rank 1; a clone starts at offset 0.
     generator.set_state(generators[comm.rank()].clone());

@@ -21,7 +21,7 @@ volatile std::sig_atomic_t received = 0;
 volatile std::sig_atomic_t received_sec = 0;
 volatile std::sig_atomic_t received_nsec = 0;
 
-// Nesting count: each replica thread's Trainer installs them (parallel/replicas.h).
+// Nesting count: ddp::cli::run and each Trainer's StopAgreement install them, from any thread.
 std::mutex installing;
 int installed = 0;
 std::array<struct sigaction, kSignals.size()> previous{};

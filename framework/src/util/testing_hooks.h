@@ -9,7 +9,7 @@
 //
 // Set them before the work they watch starts (before the Runtime for entered_phase, before the
 // ProcessGroup for host_split, before fit() for the Trainer's) and reset them when done: they are
-// process-wide, and called from whatever thread (a replica's) reaches the point, so a hook that
+// process-wide, and called from whatever thread reaches the point, so a hook that
 // keeps state must be thread-safe.
 
 #include <cstdint>

@@ -14,14 +14,14 @@
 
 namespace ddp::cli {
 
-// Call on every rank (replica) after training: writes the timeline (collective; rank 0 writes
+// Call on every rank after training: writes the timeline (collective; rank 0 writes
 // --timeline) and, with --save-model, the weights to `defaults.model_file` (rank 0). Returns the
 // exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is
 // saved then: it is not trained yet).
 int finish(ddp::ProcessGroup& group, const TrainingFlags& flags, const TrainingDefaults& defaults,
            ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);
 
-// Runs a training body on one replica (ddp::cli::run does). Training that diverged
+// Runs a training body (ddp::cli::run does). Training that diverged
 // (ddp::TrainingDiverged, thrown on every rank at the same step) ends with
 // ddp::kDivergedExitCode, rank 0 printing the message and the flags that help, instead of an
 // abort; --keep-global-batch refused (ddp::GlobalBatchNotDivisible, thrown on every rank when

@@ -22,7 +22,7 @@
 namespace ddp::cli {
 
 // Whether the program wraps its model in DistributedDataParallel (make_ddp) or trains in one
-// process (ddp::cli::run refuses several ranks or replicas for it).
+// process (ddp::cli::run refuses several ranks for it).
 enum class Parallelism { SingleProcess, DataParallel };
 
 // The parsed flags. add_training_flags stores into it; the defaults are its own.
@@ -30,7 +30,6 @@ struct TrainingFlags {
   int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
   int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
   int64_t checkpoint_every_steps = 0;
-  int64_t replicas_per_process = 0;  // 0: the default (RuntimeOptions::replicas_per_process)
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
@@ -92,9 +91,8 @@ void use_deterministic_kernels();
 // The ProcessGroupOptions of --timeout and --hierarchical.
 ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags);
 
-// The RuntimeOptions of --no-cuda, --replicas-per-process and --timeout, which bounds MPI
-// start-up too (RuntimeOptions::startup_timeout; without it DDP_STARTUP_TIMEOUT_SECONDS, else
-// 600 s). ddp::cli::run parses the flags before it makes the Runtime, for this.
+// The RuntimeOptions of --no-cuda and --timeout, which bounds MPI start-up too
+// (RuntimeOptions::startup_timeout; without it DDP_STARTUP_TIMEOUT_SECONDS, else 600 s). ddp::cli::run parses the flags before it makes the Runtime, for this.
 ddp::RuntimeOptions runtime_options(const TrainingFlags& flags);
 
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
@@ -125,7 +123,7 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
 // `step_size` epochs by `gamma`). With --warmup-steps N: per optimizer step (ddp::LRSchedule), a
 // linear warmup over N steps, then the cosine over the remaining steps of --epochs or the same
 // step decay counted in steps; the steps come from the shard of `train_size` samples over
-// `world_size` replicas, --batch-size, --limit-train-batches, --dry-run and --accumulate, as the
+// `world_size` ranks, --batch-size, --limit-train-batches, --dry-run and --accumulate, as the
 // Trainer counts them. Exactly one of the two is set. With --scale-lr-with-batch REFERENCE the
 // optimizer's rates are first scaled by the global batch / REFERENCE (ddp::scale_lr_with_batch),
 // so either schedule takes the scaled rate as its base.

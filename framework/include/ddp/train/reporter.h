@@ -63,9 +63,9 @@ class ReportFormat {
   virtual ~ReportFormat() = default;
   // A log line, without newline: "Epoch 1 [640/60000 (1%)] loss 1.397769 ETA 0:01".
   virtual std::string log_line(const ProgressLine& line) const;
-  // What rank 0 prints after an epoch (and its evaluation), newlines included; `ranks` is "2
-  // rank(s)" or "4 replica(s)". Generic: "Train set: loss 0.5267, abs_error 0.1234", "Test set:
-  // ..." when evaluated, then the timing line.
+  // What rank 0 prints after an epoch (and its evaluation), newlines included; `ranks` is
+  // "2 rank(s)". Generic: "Train set: loss 0.5267, abs_error 0.1234", "Test set: ..." when
+  // evaluated, then the timing line.
   virtual std::string epoch_lines(const EpochResult& result, const std::string& ranks) const;
   // A metric's column in the summary table: its heading and its cell for an epoch, right
   // aligned in the heading's width. `set` is "train" or "test". Generic: "test_<name>" (at least
@@ -141,7 +141,7 @@ class Reporter {
   void stopped(const StopAgreement& stop, const TrainingPosition& at, const std::string& snapshot);
 
   const ReportFormat& format() const { return *format_; }
-  // "2 rank(s)", or "4 replica(s)" with replicas in the processes.
+  // "2 rank(s)".
   std::string ranks() const;
 
  private:

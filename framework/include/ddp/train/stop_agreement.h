@@ -25,7 +25,7 @@
 // sends a non-finite loss and the snapshot timer that way).
 //
 // State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
-// counted, so the replica threads of a process may each hold one), and the decision once made.
+// counted, so several may live at once), and the decision once made.
 // Invariants: every rank calls should_stop() with the same step sequence; once it has returned
 // true it keeps returning true without communicating.
 

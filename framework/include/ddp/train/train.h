@@ -13,7 +13,6 @@
 #include <ddp/train/classification.h>
 #include <ddp/train/data_source.h>
 #include <ddp/train/divergence.h>
-#include <ddp/train/dropout.h>
 #include <ddp/train/grad_clip.h>
 #include <ddp/train/grad_scaler.h>
 #include <ddp/train/image_dataset.h>
