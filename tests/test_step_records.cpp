@@ -2,7 +2,8 @@
 // the loss averaged over the ranks, what the loop passed (StepScalars: step, learning rate,
 // gradient norm where given, phase times as shares) and the throughput, beside the epoch lines;
 // a resumed run keeps the records up to its snapshot's step and drops later ones; with a
-// TensorBoard folder rank 0 starts an event file there.
+// TensorBoard folder rank 0 starts an event file there; a record that cannot be written ends
+// the job at the epoch's end (write_metrics), not inside the epoch.
 #include <ddp/train/reporter.h>
 
 #include "test_support.h"
@@ -125,6 +126,28 @@ TEST(StepRecords, AResumedRunKeepsTheRecordsUpToItsSnapshotsStep) {
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 3, 5, 6}));  // 6 and 7 dropped, 6 written again
   EXPECT_EQ(epoch_lines, 1);
+}
+
+TEST(StepRecords, AFailedWriteEndsTheJobAtTheEpochsEndNotInsideIt) {
+  ddp::ReporterOptions options;
+  options.progress = ddp::ProgressMode::None;
+  options.log_interval = 1;
+  options.metrics_file = "/dev/full";  // every write fails with ENOSPC, as on a full disk
+  ddp::Reporter reporter(pg(), options);
+  reporter.start_run(ddp::ResumePoint{});
+  reporter.start_epoch({1, 0, 2, 2, 8, 64});
+  EXPECT_NO_THROW(reporter.batch_done(0, torch::tensor(1.0), 8));  // the loop goes on ...
+  EXPECT_NO_THROW(reporter.batch_done(1, torch::tensor(1.0), 8));
+  reporter.end_epoch();
+  ddp::EpochResult epoch;
+  epoch.epoch = 1;
+  if (!pg().is_main()) return;
+  try {
+    reporter.write_metrics(epoch);  // ... to the epoch's end, after its checkpoint
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "/dev/full: cannot write the metrics file: No space left on device");
+  }
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ bool kept_at_resume(const nlohmann::json& json, const ResumePoint& start) {
 
 void Reporter::start_run(const ResumePoint& start) {
   counted_step_ = start.position.step;
+  write_error_.clear();
   if (!group_.is_main()) return;
   tensorboard_.reset();
   if (!options_.tensorboard_dir.empty()) {
@@ -224,15 +225,26 @@ void Reporter::write_step_record(int64_t b, double loss, const double* phases,
     line["sync_share"] = phases[2] / seconds;
     line["optimizer_share"] = phases[3] / seconds;
   }
-  if (metrics_.is_open()) append_metrics_line(line.dump());
-  if (tensorboard_) {
-    std::vector<std::pair<std::string, double>> values;
-    for (const auto& [key, value] : line.items()) {
-      if (value.is_number() && key != "epoch" && key != "batch" && key != "step") {
-        values.emplace_back("step/" + key, value.get<double>());
+  // A failed write does not end the job here, inside the epoch, where all since the last
+  // snapshot would be lost: the error is kept, the file dropped, and write_metrics throws it at
+  // the epoch's end, after the loop's checkpoint (issue 38's order).
+  try {
+    if (metrics_.is_open()) append_metrics_line(line.dump());
+    if (tensorboard_) {
+      std::vector<std::pair<std::string, double>> values;
+      for (const auto& [key, value] : line.items()) {
+        if (value.is_number() && key != "epoch" && key != "batch" && key != "step") {
+          values.emplace_back("step/" + key, value.get<double>());
+        }
       }
+      tensorboard_->scalars(step, values);
     }
-    tensorboard_->scalars(step, values);
+  } catch (const std::runtime_error& e) {
+    write_error_ = e.what();
+    metrics_.close();
+    tensorboard_.reset();
+    std::fprintf(stderr, "ddp: %s; training goes on to the epoch's end, and stops there\n", e.what());
+    std::fflush(stderr);
   }
 }
 
@@ -248,7 +260,9 @@ void Reporter::append_metrics_line(const std::string& text) {
 }
 
 void Reporter::write_metrics(const EpochResult& r) {
-  if (!group_.is_main() || (!metrics_.is_open() && !tensorboard_)) return;
+  if (!group_.is_main()) return;
+  if (!write_error_.empty()) throw std::runtime_error(write_error_);  // a step record's
+  if (!metrics_.is_open() && !tensorboard_) return;
   // Each metric's mean per sample beside the loss of its set.
   nlohmann::ordered_json line = {{"epoch", r.epoch}, {"train_loss", r.train_loss}};
   for (const Metric& m : r.train_metrics) line["train_" + m.name] = m.mean();

@@ -161,8 +161,9 @@ class Reporter {
   // the loop knows of it. Every log_interval batches (b % log_interval == 0) the loss (and the
   // phase times) are averaged over the ranks: a collective, so every rank calls it for every
   // batch; rank 0 then writes a step record (metrics file, TensorBoard). Draws the bar at most
-  // 10 times a second and after the last batch, or prints a log line. Throws std::runtime_error
-  // naming the file and the reason when a record cannot be written.
+  // 10 times a second and after the last batch, or prints a log line. A record that cannot be
+  // written does not throw here, inside the epoch: rank 0 says so on stderr, writes no more
+  // records, and the next write_metrics throws the error (after the loop's checkpoint).
   void batch_done(int64_t b, const torch::Tensor& loss, int64_t samples,
                   const StepScalars& scalars = {});
   // After the epoch's batches: ends the bar's line.
@@ -175,7 +176,7 @@ class Reporter {
   void print_epoch(const EpochResult& result);
   // Rank 0: the epoch's line in the metrics file and its scalars in TensorBoard, when asked.
   // Throws std::runtime_error naming the file and the reason (strerror: ENOSPC for a full disk)
-  // when a write fails.
+  // when a write fails, this one or a step record's since start_run.
   void write_metrics(const EpochResult& result);
   // Rank 0: "Summary over 2 rank(s):" and the table of `epochs` (nothing when empty); then,
   // when snapshots were written, their cost over `run_seconds` (ReportFormat::snapshot_line).
@@ -206,6 +207,7 @@ class Reporter {
   int64_t record_samples_ = 0;  // this rank's
   PhaseTimes record_phases_;    // this rank's
   int64_t counted_step_ = 0;    // StepScalars::step < 0: the resume point's step + batches since
+  std::string write_error_;     // a step record's failed write, thrown by write_metrics
   // The epoch in progress.
   EpochPlan plan_;
   std::chrono::steady_clock::time_point started_{}, drawn_{};
