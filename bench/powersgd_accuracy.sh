@@ -58,7 +58,8 @@ import json, statistics, sys
 results, work, rate, psgd_rank, psgd_start = sys.argv[1:]
 runs = {}
 for hook in ("allreduce", "powersgd"):
-    epochs = [json.loads(l) for l in open(f"{results}/powersgd_{hook}.jsonl") if l.strip()]
+    lines = [json.loads(l) for l in open(f"{results}/powersgd_{hook}.jsonl") if l.strip()]
+    epochs = [e for e in lines if "kind" not in e]  # not the step records
     later = [e["samples_per_sec"] for e in epochs[1:]] or [epochs[0]["samples_per_sec"]]
     mbytes = int(open(f"{work}/{hook}.bytes").read()) / 1e6
     runs[hook] = (statistics.median(later), epochs[-1]["test_accuracy"] * 100, mbytes, len(epochs))

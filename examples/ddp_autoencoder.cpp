@@ -390,16 +390,19 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
         trained += std::to_string(epoch) + " " + std::to_string(step + 1) + " " +
                    std::to_string(order[at]) + "\n";
       }
+      ddp::StepScalars record;  // what a step record shows besides the loss (--metrics-file)
+      record.lr = optimizer.param_groups().front().options().get_lr();
       if (step_now) {
-        if (flags.clip_grad_norm > 0) ddp::clip_grad_norm(net->parameters(), flags.clip_grad_norm);
+        if (flags.clip_grad_norm > 0) record.grad_norm = ddp::clip_grad_norm(net->parameters(), flags.clip_grad_norm);
         optimizer.step();
         schedule.step();  // warmup, then cosine, per optimizer step
         ++step;
         if (!flags.sample_log.empty()) append(flags.sample_log, rank, world_size, trained);
         if (step == flags.stop_at_step && rank == 0) std::raise(SIGTERM);
       }
+      record.step = step;
       meter.add(loss, clean.size(0));
-      reporter.batch_done(batch, loss, clean.size(0));  // the bar, or a log line
+      reporter.batch_done(batch, loss, clean.size(0), record);  // the bar or a log line; a step record
       ++batch;
     }
     reporter.end_epoch();

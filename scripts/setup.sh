@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ddp needs to build, test and run its demo on Debian 12:
 #   1. Debian's packages: compiler, CMake, Open MPI, Boost.Program_options, GoogleTest, zlib,
-#      Fashion-MNIST, Slurm (the launch tests' local cluster), python3-venv, matplotlib, clang
+#      protobuf (TensorBoard's event files), Fashion-MNIST, Slurm (the launch tests' local cluster), python3-venv, matplotlib, clang
 #      with libFuzzer (the fuzz targets), Doxygen (the API reference);
 #   2. the project's own virtual environment (.venv, or $DDP_VENV) with the pinned PyTorch wheel
 #      from PyPI (scripts/requirements.txt): its LibTorch, built with CUDA, is the one ddp compiles
@@ -25,6 +25,7 @@ packages=(
   zlib1g-dev
   libxxhash-dev
   nlohmann-json3-dev
+  libprotobuf-dev protobuf-compiler  # TensorBoard's event files (the Reporter)
   dataset-fashion-mnist
   python3-venv             # the environment that holds the torch wheel
   python3-matplotlib       # scripts/plot_metrics.py and the benchmarks' plots

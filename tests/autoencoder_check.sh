@@ -29,8 +29,11 @@ done
 expect "$work/full.log" "^Summary over 2 rank\(s\):"
 python3 - "$work/full.jsonl" <<'PY'
 import json, math, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
+lines = [json.loads(line) for line in open(sys.argv[1])]
+rows = [r for r in lines if "kind" not in r]  # the epoch lines
+steps = [r for r in lines if r.get("kind") == "step"]  # every --log-interval batches
 assert [r["epoch"] for r in rows] == [1, 2], rows
+assert steps and all("lr" in s and "grad_norm" in s for s in steps), steps  # the loop passes them
 for r in rows:
     for key in ("train_loss", "test_loss", "samples_per_sec"):
         assert math.isfinite(r[key]) and r[key] > 0, (key, r)
@@ -41,14 +44,18 @@ PY
 echo "== 2. stopped after epoch 1 (its snapshot and metrics), then --resume: the same epoch 2"
 mkdir -p "$work/resumed"
 cp "$work/full/snapshot_epoch1.pt" "$work/resumed/"
-head -n 1 "$work/full.jsonl" > "$work/resumed.jsonl"
+sed -n '1,/^{"epoch":1,/p' "$work/full.jsonl" > "$work/resumed.jsonl"  # up to epoch 1's line
 "${train[@]}" --metrics-file "$work/resumed.jsonl" --checkpoint-dir "$work/resumed" --resume \
   > "$work/resumed.log"
 expect "$work/resumed.log" "^Resumed from $work/resumed/snapshot_epoch1.pt: epoch 1 done, step 50$"
 python3 - "$work/full.jsonl" "$work/resumed.jsonl" <<'PY'
 import json, sys
-full, resumed = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
+full_lines, resumed_lines = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
+full, resumed = ([r for r in lines if "kind" not in r] for lines in (full_lines, resumed_lines))
 assert len(resumed) == 2, resumed  # --resume keeps epoch 1's line and appends epoch 2's
+# ... and the step records: epoch 2's the same steps and losses as uninterrupted.
+steps = lambda lines: [(r["step"], r["loss"]) for r in lines if r.get("kind") == "step"]
+assert steps(full_lines) == steps(resumed_lines), (steps(full_lines), steps(resumed_lines))
 for key in ("epoch", "train_loss", "test_loss", "samples"):
     assert full[1][key] == resumed[1][key], ("resumed run differs", key, full[1], resumed[1])
 print("epoch 2 resumed equals epoch 2 uninterrupted: train loss %r, test loss %r"

@@ -18,6 +18,8 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace po = boost::program_options;
 
@@ -178,7 +180,8 @@ void add_training_flags(po::options_description& d, TrainingFlags& f, const Trai
   diagnostics.add_options()
     ("log-interval", po::value(&f.log_interval)->default_value(10), "how many batches to wait before logging training status")
     ("progress", po::value(&f.progress)->default_value("auto"), "during an epoch: bar (a live line with ETA), log (a line per --log-interval, with ETA), none, or auto (bar on a terminal, else log)")
-    ("metrics-file", po::value(&f.metrics_file)->default_value(""), "append one JSON object per epoch to this file")
+    ("metrics-file", po::value(&f.metrics_file)->default_value(""), "write one JSON object per epoch, and a step record every --log-interval batches (loss, learning rate, gradient norm, samples/s, phase shares), to this file")
+    ("tensorboard", po::value(&f.tensorboard)->value_name("DIR")->notifier(require_folder_name("--tensorboard")), "also write those numbers as TensorBoard scalars, and the training flags as its hparams, to an event file in DIR (made when missing)")
     ("show-topology", po::bool_switch(&f.show_topology), "print every rank's place (node, local rank, device)")
     ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
     ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)");
@@ -199,6 +202,32 @@ namespace {
 std::chrono::seconds timeout_seconds(const TrainingFlags& flags) {
   if (!flags.timeout) return std::chrono::seconds(0);
   return std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));
+}
+
+// The training flags that shape the trajectory, by flag name, for TensorBoard's hparams: the
+// values as given or defaulted (a program's own flags are not among them).
+std::vector<std::pair<std::string, std::string>> hparams(const TrainingFlags& f) {
+  const auto number = [](double value) { return short_text(value); };
+  const auto boolean = [](bool value) { return std::string(value ? "true" : "false"); };
+  return {{"batch-size", std::to_string(f.batch_size)},
+          {"epochs", std::to_string(f.epochs)},
+          {"lr", number(f.lr)},
+          {"schedule", f.schedule},
+          {"warmup-steps", std::to_string(f.warmup_steps)},
+          {"scale-lr-with-batch", std::to_string(f.scale_lr_with_batch)},
+          {"accumulate", std::to_string(f.accumulate)},
+          {"clip-grad-norm", number(f.clip_grad_norm)},
+          {"amp", f.amp},
+          {"on-nonfinite", f.on_nonfinite},
+          {"seed", std::to_string(f.seed)},
+          {"limit-train-batches", std::to_string(f.limit_train_batches)},
+          {"comm-hook", f.comm_hook},
+          {"bucket-mb", number(f.bucket_mb)},
+          {"first-bucket-mb", number(f.first_bucket_mb)},
+          {"gradient-as-bucket-view", boolean(f.gradient_as_bucket_view)},
+          {"overlap-step", boolean(f.overlap_step)},
+          {"no-broadcast-buffers", boolean(f.no_broadcast_buffers)},
+          {"deterministic", boolean(f.deterministic)}};
 }
 
 }  // namespace
@@ -280,6 +309,8 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
     throw std::invalid_argument(std::string("--progress: ") + e.what());
   }
   options.report.metrics_file = flags.metrics_file;
+  options.report.tensorboard_dir = flags.tensorboard;
+  options.report.hparams = hparams(flags);
   options.checkpoint.dir = flags.checkpoint_dir;
   options.checkpoint.keep = flags.keep_checkpoints;
   options.checkpoint.resume = flags.resume;

@@ -3,6 +3,7 @@
 #include <ddp/checkpoint_file.h>
 #include <ddp/communicator.h>
 
+#include "train/tensorboard_writer.h"
 #include "util/clock.h"
 
 #include <nlohmann/json.hpp>
@@ -34,22 +35,44 @@ std::string Reporter::ranks() const {
   return std::to_string(group_.size()) + " rank(s)";
 }
 
+namespace {
+
+// Whether a resumed run keeps a line of the metrics file: the epoch lines of the epochs its
+// snapshot had finished and the step records up to its step. Not a JSON object: the torn end of
+// a write that failed (a full disk), which the next line appended would otherwise continue.
+bool kept_at_resume(const nlohmann::json& json, const ResumePoint& start) {
+  if (!json.is_object()) return false;
+  const auto after = [&json](const char* key, int64_t reached) {
+    return json.contains(key) && json[key].is_number_integer() && json[key].get<int64_t>() > reached;
+  };
+  if (json.contains("kind") && json["kind"] == "step") return !after("step", start.position.step);
+  return !after("epoch", start.epochs_done());
+}
+
+}  // namespace
+
 void Reporter::start_run(const ResumePoint& start) {
+  counted_step_ = start.position.step;
+  write_error_.clear();
+  if (!group_.is_main()) return;
+  tensorboard_.reset();
+  if (!options_.tensorboard_dir.empty()) {
+    tensorboard_ = std::make_unique<detail::TensorBoardWriter>(options_.tensorboard_dir);
+    if (!options_.hparams.empty()) tensorboard_->hparams(options_.hparams);
+    // TensorBoard drops what the stopped run wrote of the steps this run trains again.
+    if (start.resumed()) tensorboard_->restart(start.position.step + 1);
+  }
   const std::string& file = options_.metrics_file;
-  if (!group_.is_main() || file.empty()) return;
+  if (file.empty()) return;
   if (metrics_.is_open()) metrics_.close();
   if (start.resumed()) {
-    // Keep the lines of the epochs the snapshot had finished, drop any of later epochs (written
-    // after the snapshot by the run that stopped; this run trains them again) and any that is
-    // not a JSON object: the torn end of a write that failed (a full disk), which the next line
-    // appended would otherwise continue.
+    // Lines written after the snapshot by the run that stopped are dropped: this run writes
+    // them again.
     std::ifstream in(file);
     std::string kept, line;
     bool dropped = false;
     while (std::getline(in, line)) {
-      const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (!json.is_object() || (json.contains("epoch") && json["epoch"].is_number_integer() &&
-                                json["epoch"].get<int64_t>() > start.epochs_done())) {
+      if (!kept_at_resume(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false), start)) {
         dropped = true;
         continue;
       }
@@ -75,16 +98,38 @@ void Reporter::start_epoch(const EpochPlan& plan) {
   samples_ = 0;
   shown_loss_ = -1;
   bar_drawn_ = false;
+  recorded_ = started_;
+  record_samples_ = 0;
+  record_phases_ = {};
 }
 
-void Reporter::batch_done(int64_t b, const torch::Tensor& loss, int64_t samples) {
+void Reporter::batch_done(int64_t b, const torch::Tensor& loss, int64_t samples,
+                          const StepScalars& scalars) {
   samples_ += samples;
+  record_samples_ += samples;
+  ++counted_step_;
+  if (scalars.phases) {
+    record_phases_.data += scalars.phases->data;
+    record_phases_.forward_backward += scalars.phases->forward_backward;
+    record_phases_.sync += scalars.phases->sync;
+    record_phases_.optimizer += scalars.phases->optimizer;
+  }
   const int64_t interval = options_.log_interval;
   if (interval > 0 && b % interval == 0) {
-    // Every rank takes part: the loss shown is the ranks' average.
-    torch::Tensor mean = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
+    // Every rank takes part: the loss shown is the ranks' average, and so are the phase times
+    // of the step record (as an epoch's are).
+    torch::Tensor mean = torch::tensor(
+        {loss.detach().to(torch::kCPU, torch::kDouble).item<double>(), record_phases_.data,
+         record_phases_.forward_backward, record_phases_.sync, record_phases_.optimizer},
+        torch::kDouble);
     group_.cpu().all_reduce(mean, ReduceOp::Avg);
-    shown_loss_ = mean.item<double>();
+    shown_loss_ = mean[0].item<double>();
+    if (group_.is_main() && (metrics_.is_open() || tensorboard_)) {
+      write_step_record(b, shown_loss_, mean.data_ptr<double>() + 1, scalars);
+    }
+    recorded_ = Clock::now();
+    record_samples_ = 0;
+    record_phases_ = {};
     if (mode_ == ProgressMode::Log) {
       ProgressLine line;
       line.epoch = plan_.epoch;
@@ -163,8 +208,60 @@ void Reporter::stopped(const StopAgreement& stop, const TrainingPosition& at,
   std::fflush(stdout);
 }
 
+void Reporter::write_step_record(int64_t b, double loss, const double* phases,
+                                 const StepScalars& scalars) {
+  const double seconds = seconds_since(recorded_);
+  const int64_t step = scalars.step >= 0 ? scalars.step : counted_step_;
+  nlohmann::ordered_json line = {{"kind", "step"}, {"epoch", plan_.epoch}, {"batch", b},
+                                 {"step", step}, {"loss", loss}};
+  if (scalars.lr) line["lr"] = *scalars.lr;
+  if (scalars.grad_norm) line["grad_norm"] = *scalars.grad_norm;
+  line["samples_per_sec"] =
+      seconds > 0 ? static_cast<double>(record_samples_ * group_.size()) / seconds : 0.0;
+  if (scalars.phases && seconds > 0) {
+    line["data_share"] = phases[0] / seconds;
+    line["forward_backward_share"] = phases[1] / seconds;
+    line["sync_share"] = phases[2] / seconds;
+    line["optimizer_share"] = phases[3] / seconds;
+  }
+  // A failed write does not end the job here, inside the epoch, where all since the last
+  // snapshot would be lost: the error is kept, the file dropped, and write_metrics throws it at
+  // the epoch's end, after the loop's checkpoint (issue 38's order).
+  try {
+    if (metrics_.is_open()) append_metrics_line(line.dump());
+    if (tensorboard_) {
+      std::vector<std::pair<std::string, double>> values;
+      for (const auto& [key, value] : line.items()) {
+        if (value.is_number() && key != "epoch" && key != "batch" && key != "step") {
+          values.emplace_back("step/" + key, value.get<double>());
+        }
+      }
+      tensorboard_->scalars(step, values);
+    }
+  } catch (const std::runtime_error& e) {
+    write_error_ = e.what();
+    metrics_.close();
+    tensorboard_.reset();
+    std::fprintf(stderr, "ddp: %s; training goes on to the epoch's end, and stops there\n", e.what());
+    std::fflush(stderr);
+  }
+}
+
+void Reporter::append_metrics_line(const std::string& text) {
+  errno = 0;
+  metrics_ << text << "\n" << std::flush;
+  if (!metrics_) {
+    // The stream keeps no reason; the failed write(2) left it in errno (ENOSPC for a full disk).
+    const int error = errno;
+    throw std::runtime_error(options_.metrics_file + ": cannot write the metrics file: " +
+                             (error ? std::strerror(error) : "the write failed"));
+  }
+}
+
 void Reporter::write_metrics(const EpochResult& r) {
-  if (!group_.is_main() || !metrics_.is_open()) return;
+  if (!group_.is_main()) return;
+  if (!write_error_.empty()) throw std::runtime_error(write_error_);  // a step record's
+  if (!metrics_.is_open() && !tensorboard_) return;
   // Each metric's mean per sample beside the loss of its set.
   nlohmann::ordered_json line = {{"epoch", r.epoch}, {"train_loss", r.train_loss}};
   for (const Metric& m : r.train_metrics) line["train_" + m.name] = m.mean();
@@ -179,13 +276,13 @@ void Reporter::write_metrics(const EpochResult& r) {
   line["sync_seconds"] = r.phases.sync;
   line["optimizer_seconds"] = r.phases.optimizer;
   if (r.gpu_memory_peak_mb >= 0) line["gpu_memory_peak_mb"] = r.gpu_memory_peak_mb;
-  errno = 0;
-  metrics_ << line.dump() << "\n" << std::flush;
-  if (!metrics_) {
-    // The stream keeps no reason; the failed write(2) left it in errno (ENOSPC for a full disk).
-    const int error = errno;
-    throw std::runtime_error(options_.metrics_file + ": cannot write the metrics file: " +
-                             (error ? std::strerror(error) : "the write failed"));
+  if (metrics_.is_open()) append_metrics_line(line.dump());
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> values;
+    for (const auto& [key, value] : line.items()) {
+      if (value.is_number() && key != "epoch") values.emplace_back("epoch/" + key, value.get<double>());
+    }
+    tensorboard_->scalars(r.epoch, values);
   }
 }
 

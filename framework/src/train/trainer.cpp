@@ -297,18 +297,35 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
       return EpochResult{};
     }
     const int64_t step_of_batch = global_step_ + 1;  // taken at the end of the batch's group
+    const PhaseTimes before = meter.phases();
+    const double sync_before = sync_seconds();
     const StepOutput out = step(epoch, b, batches, generator, meter);
     if (trained_samples) {
       trained_samples(epoch, step_of_batch, group_.rank(), group_.size(),
                       samples_of_batch(order, epoch_.sampler_batch(b) * options_.batch_size,
                                        options_.batch_size));
     }
-    reporter_.batch_done(b, out.loss, out.samples);
+    reporter_.batch_done(b, out.loss, out.samples, batch_scalars(before, sync_before, meter.phases()));
   }
   reporter_.end_epoch();
   EpochResult result = meter.reduce(group_.cpu(), epoch, sync_seconds() - sync_at_start);
   result.gpu_memory_peak_mb = largest_gpu_memory_peak_mb(group_);
   return result;
+}
+
+StepScalars Trainer::batch_scalars(const PhaseTimes& before, double sync_before,
+                                   const PhaseTimes& after) const {
+  StepScalars scalars;
+  scalars.step = global_step_;
+  scalars.lr = step_lr_;
+  scalars.grad_norm = step_grad_norm_;
+  // The batch's phases as the epoch counts them: the sync, timed inside backward, moved out of
+  // forward_backward into its own phase (EpochMeter::reduce does the same for the epoch).
+  const double sync = sync_seconds() - sync_before;
+  scalars.phases = PhaseTimes{after.data - before.data,
+                              after.forward_backward - before.forward_backward - sync, sync,
+                              after.optimizer - before.optimizer};
+  return scalars;
 }
 
 int64_t Trainer::restore_epoch(at::Generator& generator, EpochMeter& meter) {

@@ -147,9 +147,12 @@ bool Trainer::optimizer_step(int64_t epoch) {
   if (scaler_ && options_.clip_grad_norm > 0) scaler_->unscale_(optimizer_);
   double norm = 0;
   std::string norm_name = "largest |gradient|";
+  const auto& groups = optimizer_.param_groups();
+  if (!groups.empty()) step_lr_ = groups.front().options().get_lr();  // before the schedule steps
   if (options_.clip_grad_norm > 0) {
     norm = clip_grad_norm(model_.parameters(), options_.clip_grad_norm);
     norm_name = "gradient 2-norm";
+    step_grad_norm_ = norm;
   } else if (!scaler_) {
     norm = largest_abs_gradient(model_.parameters());
   }

@@ -38,6 +38,7 @@ struct TrainingFlags {
   bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
   bool overlap_step = false;  // --overlap-step (make_ddp composes hook_then_optimizer)
   std::string data_dir, metrics_file, timeline, backend, checkpoint_dir, resume;
+  std::string tensorboard;  // --tensorboard DIR (ReporterOptions::tensorboard_dir)
   std::string progress;
   // The training step.
   int64_t accumulate = 1, warmup_steps = 0;

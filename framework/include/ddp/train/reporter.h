@@ -20,15 +20,32 @@
 // classification preset's prints the seed scripts': classification.h). The bar, the metrics file
 // and the summary's layout are the same for every format.
 //
-// The metrics file: one JSON object per epoch, in this order: epoch, train_loss,
-// train_<metric>..., test_loss, test_<metric>... (each metric's mean per sample), samples_per_sec,
-// seconds, samples, ranks, data_seconds, forward_backward_seconds, sync_seconds,
-// optimizer_seconds. A fresh run starts a new file; a resumed run keeps the lines of the epochs
-// its snapshot had finished and drops later ones (written after the snapshot by the run that
-// stopped, and trained again now).
+// The metrics file: one JSON object per line, of two kinds.
+//  - An epoch line, after each epoch, in this order: epoch, train_loss, train_<metric>...,
+//    test_loss, test_<metric>... (each metric's mean per sample), samples_per_sec, seconds,
+//    samples, ranks, data_seconds, forward_backward_seconds, sync_seconds, optimizer_seconds
+//    (and gpu_memory_peak_mb on a GPU). It has no "kind".
+//  - A step record, every log_interval batches (when the loss is averaged): "kind": "step",
+//    epoch, batch (of the epoch, from 0), step (optimizer steps taken, this one included), loss
+//    (the batch's, averaged over the ranks), then what the loop passed (StepScalars): lr,
+//    grad_norm, and samples_per_sec (over all ranks, since the previous record), then, when
+//    the loop timed the phases, data_share, forward_backward_share, sync_share and
+//    optimizer_share: each phase's seconds since the previous record (averaged over the ranks)
+//    over the wall seconds since it (rank 0's).
+// A fresh run starts a new file; a resumed run keeps what its snapshot had reached (the lines of
+// the epochs it had finished, the step records up to its step) and drops the rest (written after
+// the snapshot by the run that stopped, and trained again now).
+//
+// With ReporterOptions::tensorboard_dir, rank 0 writes the same numbers as TensorBoard scalars
+// to a new event file there: "step/<key>" at the record's step for each number of a step record
+// (but epoch, batch and step), "epoch/<key>" at the epoch's number for each of an epoch line (but
+// epoch); the run's hyperparameters (ReporterOptions::hparams) for the hparams plugin; and, in a
+// resumed run, TensorBoard's restart mark at the step after the snapshot's, which makes it drop
+// the steps the stopped run wrote after the snapshot.
 //
 // State: the options and format, the resolved progress mode (rank 0; None elsewhere), the open
-// metrics file, and the epoch in progress (its plan, clock, samples, latest averaged loss).
+// metrics file and event file, the epoch in progress (its plan, clock, samples, latest averaged
+// loss), and what the next step record covers (samples and phase times since the previous one).
 
 #include <ddp/process_group.h>
 #include <ddp/train/checkpointer.h>
@@ -42,10 +59,16 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp {
+
+namespace detail {
+class TensorBoardWriter;  // src/train/tensorboard_writer.h
+}  // namespace detail
 
 // A progress line's numbers (ProgressMode::Log).
 struct ProgressLine {
@@ -88,9 +111,27 @@ class ReportFormat {
 
 struct ReporterOptions {
   ProgressMode progress = ProgressMode::Auto;  // rank 0's bar or log lines (progress.h)
-  int64_t log_interval = 10;  // batches between loss averages (and log lines); 0: none
-  std::string metrics_file;   // rank 0 writes one JSON object per epoch here; empty: none
+  // Batches between loss averages (and log lines, and step records); 0: none.
+  int64_t log_interval = 10;
+  std::string metrics_file;   // rank 0 writes its epoch lines and step records here; empty: none
+  std::string tensorboard_dir;  // rank 0 writes a TensorBoard event file here; empty: none
+  // The run's hyperparameters, as (name, value) texts, for TensorBoard's hparams plugin (a text
+  // that is wholly a number is written as one, "true"/"false" as booleans).
+  std::vector<std::pair<std::string, std::string>> hparams;
   std::shared_ptr<const ReportFormat> format;  // null: ReportFormat's generic lines
+};
+
+// What a loop knows of a batch besides its loss, for the step records (every log_interval
+// batches). What is left empty is left out of the record. Every rank passes the same fields.
+struct StepScalars {
+  // Optimizer steps taken so far, this batch's included; < 0: the Reporter counts batches from
+  // the resume point's step (right without gradient accumulation).
+  int64_t step = -1;
+  std::optional<double> lr;         // the learning rate this batch's step used
+  std::optional<double> grad_norm;  // the gradients' global 2-norm (before clipping)
+  // This batch's phase times on this rank, the gradient sync taken out of forward_backward
+  // (EpochMeter::phases()' meaning); summed until the next record.
+  std::optional<PhaseTimes> phases;
 };
 
 // An epoch as the progress display counts it.
@@ -116,11 +157,15 @@ class Reporter {
   // std::runtime_error naming the file and the reason (strerror) when it cannot be written.
   void start_run(const ResumePoint& start);
   void start_epoch(const EpochPlan& plan);
-  // After batch `b` of the epoch, with its mean loss (on any device) and its samples. Every
-  // log_interval batches (b % log_interval == 0) the loss is averaged over the ranks: a
-  // collective, so every rank calls it for every batch. Draws the bar at most 10 times a second
-  // and after the last batch, or prints a log line.
-  void batch_done(int64_t b, const torch::Tensor& loss, int64_t samples);
+  // After batch `b` of the epoch, with its mean loss (on any device), its samples and what else
+  // the loop knows of it. Every log_interval batches (b % log_interval == 0) the loss (and the
+  // phase times) are averaged over the ranks: a collective, so every rank calls it for every
+  // batch; rank 0 then writes a step record (metrics file, TensorBoard). Draws the bar at most
+  // 10 times a second and after the last batch, or prints a log line. A record that cannot be
+  // written does not throw here, inside the epoch: rank 0 says so on stderr, writes no more
+  // records, and the next write_metrics throws the error (after the loop's checkpoint).
+  void batch_done(int64_t b, const torch::Tensor& loss, int64_t samples,
+                  const StepScalars& scalars = {});
   // After the epoch's batches: ends the bar's line.
   void end_epoch();
   // Rank 0: the epoch's lines (the format's) and its metrics-file line: print_epoch, then
@@ -129,8 +174,9 @@ class Reporter {
   void epoch_done(const EpochResult& result);
   // Rank 0: the epoch's lines.
   void print_epoch(const EpochResult& result);
-  // Rank 0: the epoch's line in the metrics file, when there is one. Throws std::runtime_error
-  // naming the file and the reason (strerror: ENOSPC for a full disk) when the write fails.
+  // Rank 0: the epoch's line in the metrics file and its scalars in TensorBoard, when asked.
+  // Throws std::runtime_error naming the file and the reason (strerror: ENOSPC for a full disk)
+  // when a write fails, this one or a step record's since start_run.
   void write_metrics(const EpochResult& result);
   // Rank 0: "Summary over 2 rank(s):" and the table of `epochs` (nothing when empty); then,
   // when snapshots were written, their cost over `run_seconds` (ReportFormat::snapshot_line).
@@ -149,7 +195,19 @@ class Reporter {
   ReporterOptions options_;
   std::shared_ptr<const ReportFormat> format_;
   ProgressMode mode_;  // resolved on rank 0; None elsewhere
+  // Rank 0: writes a step record to the metrics file and TensorBoard.
+  void write_step_record(int64_t b, double loss, const double* phases, const StepScalars& scalars);
+  // Rank 0: a line to the metrics file; throws naming it and the reason when the write fails.
+  void append_metrics_line(const std::string& line);
+
   std::ofstream metrics_;
+  std::unique_ptr<detail::TensorBoardWriter> tensorboard_;
+  // What the next step record covers: since the previous record (or the epoch's start).
+  std::chrono::steady_clock::time_point recorded_{};
+  int64_t record_samples_ = 0;  // this rank's
+  PhaseTimes record_phases_;    // this rank's
+  int64_t counted_step_ = 0;    // StepScalars::step < 0: the resume point's step + batches since
+  std::string write_error_;     // a step record's failed write, thrown by write_metrics
   // The epoch in progress.
   EpochPlan plan_;
   std::chrono::steady_clock::time_point started_{}, drawn_{};

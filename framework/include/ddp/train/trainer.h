@@ -219,6 +219,9 @@ class Trainer {
   std::vector<PendingBatch> pending_;
   int64_t nonfinite_loss_step_ = -1;  // this rank's first step with a non-finite loss
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
+  // The latest optimizer step's, for the step records (StepScalars): the learning rate it used
+  // and, when clipping, the gradients' 2-norm before clipping.
+  std::optional<double> step_lr_, step_grad_norm_;
 
   int64_t batches_per_epoch() const;   // of the whole shard (counted from batch 0 on)
   int64_t batches_to_train() const;    // with limit_train_batches and dry_run
@@ -239,6 +242,10 @@ class Trainer {
   // Throws TrainingDiverged saying where, what and the learning rate (every rank alike).
   [[noreturn]] void diverged(const std::string& what, int64_t step, int64_t epoch);
   double sync_seconds() const;  // the wrapper's gradient sync so far (0 without one)
+  // What the Reporter's step record takes of the batch just trained: the step, its learning
+  // rate and gradient norm, and its phase times (the meter's from `before` to `after`, and the
+  // sync since `sync_before`).
+  StepScalars batch_scalars(const PhaseTimes& before, double sync_before, const PhaseTimes& after) const;
 };
 
 }  // namespace ddp
