@@ -15,12 +15,12 @@ as float64 reprs of the float32 values (exact both ways).
 """
 import math
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo_store import store_from_argv
 
 STEPS, BATCH, CHANNELS, SIDE, CLASSES = 20, 4, 4, 8, 3
 LR, MOMENTUM = 0.1, 0.9
@@ -84,9 +84,5 @@ def run(rank, world, tmp, store):
 
 
 if __name__ == "__main__":
-    world, tmp = int(sys.argv[1]), sys.argv[2]
-    os.makedirs(tmp, exist_ok=True)
-    store = os.path.join(tmp, "gloo_store")
-    if os.path.exists(store):
-        os.remove(store)
+    world, tmp, store = store_from_argv()
     mp.spawn(run, args=(world, tmp, store), nprocs=world, join=True)

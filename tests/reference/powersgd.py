@@ -13,12 +13,12 @@ as float64 reprs of the float32 values.
 """
 import math
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from gloo_store import store_from_argv
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 4, 32, 64, 3
 
@@ -94,9 +94,5 @@ def run(rank, world, store):
 
 
 if __name__ == "__main__":
-    world, tmp = int(sys.argv[1]), sys.argv[2]
-    os.makedirs(tmp, exist_ok=True)
-    store = os.path.join(tmp, "gloo_store")
-    if os.path.exists(store):
-        os.remove(store)
+    world, tmp, store = store_from_argv()
     mp.spawn(run, args=(world, store), nprocs=world, join=True)
