@@ -12,7 +12,6 @@ and after the last step one line
 as float64 reprs of the float32 values.
 """
 import math
-import os
 
 import torch
 import torch.distributed as dist
