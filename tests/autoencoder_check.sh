@@ -33,7 +33,8 @@ lines = [json.loads(line) for line in open(sys.argv[1])]
 rows = [r for r in lines if "kind" not in r]  # the epoch lines
 steps = [r for r in lines if r.get("kind") == "step"]  # every --log-interval batches
 assert [r["epoch"] for r in rows] == [1, 2], rows
-assert steps and all("lr" in s and "grad_norm" in s for s in steps), steps  # the loop passes them
+# The loop passes the lr always, the norm where a batch stepped (--accumulate: not every one).
+assert steps and all("lr" in s for s in steps) and any("grad_norm" in s for s in steps), steps
 for r in rows:
     for key in ("train_loss", "test_loss", "samples_per_sec"):
         assert math.isfinite(r[key]) and r[key] > 0, (key, r)
