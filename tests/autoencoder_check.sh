@@ -16,8 +16,9 @@
 set -euo pipefail
 mpiexec=$1 program=$2 compare=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
+# --log-interval 5 with --accumulate 2: step records fall on batches that step and that do not.
 train=("$mpiexec" -np 2 "$program" --batch-size 32 --limit-train-batches 100 --accumulate 2
-       --warmup-steps 3 --lr 0.003 --clip-grad-norm 1 --amp bf16 --workers 2 --no-cuda --epochs 2)
+       --log-interval 5 --warmup-steps 3 --lr 0.003 --clip-grad-norm 1 --amp bf16 --workers 2 --no-cuda --epochs 2)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 expect() { grep -Eq -- "$2" "$1" || { cat "$1"; fail "no line of $1 matches: $2"; }; }
 
