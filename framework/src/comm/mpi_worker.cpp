@@ -250,6 +250,11 @@ CallReport MpiWorker::report() const {
 }
 
 std::exception_ptr MpiWorker::named_failure(const Collective& call, const std::exception& error) {
+  // A communicator made alone has an Inquiry of its own, which a peer may already have freed
+  // with its communicator (a ring closed by its owner): a question sent there stays unmatched,
+  // and Open MPI may deliver it to the next communicator that reuses the context id. Only a
+  // process group's Inquiry lives as long as the group.
+  if (!options_.inquiry) return std::make_exception_ptr(std::runtime_error(error.what()));
   const std::vector<RankReport> reports = inquiry_->ask(kAnswerWait);
   const Collective::Fingerprint mine = call.fingerprint();
   std::string others;
