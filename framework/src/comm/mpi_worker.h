@@ -15,8 +15,9 @@
 // once); the constructor throws std::runtime_error saying so when MPI provides less.
 //
 // Errors: what a queued call throws (a failing MPI call: MPI's message, the call and file:line,
-// util/mpi_check.h) is rethrown by Work::wait() on the caller's thread, with what the other
-// ranks are in (comm/inquiry.h: the worker asks them first, up to 2 s), so that a collective
+// util/mpi_check.h) is rethrown by Work::wait() on the caller's thread; on a communicator of a
+// ProcessGroup (WorkerOptions::inquiry given) with what the other ranks are in (comm/inquiry.h:
+// the worker asks them first, up to 2 s), so that a collective
 // called by some ranks only (MPI_ERR_TRUNCATE) is named on both sides, e.g. "rank 1:
 // all_reduce #62 float32[2570] (sum) on communicator 3 (DistributedDataParallel's gradient
 // communicator) failed: ...; rank 0 is in broadcast #62 float32[4] (root 0) on communicator 3
