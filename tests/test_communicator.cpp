@@ -1,6 +1,7 @@
 #include <ddp/communicator.h>
 #include "comm/collective.h"
 #include "comm/cpu_communicator.h"
+#include "comm/inquiry.h"
 #include "comm/mpi_communicator.h"
 #include "comm/socket_ring.h"
 #include "util/environment.h"
@@ -9,10 +10,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -476,6 +479,53 @@ TEST(Collective, AvgIsASumDividedByTheSize) {
   ddp::detail::finish_avg(maxed, ddp::ReduceOp::Max, 4);
   EXPECT_TRUE(torch::equal(summed, torch::full({3}, 1.5)));
   EXPECT_TRUE(torch::equal(maxed, torch::full({3}, 6.0)));
+}
+
+}  // namespace
+
+namespace {
+
+// The Inquiry (comm/inquiry.h) numbers its questions: a rank busy outside collectives answers a
+// question only when it next waits in one, after the asker gave up, and that late answer must
+// not pass for its answer to a later question (it reported a call finished long ago, and two
+// such answers ended a healthy job as "the ranks call different collectives"). Rank 1 asks; the
+// others answer at once, except rank 0, which answers only where this test says.
+TEST(Inquiry, ALateAnswerIsNotTakenForTheAnswerToALaterQuestion) {
+  if (ddp_test::runtime().world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  using namespace std::chrono_literals;
+  const int rank = ddp_test::runtime().rank();
+  ddp::detail::Inquiry inquiry(MPI_COMM_WORLD);
+  inquiry.join("test", [] {
+    ddp::detail::CallReport call;
+    call.in_collective = true;
+    call.seq = 7;
+    return call;
+  });
+  auto answer_for = [&](std::chrono::milliseconds span) {
+    for (const auto until = std::chrono::steady_clock::now() + span; std::chrono::steady_clock::now() < until;) {
+      inquiry.answer();
+      std::this_thread::sleep_for(5ms);
+    }
+  };
+  auto phase = [&](bool rank0_answers, const std::function<void()>& ask) {
+    if (rank == 1) ask();
+    else if (rank == 0 && !rank0_answers) std::this_thread::sleep_for(300ms);
+    else answer_for(rank == 0 ? 1000ms : 700ms);
+    ddp_test::group().cpu().barrier();
+  };
+  // 1. Rank 0 is busy: no answer.
+  phase(false, [&] { EXPECT_FALSE(inquiry.ask(200ms)[0].answered); });
+  // 2. Rank 0 answers that question now, late.
+  phase(true, [] {});
+  // 3. Rank 0 is busy again: its late answer is not this question's.
+  phase(false, [&] { EXPECT_FALSE(inquiry.ask(200ms)[0].answered) << "a late answer was taken"; });
+  // 4. Rank 0 answers (question 2's late answer first): this question's answer counts.
+  phase(true, [&] {
+    const auto reports = inquiry.ask(2000ms);
+    ASSERT_TRUE(reports[0].answered);
+    ASSERT_EQ(reports[0].calls.size(), 1u);
+    EXPECT_EQ(reports[0].calls[0].seq, 7);
+  });
 }
 
 }  // namespace

@@ -12,8 +12,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The messages on the Inquiry's duplicate.
-constexpr int kQuestionTag = 1;  // "what are your workers in?" (the value is unused)
-constexpr int kAnswerTag = 2;    // Inquiry::kAnswerValues int64
+constexpr int kQuestionTag = 1;  // "what are your workers in?": the question's number
+constexpr int kAnswerTag = 2;    // Inquiry::kAnswerValues int64, the question's number last
 
 bool mpi_finalized() {
   int finalized = 0;
@@ -108,6 +108,7 @@ void Inquiry::answer_locked() {
     }
     auto answer = std::make_unique<Answer>();
     answer->values = encode_answer();
+    answer->values.back() = question_buffer_;
     MPI_Isend(answer->values.data(), kAnswerValues, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag,
               comm_, &answer->request);
     answers_.push_back(std::move(answer));
@@ -124,14 +125,27 @@ void Inquiry::answer() {
 std::vector<RankReport> Inquiry::ask(std::chrono::milliseconds wait) {
   std::vector<RankReport> reports(size_);
   if (mpi_finalized()) return reports;
-  static const int64_t question = 0;  // outlives a send MPI finishes alone
+  std::lock_guard<std::mutex> one_ask(ask_mutex_);
+  // The question's number outlives a send MPI finishes alone: asks are rare (a failed or stuck
+  // collective), so their numbers are kept for the life of the process.
+  static std::mutex numbers_mutex;
+  static std::deque<int64_t> numbers;
+  const int64_t* question = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(numbers_mutex);
+    numbers.push_back(++questions_);
+    question = &numbers.back();
+  }
   std::vector<int64_t> answers(static_cast<size_t>(kAnswerValues) * size_, 0);
   std::vector<MPI_Request> receives(size_, MPI_REQUEST_NULL), sends(size_, MPI_REQUEST_NULL);
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
+  auto receive = [&](int r) {
     MPI_Irecv(&answers[static_cast<size_t>(kAnswerValues) * r], kAnswerValues, MPI_INT64_T, r,
               kAnswerTag, comm_, &receives[r]);
-    MPI_Isend(&question, 1, MPI_INT64_T, r, kQuestionTag, comm_, &sends[r]);
+  };
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    receive(r);
+    MPI_Isend(question, 1, MPI_INT64_T, r, kQuestionTag, comm_, &sends[r]);
   }
   int missing = size_ - 1;
   const auto give_up = Clock::now() + wait;
@@ -140,10 +154,13 @@ std::vector<RankReport> Inquiry::ask(std::chrono::milliseconds wait) {
     for (int r = 0; r < size_; ++r) {
       if (receives[r] == MPI_REQUEST_NULL || reports[r].answered) continue;
       int done = 0;
-      if (MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
-        reports[r].answered = true;
-        --missing;
+      if (MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) continue;
+      if (answers[static_cast<size_t>(kAnswerValues) * (r + 1) - 1] != *question) {
+        receive(r);  // a late answer to an earlier question: wait for this one's
+        continue;
       }
+      reports[r].answered = true;
+      --missing;
     }
     if (missing > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

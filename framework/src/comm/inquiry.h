@@ -72,14 +72,18 @@ class Inquiry {
   // came (one MPI_Test). Any thread.
   void answer();
   // Asks every other rank and waits up to `wait` for their answers, answering questions
-  // meanwhile. Best effort: an MPI error only means no answer. Any thread.
+  // meanwhile. Best effort: an MPI error only means no answer. Any thread; one ask at a time.
+  // Each question has a number that its answer carries: a rank busy outside collectives answers
+  // a question only when it next enters one, after the asker gave up, and that late answer must
+  // not pass for the answer to a later question (it would report a call long finished).
   std::vector<RankReport> ask(std::chrono::milliseconds wait);
 
   // Calls a report's values travel in: a count, then per call its member, seq, in_collective
-  // and fingerprint. Answers carry the first kMaxCalls workers in a collective.
+  // and fingerprint, then the number of the question answered. Answers carry the first
+  // kMaxCalls workers in a collective.
   static constexpr int kMaxCalls = 8;
   static constexpr int kCallValues = 3 + Collective::kFingerprint;
-  static constexpr int kAnswerValues = 1 + kMaxCalls * kCallValues;
+  static constexpr int kAnswerValues = 2 + kMaxCalls * kCallValues;
 
  private:
   std::vector<int64_t> encode_answer() const;
@@ -96,6 +100,9 @@ class Inquiry {
     std::function<CallReport()> state;  // empty once it left
   };
   std::vector<Member> members_;
+
+  std::mutex ask_mutex_;      // one ask at a time: each takes the answers to its own question
+  int64_t questions_ = 0;     // under ask_mutex_: the number of the latest question
 
   // Under answer_mutex_: the posted receive for questions and the answers being sent.
   std::mutex answer_mutex_;
