@@ -38,6 +38,9 @@
 //                               barrier then receives rank 0's next broadcast: MPI_ERR_TRUNCATE,
 //                               which Open MPI reports through MPI_COMM_WORLD's error handler;
 //                               the job ends with ddp's message naming both sides' calls
+//   collective_faults world_error  rank 0 sends to a rank that does not exist on
+//                               MPI_COMM_WORLD, outside any collective: the Runtime's handler
+//                               there ends the job with ddp's line and MPI's error
 #include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/backend_options.h"
@@ -152,6 +155,15 @@ int main(int argc, char** argv) {
     if (mode == "across" || mode == "interleave") return across_communicators(group, mode);
     if (mode == "one_rank_forward") return one_rank_forward(group);
     if (mode == "one_rank_forward_then_step") return one_rank_forward_then_step(group);
+    if (mode == "world_error") {
+      if (runtime.is_main()) {
+        const int value = 0;
+        MPI_Send(&value, 1, MPI_INT, runtime.world_size(), 0, MPI_COMM_WORLD);  // no such rank
+        throw std::runtime_error("collective_faults world_error: MPI_Send returned");
+      }
+      group.cpu().barrier();  // rank 0 never comes
+      return;
+    }
     if (mode == "mpi_error") {
       try {
         DDP_MPI_CHECK(MPI_ERR_TRUNCATE);

@@ -64,9 +64,10 @@ bool init_mpi(int* argc, char*** argv, int* provided, bool yield) {
 // out either: Open MPI has half cleaned up the failed schedule, and a program that goes on
 // crashes (double free). So it never returns: on a worker's thread it names the failed
 // collective as a failed run of it is named (MpiWorker::failing_call_message: the other ranks'
-// calls and the likely cause), otherwise it says which call's communicator and MPI's error; and
-// it ends the job as Runtime::abort does (exit status 1). The first thread in says it; another
-// waits for its MPI_Abort, and one that fails again while naming ends the job at once.
+// calls and the likely cause), on another thread MPI's error and the communicator Open MPI
+// names; and it ends the job as Runtime::abort does (exit status 1). The first thread in says
+// it and another waits for its MPI_Abort; an error while that thread names the call (a second
+// entry on it) ends the job at once with MPI's error.
 void world_error_handler(MPI_Comm* comm, int* code, ...) {
   static std::atomic<bool> handling{false};
   thread_local bool naming = false;
