@@ -29,6 +29,18 @@
 //                               wrapper in training mode (as a program that samples on rank 0
 //                               does), whose buffer broadcast the other ranks never make: the job
 //                               ends naming both sides' calls, without DDP_DEBUG=DETAIL
+//   collective_faults one_rank_forward_then_step  as a GAN port that samples through its
+//                               generator's wrapper on rank 0 (issue 40): each step a stop
+//                               agreement's all-reduce on group.cpu(), then a step through a
+//                               DistributedDataParallel whose gradient bucket (128 KiB) takes the
+//                               blocking path (an MPI_Ibarrier first); after step 2 rank 0 alone
+//                               runs a training forward (its buffer broadcasts). Rank 1's
+//                               barrier then receives rank 0's next broadcast: MPI_ERR_TRUNCATE,
+//                               which Open MPI reports through MPI_COMM_WORLD's error handler;
+//                               the job ends with ddp's message naming both sides' calls
+//   collective_faults world_error  rank 0 sends to a rank that does not exist on
+//                               MPI_COMM_WORLD, outside any collective: the Runtime's handler
+//                               there ends the job with ddp's line and MPI's error
 #include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/backend_options.h"
@@ -113,6 +125,26 @@ void one_rank_forward(ddp::ProcessGroup& group) {
   throw std::runtime_error("collective_faults one_rank_forward: the mismatch went unnoticed");
 }
 
+// "one_rank_forward_then_step" (see the top).
+void one_rank_forward_then_step(ddp::ProcessGroup& group) {
+  ddp::DDPOptions options;
+  options.backend = ddp::Backend::Mpi;
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(4, 64), torch::nn::BatchNorm1d(64),
+                            torch::nn::Linear(64, 512));  // 32 K weights: 128 KiB of gradients
+  ddp::DistributedDataParallel model(group, net, options);
+  const int rank = group.rank();
+  for (int step = 0; step < 8; ++step) {
+    torch::Tensor stop = torch::zeros({4}, torch::kDouble);  // a stop agreement's all-reduce
+    group.cpu().all_reduce(stop, ddp::ReduceOp::Max);
+    torch::Tensor x = torch::full({3, 4}, 1.0 + rank + step);
+    model.forward(x).sum().backward();
+    if (step == 2 && rank == 0) model.forward(x);  // a sample, through the wrapper
+  }
+  throw std::runtime_error(
+      "collective_faults one_rank_forward_then_step: the mismatch went unnoticed");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +154,16 @@ int main(int argc, char** argv) {
     ddp::ProcessGroup group(runtime);
     if (mode == "across" || mode == "interleave") return across_communicators(group, mode);
     if (mode == "one_rank_forward") return one_rank_forward(group);
+    if (mode == "one_rank_forward_then_step") return one_rank_forward_then_step(group);
+    if (mode == "world_error") {
+      if (runtime.is_main()) {
+        const int value = 0;
+        MPI_Send(&value, 1, MPI_INT, runtime.world_size(), 0, MPI_COMM_WORLD);  // no such rank
+        throw std::runtime_error("collective_faults world_error: MPI_Send returned");
+      }
+      group.cpu().barrier();  // rank 0 never comes
+      return;
+    }
     if (mode == "mpi_error") {
       try {
         DDP_MPI_CHECK(MPI_ERR_TRUNCATE);

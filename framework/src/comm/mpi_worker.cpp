@@ -66,6 +66,25 @@ class MpiWork final : public Work {
   torch::Tensor target_, host_;
 };
 
+// The worker whose thread this is and the call it runs, while it runs one (RunningCall): what
+// MpiWorker::failing_call_message() names.
+thread_local const MpiWorker* t_worker = nullptr;
+thread_local const Collective* t_call = nullptr;
+
+class RunningCall {
+ public:
+  RunningCall(const MpiWorker* worker, const Collective* call) {
+    t_worker = worker;
+    t_call = call;
+  }
+  ~RunningCall() {
+    t_worker = nullptr;
+    t_call = nullptr;
+  }
+  RunningCall(const RunningCall&) = delete;
+  RunningCall& operator=(const RunningCall&) = delete;
+};
+
 bool mpi_finalized() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -250,11 +269,19 @@ CallReport MpiWorker::report() const {
 }
 
 std::exception_ptr MpiWorker::named_failure(const Collective& call, const std::exception& error) {
+  // A communicator made alone: the error as it is (failure_message asks nothing there).
+  if (!options_.inquiry) return std::make_exception_ptr(std::runtime_error(error.what()));
+  return std::make_exception_ptr(std::runtime_error(failure_message(call, error.what())));
+}
+
+std::string MpiWorker::failure_message(const Collective& call, const std::string& error) const {
+  std::string message = "rank " + std::to_string(rank_) + ": " + call.describe() + " on " +
+                        inquiry_->name(inquiry_member_) + " failed: " + error;
   // A communicator made alone has an Inquiry of its own, which a peer may already have freed
   // with its communicator (a ring closed by its owner): a question sent there stays unmatched,
   // and Open MPI may deliver it to the next communicator that reuses the context id. Only a
   // process group's Inquiry lives as long as the group.
-  if (!options_.inquiry) return std::make_exception_ptr(std::runtime_error(error.what()));
+  if (!options_.inquiry) return message;
   const std::vector<RankReport> reports = inquiry_->ask(kAnswerWait);
   const Collective::Fingerprint mine = call.fingerprint();
   std::string others;
@@ -276,11 +303,14 @@ std::exception_ptr MpiWorker::named_failure(const Collective& call, const std::e
     others += reports[r].calls.empty() ? " is in no collective"
                                        : " is in " + describe_calls(*inquiry_, reports[r]);
   }
-  std::string message = "rank " + std::to_string(rank_) + ": " + call.describe() + " on " +
-                        inquiry_->name(inquiry_member_) + " failed: " + error.what();
   if (!others.empty()) message += ". The other ranks: " + others;
   if (differ) message += std::string(". ") + mismatch_cause();
-  return std::make_exception_ptr(std::runtime_error(message));
+  return message;
+}
+
+std::string MpiWorker::failing_call_message(const std::string& error) {
+  if (!t_worker || !t_call) return "";
+  return t_worker->failure_message(*t_call, error);
 }
 
 void MpiWorker::loop() {
@@ -304,22 +334,25 @@ void MpiWorker::loop() {
       state_.entered = Clock::now();
     }
     std::exception_ptr error;
-    try {
-      if (check_) {
-        check_->check(task->ticket, member_, task->call, [this](MPI_Request& r) { wait(r); });
-      }
-    } catch (...) {
-      error = std::current_exception();  // the check's own error names both sides
-    }
-    if (!error) {
+    {
+      const RunningCall running(this, &task->call);
       try {
-        task->run();
-      } catch (const CollectivesDiffer&) {
-        error = std::current_exception();  // names every side already
-      } catch (const std::exception& e) {
-        error = named_failure(task->call, e);
+        if (check_) {
+          check_->check(task->ticket, member_, task->call, [this](MPI_Request& r) { wait(r); });
+        }
       } catch (...) {
-        error = std::current_exception();
+        error = std::current_exception();  // the check's own error names both sides
+      }
+      if (!error) {
+        try {
+          task->run();
+        } catch (const CollectivesDiffer&) {
+          error = std::current_exception();  // names every side already
+        } catch (const std::exception& e) {
+          error = named_failure(task->call, e);
+        } catch (...) {
+          error = std::current_exception();
+        }
       }
     }
     {

@@ -23,6 +23,11 @@
 // communicator) failed: ...; rank 0 is in broadcast #62 float32[4] (root 0) on communicator 3
 // (...)", with the likely cause.
 //
+// A failed collective's request that Open MPI reports through MPI_COMM_WORLD's error handler
+// instead (the truncation of a non-blocking collective, in MPI_Test): that handler
+// (runtime.cpp) names it the same way, from the worker's thread, through
+// failing_call_message(), and ends the job.
+//
 // Stuck in different collectives: a wait unfinished after 5 s asks the other ranks (comm/
 // inquiry.h; again after 10, 20, ... s). When every other rank answers, none has moved on in a
 // second, and a rank missing from this collective is waiting in another one (which therefore
@@ -123,6 +128,11 @@ class MpiWorker {
   // Throws CollectivesDiffer when the ranks are stuck in different collectives (below).
   void wait(MPI_Request& request, bool spin = true) const;
 
+  // For MPI_COMM_WORLD's error handler: when the calling thread is a worker running a
+  // collective, the message a failed run of it gets (below: named_failure), for `error` (MPI's
+  // text), asking the other ranks when it is a process group's; "" on any other thread.
+  static std::string failing_call_message(const std::string& error);
+
  private:
   void loop();
   WorkerState state() const;
@@ -133,6 +143,9 @@ class MpiWorker {
   bool check_deadlock(MPI_Request& request) const;
   // The error of `call`'s failed run, with what the other ranks are in.
   std::exception_ptr named_failure(const Collective& call, const std::exception& error);
+  // "rank R: <call> on <communicator> failed: <error>", then, on a process group's
+  // communicator, what the other ranks are in and, when they differ, the likely cause.
+  std::string failure_message(const Collective& call, const std::string& error) const;
 
   WorkerOptions options_;
   std::shared_ptr<CollectiveCheck> check_;  // the debug mode's, null without it

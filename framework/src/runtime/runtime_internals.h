@@ -9,6 +9,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 namespace ddp {
 
 struct Runtime::Impl {
@@ -20,6 +22,11 @@ struct Runtime::Impl {
 };
 
 namespace detail {
+
+// How ddp ends the job on an error (Runtime::abort, MPI_COMM_WORLD's error handler): the line
+// "ddp: rank R (host): message" in one write, then MPI_Abort(MPI_COMM_WORLD, exit_code).
+[[noreturn]] void abort_job(int rank, const std::string& host, const std::string& message,
+                            int exit_code);
 
 struct RuntimeInternals {
   static MPI_Comm comm(const Runtime& runtime) { return runtime.impl_->comm; }
