@@ -4,7 +4,8 @@
 // variance, num_batches_tracked) are those of the same rank of PyTorch's run, with a difference
 // of exactly 0. What it pins down together: the gradient average (divided by the world size,
 // then summed), rank 0's buffers broadcast before every training forward, each rank's own batch
-// statistics, and LibTorch's optimizer against Python's.
+// statistics, and LibTorch's optimizer against Python's. The same model under
+// DistributedDataParallel::Join with uneven inputs equals PyTorch's ddp.join() (the last test).
 #include <ddp/distributed_data_parallel.h>
 #include "test_support.h"
 
@@ -80,28 +81,53 @@ std::map<std::string, torch::Tensor> read_reference(const std::string& path) {
   return out;
 }
 
-TEST(PyTorchDdpReference, CnnWithBatchNormIsBitIdenticalEveryStep) {
-  const int w = rt().world_size(), r = rt().rank();
-  // PyTorch's reference runs one intra-op thread per rank: so does this test, so that every
-  // kernel (the convolution, the batch statistics' sums) reduces in the same order.
-  struct OneThread {
-    const int before = torch::get_num_threads();
-    OneThread() { torch::set_num_threads(1); }
-    ~OneThread() { torch::set_num_threads(before); }
-  } one_thread;
+// PyTorch's reference runs one intra-op thread per rank: so do these tests, so that every kernel
+// (the convolution, the batch statistics' sums) reduces in the same order.
+struct OneThread {
+  const int before = torch::get_num_threads();
+  OneThread() { torch::set_num_threads(1); }
+  ~OneThread() { torch::set_num_threads(before); }
+};
+
+// Runs tests/reference/<script>.py at this world size on rank 0; returns this rank's lines, or
+// an empty map (a failed ASSERT) after naming why on every rank.
+void reference_of(const std::string& script, std::map<std::string, torch::Tensor>& want) {
+  const int w = rt().world_size();
   std::string dir;  // from rank 0: the reference's folder, or "!" and why it failed
   if (rt().is_main()) {
     try {
-      dir = ddp_test::make_temp_dir("cnn_batchnorm_np" + std::to_string(w));
-      ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/cnn_batchnorm.py " +
-                            std::to_string(w) + " '" + dir + "'");
+      dir = ddp_test::make_temp_dir(script + "_np" + std::to_string(w));
+      ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/" + script +
+                            ".py " + std::to_string(w) + " '" + dir + "'");
     } catch (const std::exception& e) {
       dir = std::string("!") + e.what();
     }
   }
   dir = ddp::all_gather_strings(pg().cpu(), dir)[0];
   ASSERT_NE(dir.front(), '!') << dir.substr(1);
-  const auto want = read_reference(dir + "/rank" + std::to_string(r) + ".txt");
+  want = read_reference(dir + "/rank" + std::to_string(rt().rank()) + ".txt");
+}
+
+// Compares `got` with the reference's lines "<key> <name>"; counts the comparisons.
+void expect_equal(const std::map<std::string, torch::Tensor>& want, const std::string& key,
+                  const std::map<std::string, torch::Tensor>& got, int64_t& compared) {
+  for (const auto& [name, value] : got) {
+    const std::string what = "rank " + std::to_string(rt().rank()) + ", step " + key + ", " + name;
+    const auto expected = want.find(key + " " + name);
+    ASSERT_NE(expected, want.end()) << what << ": not in the reference";
+    ASSERT_EQ(value.numel(), expected->second.numel()) << what;
+    EXPECT_TRUE(torch::equal(value, expected->second))
+        << what << ": max difference " << (value - expected->second).abs().max().item<double>();
+    ++compared;
+  }
+}
+
+TEST(PyTorchDdpReference, CnnWithBatchNormIsBitIdenticalEveryStep) {
+  const int w = rt().world_size(), r = rt().rank();
+  OneThread one_thread;
+  std::map<std::string, torch::Tensor> want;
+  reference_of("cnn_batchnorm", want);
+  ASSERT_FALSE(want.empty());
 
   Model model = build_model();
   ddp::DDPOptions options;
@@ -124,20 +150,63 @@ TEST(PyTorchDdpReference, CnnWithBatchNormIsBitIdenticalEveryStep) {
         {"loss", loss.detach().reshape({1})},
         {"params", flat(model.net->parameters())},
         {"buffers", flat({model.bn->running_mean, model.bn->running_var, model.bn->num_batches_tracked})}};
-    for (const auto& [key, value] : got) {
-      const std::string what = "rank " + std::to_string(r) + ", step " + std::to_string(s) + ", " + key;
-      const auto expected = want.find(std::to_string(s) + " " + key);
-      ASSERT_NE(expected, want.end()) << what << ": not in the reference";
-      ASSERT_EQ(value.numel(), expected->second.numel()) << what;
-      EXPECT_TRUE(torch::equal(value, expected->second))
-          << what << ": max difference " << (value - expected->second).abs().max().item<double>();
-      ++compared;
-    }
+    expect_equal(want, std::to_string(s), got, compared);
   }
   EXPECT_EQ(compared, 3 * kSteps);
   // The test compares something that moves: the weights and the statistics changed.
   EXPECT_FALSE(torch::equal(want.at("0 params"), want.at(std::to_string(kSteps - 1) + " params")));
   EXPECT_FALSE(torch::equal(want.at("0 buffers"), want.at(std::to_string(kSteps - 1) + " buffers")));
+}
+
+}  // namespace
+
+namespace {
+
+// Uneven inputs against PyTorch's ddp.join(divide_by_initial_world_size=False)
+// (tests/reference/join.py): rank R trains 3 + 2 R steps of the same model and data inside a
+// Join, so rank 0 runs out first and each later step has fewer ranks training, down to one.
+// Every step each training rank's loss, parameters and buffers, and after finish() every rank's
+// model, equal PyTorch's with a difference of 0: the average over the ranks still training, the
+// buffers of the highest of them, the final model of the last to train.
+TEST(PyTorchDdpReference, JoinWithUnevenInputsIsBitIdentical) {
+  const int w = rt().world_size(), r = rt().rank();
+  OneThread one_thread;
+  std::map<std::string, torch::Tensor> want;
+  reference_of("join", want);
+  ASSERT_FALSE(want.empty());
+
+  Model model = build_model();
+  ddp::DDPOptions options;
+  options.reducer_at_one_rank = true;
+  ddp::DistributedDataParallel ddp_model(pg(), model.net, options);
+  torch::optim::SGD optimizer(model.net->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
+  const int64_t n = kSteps * w * kBatch;
+  const torch::Tensor x = closed_form(n * kSide * kSide, 0.25, 1.0).reshape({kSteps, w * kBatch, 1, kSide, kSide}) +
+                          closed_form(n, 0.75, 0.5).reshape({kSteps, w * kBatch, 1, 1, 1});
+  const torch::Tensor y = (torch::arange(n, torch::kLong) * 7 % kClasses).reshape({kSteps, w * kBatch});
+  const int64_t my_steps = 3 + 2 * r;
+  int64_t compared = 0;
+  auto state = [&] {
+    return std::map<std::string, torch::Tensor>{
+        {"params", flat(model.net->parameters())},
+        {"buffers", flat({model.bn->running_mean, model.bn->running_var, model.bn->num_batches_tracked})}};
+  };
+  auto join = ddp_model.join();
+  for (int64_t s = 0; s < my_steps; ++s) {
+    optimizer.zero_grad();
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(
+        ddp_model.forward(x[s].slice(0, r * kBatch, (r + 1) * kBatch)), y[s].slice(0, r * kBatch, (r + 1) * kBatch));
+    loss.backward();
+    optimizer.step();
+    auto got = state();
+    got["loss"] = loss.detach().reshape({1});
+    expect_equal(want, std::to_string(s), got, compared);
+  }
+  join.finish();
+  expect_equal(want, "final", state(), compared);
+  EXPECT_EQ(compared, 3 * my_steps + 2);
+  // The ranks that ran out first took part in every later step.
+  EXPECT_EQ(join.shadowed_steps(), 3 + 2 * (w - 1) - my_steps);
 }
 
 }  // namespace

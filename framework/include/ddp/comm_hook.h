@@ -50,6 +50,10 @@ struct GradBucket {
   torch::Tensor buffer;   ///< flat gradients of `parameters`, in that order, this rank's sum
   std::vector<torch::Tensor> gradients;   ///< views of `buffer`, shaped like `parameters`
   std::vector<torch::Tensor> parameters;  ///< the parameters whose gradients are in the bucket
+  /// How many ranks' gradients the sum holds: comm.size(), fewer while some ranks have run out
+  /// of data under DistributedDataParallel::Join (they contribute zeros). The built-in
+  /// allreduce, fp16 and bf16 hooks divide by it.
+  int training_ranks = 1;
 };
 
 /// A bucket's reduction in flight. wait() returns the reduced flat tensor (the bucket's numel and
@@ -132,8 +136,8 @@ class CommHook {
   torch::optim::Optimizer* steps_optimizer_ = nullptr;
 };
 
-/// Divides the buffer by the number of ranks and sums it over them: the default, the gradients'
-/// own dtype on the wire (PyTorch's allreduce_hook).
+/// Divides the buffer by the number of ranks training (GradBucket::training_ranks) and sums it
+/// over them: the default, the gradients' own dtype on the wire (PyTorch's allreduce_hook).
 CommHook allreduce_hook();
 /// As allreduce_hook(), but the bucket travels as IEEE half (fp16) or bfloat16: divided by the
 /// number of ranks in its own dtype, then cast (so large sums do not overflow fp16), summed, cast

@@ -182,6 +182,56 @@ class DistributedDataParallel {
   };
   /// The NoSync guard: `{ auto guard = model.no_sync(); loss.backward(); }`.
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  /// Uneven inputs (PyTorch's model.join(divide_by_initial_world_size=False)): ranks whose data
+  /// runs out at different steps all finish, none waits forever in a collective, and no rank's
+  /// data is dropped.
+  ///
+  ///   auto join = model.join();          // every rank, before its loop
+  ///   for (auto& batch : my_batches) {   // as many as this rank has
+  ///     optimizer.zero_grad();
+  ///     loss_fn(model(batch.data), batch.target).backward();
+  ///     optimizer.step();
+  ///   }
+  ///   join.finish();                     // every rank, when it has no more
+  ///
+  /// While the guard lives, each training forward (forward() under grad mode, or
+  /// prepare_forward()) first counts the ranks still training: one all-reduce of world size + 1
+  /// integers. finish() then shadows the others: for each of their steps it takes part in the
+  /// count, the buffer broadcast and the gradient reduction, contributing no gradient, until every
+  /// rank has called it; it ends by broadcasting the parameters and buffers of the highest rank
+  /// that trained last, so every rank leaves with the same model. In a step some ranks sit out:
+  ///  - allreduce_hook(), fp16 and bf16 divide by the ranks still training
+  ///    (GradBucket::training_ranks): the average of their gradients, as with every rank training;
+  ///    a hook that divides by comm.size() (PowerSGD, PyTorch's hooks) averages over every rank,
+  ///    the finished ones counting as zeros (PyTorch's default, divide_by_initial_world_size);
+  ///  - buffers come from the highest rank still training, not rank 0 (PyTorch's rule).
+  /// Contract: per step, one training forward and at most one synchronised backward of this
+  /// model, and no_sync() on all training ranks or none (otherwise a std::runtime_error on every
+  /// rank). Collectives the loop makes besides this model's (a StepBoundary, another model,
+  /// SyncBatchNorm, ZeroRedundancyOptimizer, your own) are not shadowed: a finished rank waits in
+  /// finish() and the job ends with the error that names a collective called by some ranks only.
+  /// A guard destroyed without finish() (an exception) only detaches; it makes no collective.
+  class Join {
+   public:
+    /// Attaches to `ddp` (one guard at a time; std::logic_error otherwise); no collective.
+    explicit Join(DistributedDataParallel& ddp);
+    ~Join();
+    Join(const Join&) = delete;
+    Join& operator=(const Join&) = delete;
+    /// This rank has no more data: shadows the ranks still training until all have called it,
+    /// then sets every rank's model to the last trainer's. Collective; once.
+    void finish();
+    /// The other ranks' steps finish() took part in, on this rank.
+    int64_t shadowed_steps() const { return shadowed_; }
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool finished_ = false;
+    int64_t shadowed_ = 0;
+  };
+  /// The Join guard: `auto join = model.join();` (see there).
+  [[nodiscard]] Join join() { return Join(*this); }
   /// false: backward accumulates locally, without communication (what NoSync does).
   void set_sync_enabled(bool enabled);
   /// false inside no_sync().
@@ -279,6 +329,13 @@ class DistributedDataParallel {
   /// forward()'s pre-forward work (see there); throws when there is no forward to run.
   void before_forward();
   void broadcast_buffers();
+  /// Under a Join: all-reduces who trains this step (`training`: this rank does); sets
+  /// buffer_root_ and the ranks the hooks divide by. Returns how many train and whether they sync.
+  struct JoinCount {
+    int training = 0;
+    bool sync = false;
+  };
+  JoinCount count_training(bool training);
 
   std::shared_ptr<torch::nn::Module> module_;
   torch::nn::AnyModule forward_;  ///< empty: built from a plain torch::nn::Module or a Sequential
@@ -292,6 +349,9 @@ class DistributedDataParallel {
   Communicator* comm_ = nullptr;
   std::unique_ptr<Communicator> owned_comm_;
   std::unique_ptr<Reducer> reducer_;  ///< destroyed first: it uses the communicators
+  Join* join_ = nullptr;  ///< the attached Join guard, if any
+  int buffer_root_ = 0;   ///< whose buffers broadcast_buffers() sends: rank 0 unless under a Join
+  int last_trainer_ = 0;  ///< under a Join: the highest rank that trained in the latest step
 };
 
 }  // namespace ddp

@@ -210,7 +210,8 @@ const char* mismatch_cause() {
          "(before each such forward it broadcasts rank 0's buffers: call the module itself "
          "there, model.module(), or run it under torch::NoGradGuard), an evaluation or a save "
          "that makes collectives on rank 0 alone, or per-rank data of different lengths (a rank "
-         "that runs out leaves the others in the step's all-reduce)";
+         "that runs out leaves the others in the step's all-reduce: loop between model.join() and "
+         "join.finish())";
 }
 
 }  // namespace ddp::detail

@@ -39,7 +39,7 @@ CommHook::CommHook(Function function, std::shared_ptr<CommHookState> state, std:
 CommHook allreduce_hook() {
   return CommHook(
       [](Communicator& comm, GradBucket& bucket) {
-        bucket.buffer.div_(comm.size());
+        bucket.buffer.div_(bucket.training_ranks);
         return BucketFuture(comm.all_reduce_async(bucket.buffer, ReduceOp::Sum), bucket.buffer);
       },
       nullptr, "allreduce");
@@ -56,7 +56,7 @@ CommHook compress_hook(torch::ScalarType wire_dtype, const char* description) {
     if (!wire.defined() || wire.numel() != bucket.buffer.numel()) {
       wire = torch::empty({bucket.buffer.numel()}, bucket.buffer.options().dtype(wire_dtype));
     }
-    bucket.buffer.div_(comm.size());
+    bucket.buffer.div_(bucket.training_ranks);
     wire.copy_(bucket.buffer);
     torch::Tensor buffer = bucket.buffer;
     return BucketFuture(comm.all_reduce_async(wire, ReduceOp::Sum), wire)

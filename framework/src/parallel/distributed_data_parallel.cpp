@@ -314,11 +314,14 @@ void DistributedDataParallel::before_forward() {
   }
   if (reducer_) reducer_->reattach_hooks();
   // Evaluation (no grad) stays local: ranks may evaluate different numbers of batches.
-  if (c10::GradMode::is_enabled()) broadcast_buffers();
+  if (!c10::GradMode::is_enabled()) return;
+  if (join_) count_training(true);
+  broadcast_buffers();
 }
 
 void DistributedDataParallel::prepare_forward() {
   if (reducer_) reducer_->reattach_hooks();
+  if (join_) count_training(true);
   broadcast_buffers();
 }
 
@@ -333,7 +336,7 @@ void DistributedDataParallel::broadcast_buffers() {
     std::vector<torch::Tensor> flat;
     for (const auto& b : buffers) flat.push_back(b.reshape({-1}));
     torch::Tensor packed = torch::cat(flat);
-    comm_->broadcast(packed, 0);
+    comm_->broadcast(packed, buffer_root_);
     int64_t offset = 0;
     for (auto& b : buffers) {
       b.copy_(packed.narrow(0, offset, b.numel()).view_as(b));

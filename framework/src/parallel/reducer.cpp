@@ -30,7 +30,8 @@ Reducer::Reducer(Communicator& data, Communicator& control, std::vector<torch::T
       control_comm_(control),
       options_(options),
       params_(std::move(params)),
-      names_(std::move(names)) {
+      names_(std::move(names)),
+      training_ranks_(data.size()) {
   // Written so that NaN fails too; infinity is refused as well (it would overflow the byte cap).
   auto positive = [](double mb) { return mb > 0 && std::isfinite(mb); };
   if (!positive(options_.bucket_cap_mb) || !positive(options_.first_bucket_mb)) {
@@ -227,14 +228,24 @@ void Reducer::on_gradient_ready(size_t param) {
   if (--buckets_[slot.bucket].pending == 0) launch_ready_buckets();
 }
 
-void Reducer::begin_backward() {
+void Reducer::start_pass() {
   in_backward_ = true;
   synced_once_ = true;
   next_to_launch_ = 0;
   for (Slot& slot : slots_) slot.ready = false;
   for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();
   ready_order_.clear();  // a backward that failed before step 5 may have left a partial order
+}
+
+void Reducer::begin_backward() {
+  start_pass();
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void Reducer::shadow_backward() {
+  if (in_backward_) throw std::logic_error("DistributedDataParallel: shadowing a step inside backward");
+  start_pass();
+  finish_backward(/*shadow=*/true);
 }
 
 void Reducer::launch_ready_buckets() {
@@ -242,7 +253,7 @@ void Reducer::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     const size_t b = next_to_launch_++;
     Bucket& bucket = buckets_[b];
-    GradBucket view{b, b + 1 == buckets_.size(), bucket.data, {}, {}};
+    GradBucket view{b, b + 1 == buckets_.size(), bucket.data, {}, {}, training_ranks_};
     for (size_t i : bucket.params) {
       view.gradients.push_back(slots_[i].view);
       view.parameters.push_back(params_[i]);
@@ -292,7 +303,7 @@ void Reducer::hand_average(size_t param) {
   }
 }
 
-void Reducer::finish_backward() {
+void Reducer::finish_backward(bool shadow) {
   struct EndBackward {
     bool& flag;
     ~EndBackward() { flag = false; }
@@ -313,6 +324,8 @@ void Reducer::finish_backward() {
     if (grad_is_view(i)) params_[i].mutable_grad() = slot.view.clone();
     slot.view.zero_();
     slot.ready = true;
+    // A shadowing rank adds zeros; it does not make a parameter "unused" where that is an error.
+    if (shadow && !options_.find_unused_parameters) used_here[static_cast<int64_t>(i)] = 1;
     --buckets_[slot.bucket].pending;
   }
   launch_ready_buckets();

@@ -105,6 +105,18 @@ class Reducer {
   // backward; std::logic_error otherwise.
   void set_comm_hook(CommHook hook);
 
+  // How many ranks' gradients the buckets sum (GradBucket::training_ranks): the world size, fewer
+  // under DistributedDataParallel::Join while some ranks have run out of data.
+  void set_training_ranks(int ranks) { training_ranks_ = ranks; }
+
+  // A synchronised backward in which this rank produced no gradient, for a rank that has run out
+  // of data while others train (DistributedDataParallel::Join): every bucket goes to the hook
+  // with zeros, in order, and the rest of step 3 (and 4, 5) runs as after any backward, so this
+  // rank issues the collectives the training ranks issue. This rank counts as having used every
+  // parameter, unless find_unused_parameters (then as having used none). The averages land in
+  // grad() as after a backward.
+  void shadow_backward();
+
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
   // The comm hook in use (the default until set_comm_hook).
@@ -149,7 +161,9 @@ class Reducer {
   void check_layout_across_ranks();
   void on_gradient_ready(size_t param);
   void begin_backward();
-  void finish_backward();
+  void start_pass();  // begin_backward() without the autograd callback
+  // Steps 1-5; `shadow`: this rank produced no gradient on purpose (shadow_backward()).
+  void finish_backward(bool shadow = false);
   void launch_ready_buckets();
   void wait_for_buckets();
   // Whether params_[param].grad() is its slot's view (gradient_as_bucket_view).
@@ -186,6 +200,7 @@ class Reducer {
   std::vector<size_t> ready_order_;  // parameters in hook order, while rebuild_pending_
   std::vector<size_t> rebuilt_order_;  // the order of step 5, once it has run
   size_t next_to_launch_ = 0;
+  int training_ranks_;
   double sync_seconds_ = 0;
   int64_t sync_bytes_ = 0;
 

@@ -286,7 +286,7 @@ std::string Checkpointer::at_boundary(bool stopping, const TrainingPosition& at,
   const int64_t every = options_.every_steps;
   const bool due = at.step > last_step_ && ((every > 0 && at.step % every == 0) || time_due);
   if (!stopping && !due) return "";
-  return save_step(at, rank_state());
+  return save_step(at, rank_state ? rank_state() : RankState{});
 }
 
 std::string Checkpointer::save_step(const TrainingPosition& at, const RankState& rank_state) {

@@ -167,7 +167,8 @@ class Checkpointer {
   // Collective, at a step boundary: writes a step snapshot of `at` when `stopping`, or when
   // steps were taken since the newest snapshot written or resumed from (or since step 0) and
   // every_steps divides at.step or `time_due` (the ranks' agreed time_due(), which must be the
-  // same on every rank). Calls `rank_state` only then. Returns the path written; "" when none
+  // same on every rank). Calls `rank_state` only then (empty: a loop with no per-rank state,
+  // as `{}` gives). Returns the path written; "" when none
   // (or without a directory). Rank 0 also records `at` as how far the run got.
   std::string at_boundary(bool stopping, const TrainingPosition& at,
                           const std::function<RankState()>& rank_state, bool time_due = false);

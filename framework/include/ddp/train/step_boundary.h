@@ -92,8 +92,8 @@ class StepBoundary {
   // Collective, at the step boundary before batch `batch` of the epoch start_epoch() started,
   // after `step` optimizer steps: agrees (one all-reduce, every stop_check_every steps), then
   // writes a step snapshot when the ranks stop or one is due (Checkpointer::at_boundary; calls
-  // `rank_state` only then). `nonfinite_loss_step`: the first step whose loss was not finite on
-  // this rank, -1 for none. Returns whether the ranks stop here. Throws TrainingDiverged
+  // `rank_state` only then; `{}` for none). `nonfinite_loss_step`: the first step whose loss was
+  // not finite on this rank, -1 for none. Returns whether the ranks stop here. Throws TrainingDiverged
   // (divergence.h) on every rank, before any snapshot, when some rank's loss was not finite:
   // what() is "the loss of rank R was not finite (first at step S)".
   bool at_step(int64_t batch, int64_t step, const std::function<RankState()>& rank_state,

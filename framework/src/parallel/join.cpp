@@ -1,0 +1,96 @@
+// DistributedDataParallel::Join (distributed_data_parallel.h): uneven inputs.
+//
+// Every step, the ranks still training and the ranks that have finished meet in one all-reduce
+// (count_training): element r is 1 while rank r trains, element W counts the training ranks whose
+// backward will synchronise. Training ranks make it in their forward; a finished rank makes it in
+// finish()'s loop and, while the count is not zero, then issues what a training rank issues in
+// that step: the buffer broadcast of the forward and, when they synchronise, the Reducer's
+// collectives of a backward (Reducer::shadow_backward). So every rank makes the same collectives
+// in the same order, and the sum of the gradients is that of the ranks still training.
+#include <ddp/distributed_data_parallel.h>
+
+#include "parallel/reducer.h"
+
+#include <torch/torch.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+DistributedDataParallel::Join::Join(DistributedDataParallel& ddp) : ddp_(ddp) {
+  if (ddp_.join_) {
+    throw std::logic_error("DistributedDataParallel::join: a Join guard is attached already");
+  }
+  ddp_.join_ = this;
+}
+
+DistributedDataParallel::Join::~Join() {
+  if (ddp_.join_ != this) return;
+  // No collective here: a guard left by an exception must not wait for the other ranks.
+  ddp_.join_ = nullptr;
+  ddp_.buffer_root_ = 0;
+  if (ddp_.reducer_) ddp_.reducer_->set_training_ranks(ddp_.world_size_);
+}
+
+DistributedDataParallel::JoinCount DistributedDataParallel::count_training(bool training) {
+  const int w = world_size_;
+  torch::Tensor flags = torch::zeros({w + 1}, torch::kLong);
+  if (training) {
+    flags[control_comm_->rank()] = 1;
+    flags[w] = sync_enabled() ? 1 : 0;
+  }
+  control_comm_->all_reduce(flags);
+  const auto f = flags.accessor<int64_t, 1>();
+  JoinCount count;
+  for (int r = 0; r < w; ++r) {
+    if (f[r] == 0) continue;
+    ++count.training;
+    last_trainer_ = r;
+  }
+  if (count.training == 0) return count;
+  if (f[w] != 0 && f[w] != count.training) {
+    throw std::runtime_error(
+        "DistributedDataParallel::Join: " + std::to_string(f[w]) + " of the " +
+        std::to_string(count.training) + " ranks still training synchronise this step's backward, "
+        "the others are inside no_sync(): use no_sync() on every rank or none");
+  }
+  count.sync = f[w] != 0;
+  // PyTorch's rule under join: the buffers of the highest rank still training.
+  buffer_root_ = last_trainer_;
+  if (reducer_) reducer_->set_training_ranks(count.training);
+  return count;
+}
+
+void DistributedDataParallel::Join::finish() {
+  if (finished_) throw std::logic_error("DistributedDataParallel::Join::finish: called twice");
+  if (ddp_.join_ != this) throw std::logic_error("DistributedDataParallel::Join::finish: detached");
+  finished_ = true;
+  for (;;) {
+    const JoinCount count = ddp_.count_training(false);
+    if (count.training == 0) break;
+    ++shadowed_;
+    ddp_.broadcast_buffers();  // the training ranks' forward
+    if (count.sync && ddp_.reducer_) ddp_.reducer_->shadow_backward();
+  }
+  // The finished ranks stopped stepping: every rank takes the model of the highest rank that
+  // trained in the last step (PyTorch's _sync_final_model).
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : ddp_.module_->parameters()) {
+      torch::Tensor t = p.is_contiguous() ? p : p.contiguous();
+      ddp_.comm_->broadcast(t, ddp_.last_trainer_);
+      if (!t.is_same(p)) p.copy_(t);
+    }
+    for (const auto& b : ddp_.module_->buffers()) {
+      torch::Tensor t = b.is_contiguous() ? b : b.contiguous();
+      ddp_.comm_->broadcast(t, ddp_.last_trainer_);
+      if (!t.is_same(b)) b.copy_(t);
+    }
+  }
+  ddp_.join_ = nullptr;
+  ddp_.buffer_root_ = 0;
+  if (ddp_.reducer_) ddp_.reducer_->set_training_ranks(ddp_.world_size_);
+}
+
+}  // namespace ddp
