@@ -16,7 +16,9 @@
 //  - one snapshot of both models and both optimizers (SnapshotParts), a stop signal on any rank
 //    stops every rank before the same step (exit 75) and --resume continues bit for bit;
 //  - the sample images drawn on rank 0 alone, through the module, not through the wrapper.
-// It builds against the installed package alone, as examples/ddp_autoencoder.cpp does.
+// It builds against the installed package alone, as examples/ddp_autoencoder.cpp does. Beyond
+// the port: Adam's betas are the DCGAN paper's (0.5, 0.999) (dcgan.cpp has (0.5, 0.5)), the
+// samples come from a fixed noise in eval(), and flags for the tests (docs/porting.md).
 //
 // Everything random is a function of --seed (the weights, the data order, the sample noise),
 // the epoch and the rank (the training noise and the real labels), or kept in the snapshots (that
@@ -33,6 +35,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
@@ -265,6 +268,8 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     throw std::invalid_argument("--stop-rank " + std::to_string(flags.stop_rank) + " is not a rank of " +
                                 std::to_string(world_size));
   }
+  if (!flags.params_dir.empty()) std::filesystem::create_directories(flags.params_dir);
+  if (!flags.sample_dir.empty() && rank == 0) std::filesystem::create_directories(flags.sample_dir);
   // ddp: --same-data makes every rank rank 0 of a 1-rank run: its shard (all of it) and its noise.
   const int data_rank = flags.same_data ? 0 : rank, data_ranks = flags.same_data ? 1 : world_size;
 

@@ -25,7 +25,6 @@ run() {
   local ranks=$1 name=$2
   shift 2
   local status=0
-  mkdir -p "$work/$name"
   "$mpiexec" -np "$ranks" "$program" "${train[@]}" --params-dir "$work/$name" "$@" > "$work/$name.log" 2>&1 ||
     status=$?
   [ "$status" -eq 0 ] || { cat "$work/$name.log"; fail "$name: exit status $status"; }
@@ -34,7 +33,6 @@ run() {
 same() { cmp -s "$1" "$2" || fail "$1 and $2 differ"; }
 
 echo "== 1. 2 ranks: the replicas are bit-identical"
-mkdir -p "$work/samples"
 run 2 full --checkpoint-dir "$work/full_ckpt" --sample-every 4 --sample-dir "$work/samples"
 same "$work/full/rank0.bin" "$work/full/rank1.bin"
 for step in 4 8 12; do
