@@ -4,8 +4,9 @@
 # discriminator in the generator's step, one snapshot of both models and both optimizers) on
 # the CPU, 2 epochs of 6 steps on 512 Fashion-MNIST images (DDP_MNIST_DIR), every run comparing
 # its models through --params-dir (every rank's parameters and buffers, raw bytes):
-#   1. 2 ranks: both ranks' replicas are bit-identical at the end (both models), and rank 0's
-#      sample images (through the module, on rank 0 alone) were written;
+#   1. 2 ranks: both ranks' replicas are bit-identical at the end (both models); rank 0's
+#      sample images (through the module, on rank 0 alone) were written; each step all-reduced
+#      the discriminator's gradients twice, not three times (no_sync in the generator's step);
 #   2. 2 ranks with --same-data (every rank trains rank 0's batches with rank 0's noise) equal
 #      a 1-rank run bit for bit: the gradient averaging of both models changes nothing;
 #   3. rank 1 raises SIGTERM after step 3 (--stop-at-step): every rank stops at the next step
@@ -41,7 +42,10 @@ done
 for f in generator_with_epoch2.pt discriminator_with_epoch2.pt snapshot_epoch2.pt; do
   test -f "$work/full_ckpt/$f" || fail "no $work/full_ckpt/$f"
 done
-grep "Training complete" "$work/full.log"
+grep "^Training complete\|^Gradients" "$work/full.log"
+# no_sync(): the discriminator's gradients are averaged in its two backwards, not in the
+# generator's; the generator's once.
+expect "$work/full.log" "^Gradients all-reduced per step: generator 1.00x its parameters, discriminator 2.00x$"
 
 echo "== 2. 2 ranks on the same data equal 1 rank"
 run 1 one
