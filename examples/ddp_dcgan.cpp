@@ -90,7 +90,8 @@ A DCGAN (PyTorch's C++ example) on MNIST-format images, both models trained data
   --sample-dir D            ... and writes them to D/dcgan-sample-<step>.pgm (none: not drawn)
   --same-data               every rank trains rank 0's batches with rank 0's noise: the ranks are
                             identical replicas of the 1-rank run, whose result they reproduce bit
-                            for bit (a test of the averaging, not a way to train)
+                            for bit (a test of the averaging, not a way to train; resume it on
+                            as many ranks)
   --params-dir D            at the end each rank writes its parameters and buffers (after a
                             buffer broadcast) to D/rank<R>.bin, raw bytes, for `cmp`
   --stop-at-step N          rehearse a preemption: rank --stop-rank raises SIGTERM on itself
@@ -390,8 +391,9 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
       }
       if (!flags.sample_dir.empty() && step % flags.sample_every == 0 && rank == 0) {
         // ddp: one rank only, so through the module: a training forward through g_model would
-        // be a collective that the other ranks never join. eval(): the running statistics, which
-        // stay as they are; a fixed noise, so that the samples show the training's progress.
+        // be a collective that the other ranks never join. In eval() BatchNorm uses the running
+        // statistics and leaves them as they are; the noise is its own generator's, the same at
+        // every sample (the images show the training's progress), so training draws as without.
         torch::NoGradGuard no_grad;
         generator->eval();
         const torch::Tensor fixed = torch::randn({kSamples, kNoiseSize, 1, 1},
