@@ -39,7 +39,7 @@
 //                               which Open MPI reports through MPI_COMM_WORLD's error handler;
 //                               the job ends with ddp's message naming both sides' calls
 //   collective_faults world_error  rank 0 sends to a rank that does not exist on
-//                               MPI_COMM_WORLD, outside any collective: the Runtime's handler
+//                               MPI_COMM_WORLD, outside any collective: the handler ProcessGroup set
 //                               there ends the job with ddp's line and MPI's error
 #include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"

@@ -3,6 +3,7 @@
 #include <ddp/config.h>
 
 #include "parallel/backend_options.h"
+#include "parallel/world_error_handler.h"
 #include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
@@ -25,6 +26,7 @@ ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options)
   }
   // The phases outside collectives (WatchedPhase) wait as long as a collective may.
   set_phase_timeout(collective_timeout(options.timeout));
+  detail::install_world_error_handler();  // before any collective of the group
   cpu_ = new_cpu_communicator("ProcessGroup::cpu()");
 }
 

@@ -2,7 +2,6 @@
 
 #include <ddp/config.h>
 
-#include "comm/mpi_worker.h"
 #include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #include "util/hash.h"
@@ -21,7 +20,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +29,6 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
 namespace ddp {
@@ -54,58 +51,6 @@ bool init_mpi(int* argc, char*** argv, int* provided, bool yield) {
   // MULTIPLE lets the communicators' worker threads and the training thread all call MPI.
   DDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, provided));
   return true;
-}
-
-// MPI_COMM_WORLD's error handler, in place of MPI's default (MPI_ERRORS_ARE_FATAL). Open MPI
-// 4.1 reports the error of a non-blocking collective's request (MPI_ERR_TRUNCATE in MPI_Test:
-// the ranks called different collectives) through MPI_COMM_WORLD's handler, not through that of
-// the communicator it ran on (a worker's duplicate, which returns its errors: mpi_worker.h), so
-// the default ended the job with Open MPI's lines alone. Returning from the handler is no way
-// out either: Open MPI has half cleaned up the failed schedule, and a program that goes on
-// crashes (double free). So it never returns: on a worker's thread it names the failed
-// collective as a failed run of it is named (MpiWorker::failing_call_message: the other ranks'
-// calls and the likely cause), on another thread MPI's error and the communicator Open MPI
-// names; and it ends the job as Runtime::abort does (exit status 1). The first thread in says
-// it and another waits for its MPI_Abort; an error while that thread names the call (a second
-// entry on it) ends the job at once with MPI's error.
-void world_error_handler(MPI_Comm* comm, int* code, ...) {
-  static std::atomic<bool> handling{false};
-  thread_local bool naming = false;
-  int rank = -1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char host[MPI_MAX_PROCESSOR_NAME] = "?";
-  int length = 1;
-  MPI_Get_processor_name(host, &length);
-  const std::string error = detail::mpi_error_text(*code);
-  if (naming) detail::abort_job(rank, std::string(host, length), error, 1);
-  if (handling.exchange(true)) {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  naming = true;
-  std::string message = detail::MpiWorker::failing_call_message(error);
-  if (message.empty()) {
-    char name[MPI_MAX_OBJECT_NAME] = "";
-    int name_length = 0;
-    MPI_Comm_get_name(*comm, name, &name_length);
-    message = "an MPI call on " + (name_length ? std::string(name, name_length) : "a communicator") +
-              " failed: " + error;
-  }
-  detail::abort_job(rank, std::string(host, length), message, 1);
-}
-
-// Installs world_error_handler when MPI_COMM_WORLD has MPI's default; a handler the program
-// set itself stays.
-void install_world_error_handler() {
-  struct Handle {  // an error handler reference, freed at the end
-    MPI_Errhandler handle = MPI_ERRHANDLER_NULL;
-    ~Handle() {
-      if (handle != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&handle);
-    }
-  } current, ours;
-  DDP_MPI_CHECK(MPI_Comm_get_errhandler(MPI_COMM_WORLD, &current.handle));
-  if (current.handle != MPI_ERRORS_ARE_FATAL) return;
-  DDP_MPI_CHECK(MPI_Comm_create_errhandler(world_error_handler, &ours.handle));
-  DDP_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, ours.handle));  // MPI keeps its own
 }
 
 bool launch_checks_enabled() {
@@ -222,7 +167,6 @@ void Runtime::start(int* argc, char*** argv, RuntimeOptions options) {
         options.startup_timeout);
     owns_mpi_ = init_mpi(argc, argv, &thread_level_, yield_before_init(impl_->launch));
   }
-  install_world_error_handler();
   detail::set_phase_mpi_ready(true);
   {
     const auto phase = detail::startup_phase(

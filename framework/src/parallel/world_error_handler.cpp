@@ -1,0 +1,71 @@
+// MPI_COMM_WORLD's error handler (world_error_handler.h).
+#include "parallel/world_error_handler.h"
+
+#include "comm/mpi_worker.h"
+#include "runtime/runtime_internals.h"
+#include "util/mpi_check.h"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+namespace ddp::detail {
+
+namespace {
+
+// MPI_COMM_WORLD's error handler, in place of MPI's default (MPI_ERRORS_ARE_FATAL). Open MPI
+// 4.1 reports the error of a non-blocking collective's request (MPI_ERR_TRUNCATE in MPI_Test:
+// the ranks called different collectives) through MPI_COMM_WORLD's handler, not through that of
+// the communicator it ran on (a worker's duplicate, which returns its errors: mpi_worker.h), so
+// the default ended the job with Open MPI's lines alone. Returning from the handler is no way
+// out either: Open MPI has half cleaned up the failed schedule, and a program that goes on
+// crashes (double free). So it never returns: on a worker's thread it names the failed
+// collective as a failed run of it is named (MpiWorker::failing_call_message: the other ranks'
+// calls and the likely cause), on another thread MPI's error and the communicator Open MPI
+// names; and it ends the job as Runtime::abort does (exit status 1). The first thread in says
+// it and another waits for its MPI_Abort; an error while that thread names the call (a second
+// entry on it) ends the job at once with MPI's error.
+void world_error_handler(MPI_Comm* comm, int* code, ...) {
+  static std::atomic<bool> handling{false};
+  thread_local bool naming = false;
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char host[MPI_MAX_PROCESSOR_NAME] = "?";
+  int length = 1;
+  MPI_Get_processor_name(host, &length);
+  const std::string error = mpi_error_text(*code);
+  if (naming) abort_job(rank, std::string(host, length), error, 1);
+  if (handling.exchange(true)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  naming = true;
+  std::string message = MpiWorker::failing_call_message(error);
+  if (message.empty()) {
+    char name[MPI_MAX_OBJECT_NAME] = "";
+    int name_length = 0;
+    MPI_Comm_get_name(*comm, name, &name_length);
+    message = "an MPI call on " + (name_length ? std::string(name, name_length) : "a communicator") +
+              " failed: " + error;
+  }
+  abort_job(rank, std::string(host, length), message, 1);
+}
+
+}  // namespace
+
+void install_world_error_handler() {
+  struct Handle {  // an error handler reference, freed at the end
+    MPI_Errhandler handle = MPI_ERRHANDLER_NULL;
+    ~Handle() {
+      if (handle != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&handle);
+    }
+  } current, ours;
+  DDP_MPI_CHECK(MPI_Comm_get_errhandler(MPI_COMM_WORLD, &current.handle));
+  if (current.handle != MPI_ERRORS_ARE_FATAL) return;
+  DDP_MPI_CHECK(MPI_Comm_create_errhandler(world_error_handler, &ours.handle));
+  DDP_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, ours.handle));  // MPI keeps its own
+}
+
+}  // namespace ddp::detail
