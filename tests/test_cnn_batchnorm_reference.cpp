@@ -108,15 +108,17 @@ void reference_of(const std::string& script, std::map<std::string, torch::Tensor
   want = read_reference(dir + "/rank" + std::to_string(rt().rank()) + ".txt");
 }
 
-// Compares `got` with the reference's lines "<key> <name>"; counts the comparisons.
+// Compares `got` with the reference's lines "<key> <name>", bit for bit, or with `exact` false
+// within float rounding; counts the comparisons.
 void expect_equal(const std::map<std::string, torch::Tensor>& want, const std::string& key,
-                  const std::map<std::string, torch::Tensor>& got, int64_t& compared) {
+                  const std::map<std::string, torch::Tensor>& got, int64_t& compared, bool exact = true) {
   for (const auto& [name, value] : got) {
     const std::string what = "rank " + std::to_string(rt().rank()) + ", step " + key + ", " + name;
     const auto expected = want.find(key + " " + name);
     ASSERT_NE(expected, want.end()) << what << ": not in the reference";
     ASSERT_EQ(value.numel(), expected->second.numel()) << what;
-    EXPECT_TRUE(torch::equal(value, expected->second))
+    EXPECT_TRUE(exact ? torch::equal(value, expected->second)
+                      : torch::allclose(value, expected->second, /*rtol=*/1e-5, /*atol=*/1e-6))
         << what << ": max difference " << (value - expected->second).abs().max().item<double>();
     ++compared;
   }
@@ -166,10 +168,14 @@ namespace {
 // (tests/reference/join.py): rank R trains 3 + 2 R steps of the same model and data inside a
 // Join, so rank 0 runs out first and each later step has fewer ranks training, down to one.
 // Every step each training rank's loss, parameters and buffers, and after finish() every rank's
-// model, equal PyTorch's with a difference of 0: the average over the ranks still training, the
-// buffers of the highest of them, the final model of the last to train.
+// model, equal PyTorch's: the average over the ranks still training, the buffers of the highest
+// of them, the final model of the last to train. Bit for bit at 2 ranks; with 3 or more summed,
+// gloo's ring and Open MPI add the gradients in another order (the CNN above differs by 7e-9 at
+// 4 ranks), so there the values agree within float rounding (a wrong divisor or buffer root
+// would differ by far more).
 TEST(PyTorchDdpReference, JoinWithUnevenInputsIsBitIdentical) {
   const int w = rt().world_size(), r = rt().rank();
+  const bool exact = w <= 2;
   OneThread one_thread;
   std::map<std::string, torch::Tensor> want;
   reference_of("join", want);
@@ -200,10 +206,10 @@ TEST(PyTorchDdpReference, JoinWithUnevenInputsIsBitIdentical) {
     optimizer.step();
     auto got = state();
     got["loss"] = loss.detach().reshape({1});
-    expect_equal(want, std::to_string(s), got, compared);
+    expect_equal(want, std::to_string(s), got, compared, exact);
   }
   join.finish();
-  expect_equal(want, "final", state(), compared);
+  expect_equal(want, "final", state(), compared, exact);
   EXPECT_EQ(compared, 3 * my_steps + 2);
   // The ranks that ran out first took part in every later step.
   EXPECT_EQ(join.shadowed_steps(), 3 + 2 * (w - 1) - my_steps);
