@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Where a step's time goes on a slow link (issue 42): two emulated hosts (bench/emulated_hosts.sh's
+# network namespaces), one rank each, the link shaped to RATE; in alternating rounds
+# ddp_mnist (the Trainer: Adadelta, the step boundary's agreement, reporting), bench_throughput's
+# bare DDP loop (SGD) and PyTorch DDP (SGD, gloo) on the seed CNN, batch 64 per rank. The two
+# ddp programs write timelines; bench/timeline_split.py prints each phase's median per rank.
+#   bench/step_split.sh OUT_DIR [RATE (100mbit)] [ROUNDS (2)]     needs root and a build
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${DDP_BUILD_DIR:-$root/build}
+python=${DDP_PYTHON:-$root/.venv/bin/python}
+out=$1 rate=${2:-100mbit} rounds=${3:-2}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+. "$root/tests/cluster/netns_hosts.sh"
+netns_bench_hosts split 1
+agent=$root/tests/cluster/netns_agent.sh
+launch() {
+  local line
+  printf -v line '%q ' env OMP_NUM_THREADS=1 OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+    DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
+    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n 2 -t 1 -x MASTER_ADDR "$@"
+  "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
+}
+netns_shape h1 "$rate"
+netns_shape h2 "$rate"
+for round in $(seq 1 "$rounds"); do
+  echo "round $round, $rate:"
+  printf '  ddp_mnist:        '
+  launch "$build/examples/ddp_mnist" --epochs 1 --limit-train-batches 30 --batch-size 64 \
+    --test-batch-size 1000 --log-interval 0 --progress none --timeline "$out/trainer$round.json" |
+    grep -E "^Epoch 1:" | cut -d'|' -f1
+  printf '  bench_throughput: '
+  launch "$build/bench/bench_throughput" --model cnn --batch-size 64 --warmup-steps 2 --window-steps 10 \
+    --windows 2 --timeline "$out/bare$round.json" | grep -E "samples/s" | sed 's/  */ /g'
+  printf '  PyTorch DDP:      '
+  launch "$python" "$root/bench/pytorch_ddp.py" --model cnn --batch-size 64 --warmup-steps 2 --window-steps 10 \
+    --windows 2 --link "$rate" | grep -E "samples/s|Error"
+done
+"$python" "$root/bench/timeline_split.py" "$out"/trainer*.json "$out"/bare*.json
