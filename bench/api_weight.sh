@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # What a user's translation unit pays for <ddp/ddp.h>: the installed headers, the ddp headers a
 # file that includes <ddp/ddp.h> reaches, whether MPI, NCCL, the CUDA runtime, <thread> or
-# <mutex> reach it, and the time to compile it (3 runs), with the flags of a consumer build of
+# <mutex> reach it, and the time to compile it (COMPILES runs), with the flags of a consumer build of
 # the installed package (tests/consumer, built by ctest's consumer_build).
-# Usage: bench/api_weight.sh [BUILD_DIR]   (default: build)
+# Usage: bench/api_weight.sh [BUILD_DIR (build)] [COMPILES (3); ctest's api_weight_figures: 0]
 set -euo pipefail
-build=${1:-build}
+build=${1:-build} compiles=${2:-3}
 prefix=$build/tests/consumer-prefix
 flags=$build/tests/consumer-build/CMakeFiles/consumer.dir/flags.make
 [ -f "$flags" ] || { echo "api_weight: no $flags: run 'ctest -R consumer_build' in $build first" >&2; exit 1; }
@@ -28,7 +28,7 @@ via=$(awk '{ d = index($0, " ") - 1; path[d] = $2 }
            $2 ~ /\/(thread|mutex)$/ { sub(/.*\/include\//, "", path[d - 1]); printf "%s ", path[d - 1] }' \
       "$tmp/h.txt")
 echo "<thread> / <mutex> first included by: ${via:-none} (no ddp header includes them: check_layers.py --installed)"
-for i in 1 2 3; do
+for _ in $(seq 1 "$compiles"); do
   start=$(date +%s%N)
   # shellcheck disable=SC2086
   c++ $defs $incs $cxxf -c "$tmp/a.cpp" -o "$tmp/a.o"

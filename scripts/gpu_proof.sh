@@ -220,7 +220,7 @@ fi
 # --- Run ----------------------------------------------------------------------------------------
 # The real run on the rank's GPU; the dry run the same commands, tiny, with the CPU standing in.
 if [ $dry -eq 0 ]; then
-  device=cuda no_cuda=() limit=0 unit_filter='*' dist_filter='*'
+  device=cuda no_cuda=() limit=0 unit_filter='*' dist_filter='*' mnist_data=$data
   ctest_dist='^distributed_np'
   bench_steps=(--warmup-steps 50 --window-steps 500 --windows 5)
   # ResNet-18 with AMP: 100 steps of batch 128 in ddp_cifar; 3 windows of 100 in the benchmark.
@@ -228,10 +228,15 @@ if [ $dry -eq 0 ]; then
   amp_bench=(--model resnet18 --batch-size 128 --warmup-steps 20 --window-steps 100 --windows 3)
 else
   device=cpu no_cuda=(--no-cuda) limit=4 unit_filter='Bucketing*'
+  # The training steps read 1024 training and 500 test images: evaluating all 10000 on a CPU
+  # took most of the dry run.
+  mnist_data=$scratch/mnist_subset
+  mkdir -p "$mnist_data"
+  /usr/bin/python3 "$root/tests/mnist_subset.py" "$data" "$mnist_data" 1024 500 || exit 1
   dist_filter='ReducerAtOneRank.*:SnapshotCudaGenerator.*' ctest_dist='^distributed_np1$'
   bench_steps=(--warmup-steps 2 --window-steps 3 --windows 1)
   # fp16 on a CPU is emulated (seconds per ResNet-18 step): two samples, two steps.
-  cifar_train=64 cifar_test=32 cifar_batch=8 cifar_limit=2
+  cifar_train=8 cifar_test=4 cifar_batch=2 cifar_limit=2
   amp_bench=(--model resnet18 --batch-size 2 --warmup-steps 1 --window-steps 1 --windows 1)
 fi
 
@@ -248,7 +253,7 @@ gpu_steps() {
   fi
   [ $examples = ON ] || return 0
 
-  step mnist_gpu "$build/examples/mnist" --epochs 1 --data-dir "$data" \
+  step mnist_gpu "$build/examples/mnist" --epochs 1 --data-dir "$mnist_data" \
     --limit-train-batches $limit "${no_cuda[@]}"
   if ! grep -q "device $device" "$out/mnist_gpu.log" ||
      ! grep -q "Test set: Average loss" "$out/mnist_gpu.log"; then
@@ -258,7 +263,7 @@ gpu_steps() {
   fi
   # NCCL_DEBUG=INFO makes NCCL print its set-up, which shows the rank trained over NCCL.
   step ddp_mnist_nccl env NCCL_DEBUG=INFO "$mpirun" -np 1 "$build/examples/ddp_mnist" --epochs 1 \
-    --data-dir "$data" --metrics-file "$out/ddp_mnist_metrics.jsonl" \
+    --data-dir "$mnist_data" --metrics-file "$out/ddp_mnist_metrics.jsonl" \
     --limit-train-batches $limit "${no_cuda[@]}"
   if [ $dry -eq 0 ] && ! grep -q "NCCL INFO" "$out/ddp_mnist_nccl.log"; then
     log "FAIL ddp_mnist_nccl: NCCL never started (did the rank get a GPU?)"
@@ -275,7 +280,7 @@ gpu_steps() {
   # with atomics unless told otherwise), and a difference after the resume says nothing about it.
   resume=$out/resume
   rm -rf "$resume"
-  mnist_resume=(--data-dir "$data" --epochs 2 --batch-size 64 --limit-train-batches 6
+  mnist_resume=(--data-dir "$mnist_data" --epochs 2 --batch-size 64 --limit-train-batches 6
                 --test-batch-size 2000 --log-interval 0 --keep-checkpoints 0 --deterministic "${no_cuda[@]}")
   step resume_gpu bash -c "
     set -eo pipefail
