@@ -329,6 +329,8 @@ class DistributedDataParallel {
   /// forward()'s pre-forward work (see there); throws when there is no forward to run.
   void before_forward();
   void broadcast_buffers();
+  /// Every parameter and buffer from rank `root` (construction: 0; a Join's end: the last trainer).
+  void broadcast_model(int root);
   /// Under a Join: all-reduces who trains this step (`training`: this rank does); sets
   /// buffer_root_ and the ranks the hooks divide by. Returns how many train and whether they sync.
   struct JoinCount {

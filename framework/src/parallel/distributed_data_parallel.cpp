@@ -98,12 +98,12 @@ Backend choose_backend(ProcessGroup& group, const torch::nn::Module& module, Bac
   return backend;
 }
 
-void broadcast_from_rank0(Communicator& comm, const torch::Tensor& t) {
+void broadcast_from(Communicator& comm, const torch::Tensor& t, int root) {
   if (t.is_contiguous()) {
-    comm.broadcast(t, 0);
+    comm.broadcast(t, root);
   } else {
     torch::Tensor staging = t.contiguous();
-    comm.broadcast(staging, 0);
+    comm.broadcast(staging, root);
     t.copy_(staging);
   }
 }
@@ -177,11 +177,7 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     owned_comm_ = group.new_cpu_communicator("DistributedDataParallel's gradient communicator");
     comm_ = owned_comm_.get();
   }
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : module_->parameters()) broadcast_from_rank0(*comm_, p);
-    for (const auto& b : module_->buffers()) broadcast_from_rank0(*comm_, b);
-  }
+  broadcast_model(0);
   // One rank: its gradients are the average, unless asked to run the bucket path anyway.
   if (world_size_ == 1 && !options_.reducer_at_one_rank) return;
 
@@ -323,6 +319,12 @@ void DistributedDataParallel::prepare_forward() {
   if (reducer_) reducer_->reattach_hooks();
   if (join_) count_training(true);
   broadcast_buffers();
+}
+
+void DistributedDataParallel::broadcast_model(int root) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : module_->parameters()) broadcast_from(*comm_, p, root);
+  for (const auto& b : module_->buffers()) broadcast_from(*comm_, b, root);
 }
 
 void DistributedDataParallel::broadcast_buffers() {

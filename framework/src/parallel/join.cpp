@@ -75,19 +75,7 @@ void DistributedDataParallel::Join::finish() {
   }
   // The finished ranks stopped stepping: every rank takes the model of the highest rank that
   // trained in the last step (PyTorch's _sync_final_model).
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : ddp_.module_->parameters()) {
-      torch::Tensor t = p.is_contiguous() ? p : p.contiguous();
-      ddp_.comm_->broadcast(t, ddp_.last_trainer_);
-      if (!t.is_same(p)) p.copy_(t);
-    }
-    for (const auto& b : ddp_.module_->buffers()) {
-      torch::Tensor t = b.is_contiguous() ? b : b.contiguous();
-      ddp_.comm_->broadcast(t, ddp_.last_trainer_);
-      if (!t.is_same(b)) b.copy_(t);
-    }
-  }
+  ddp_.broadcast_model(ddp_.last_trainer_);
   ddp_.join_ = nullptr;
   ddp_.buffer_root_ = 0;
   if (ddp_.reducer_) ddp_.reducer_->set_training_ranks(ddp_.world_size_);
