@@ -42,7 +42,8 @@ Result measure(ddp::Communicator& comm, torch::Tensor& buffer, int iters, AllRed
     comm.barrier();
     const auto start = std::chrono::steady_clock::now();
     all_reduce(buffer);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (i >= 0) total += seconds;
     if (i == iters - 1) wrong = buffer.ne(expected).sum().item<int64_t>();
   }
@@ -55,9 +56,12 @@ int64_t parse_bytes(const char* text) {
   char* end = nullptr;
   double value = std::strtod(text, &end);
   const std::string unit = end ? end : "";
-  if (unit == "K" || unit == "KiB") value *= 1024;
-  else if (unit == "M" || unit == "MiB") value *= 1024 * 1024;
-  else if (!unit.empty()) throw std::invalid_argument(std::string("bad size: ") + text);
+  if (unit == "K" || unit == "KiB")
+    value *= 1024;
+  else if (unit == "M" || unit == "MiB")
+    value *= 1024 * 1024;
+  else if (!unit.empty())
+    throw std::invalid_argument(std::string("bad size: ") + text);
   return static_cast<int64_t>(value);
 }
 
@@ -70,51 +74,69 @@ int main(int argc, char** argv) {
     ddp::CpuOptions options;
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
-      if (flag == "--min-bytes") min_bytes = parse_bytes(argv[i + 1]);
-      else if (flag == "--max-bytes") max_bytes = parse_bytes(argv[i + 1]);
-      else if (flag == "--max-message") options.mpi.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
-      else if (flag == "--sockets") options.sockets = ddp::parse_sockets(argv[i + 1], "--sockets");
-      else throw std::invalid_argument("unknown flag " + flag + " (--min-bytes, --max-bytes, --max-message, --sockets)");
+      if (flag == "--min-bytes")
+        min_bytes = parse_bytes(argv[i + 1]);
+      else if (flag == "--max-bytes")
+        max_bytes = parse_bytes(argv[i + 1]);
+      else if (flag == "--max-message")
+        options.mpi.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
+      else if (flag == "--sockets")
+        options.sockets = ddp::parse_sockets(argv[i + 1], "--sockets");
+      else
+        throw std::invalid_argument("unknown flag " + flag +
+                                    " (--min-bytes, --max-bytes, --max-message, --sockets)");
     }
     const std::unique_ptr<ddp::Communicator> made =
         ddp::make_cpu_communicator(ddp::detail::RuntimeInternals::comm(runtime), options);
     ddp::Communicator& comm = *made;
     // The raw column's communicator: the MPI backend's own duplicate.
     const auto* routed = dynamic_cast<const ddp::SizeRoutedCommunicator*>(made.get());
-    const MPI_Comm raw_comm = routed ? routed->mpi().comm()
-                                     : dynamic_cast<const ddp::MpiCommunicator&>(comm).comm();
+    const MPI_Comm raw_comm =
+        routed ? routed->mpi().comm() : dynamic_cast<const ddp::MpiCommunicator&>(comm).comm();
     const int w = comm.size();
     const double bus_factor = w > 1 ? 2.0 * (w - 1) / w : 0.0;
     if (runtime.is_main()) {
       const char* sockets = ddp::to_string(options.sockets);
-      std::printf("# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: %s, "
-                  "socket ring %s (from %zu KiB)\n",
-                  w, runtime.num_nodes(), std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",
-                  options.mpi.max_message_bytes == 0
-                      ? "one MPI call per tensor"
-                      : ("pieces of at most " + std::to_string(options.mpi.max_message_bytes >> 10) + " KiB").c_str(),
-                  sockets, options.socket_bytes >> 10);
-      std::printf("#                                   ddp CPU communicator                   raw MPI_Allreduce\n");
-      std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "size(B)", "count", "type", "iters",
-                  "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw", "#wrong", "ratio");
-      std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "", "", "", "", "", "(GB/s)",
-                  "(GB/s)", "", "", "(GB/s)", "(GB/s)", "", "busbw");
+      std::printf(
+          "# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: "
+          "%s, "
+          "socket ring %s (from %zu KiB)\n",
+          w, runtime.num_nodes(),
+          std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",
+          options.mpi.max_message_bytes == 0
+              ? "one MPI call per tensor"
+              : ("pieces of at most " + std::to_string(options.mpi.max_message_bytes >> 10) +
+                 " KiB")
+                    .c_str(),
+          sockets, options.socket_bytes >> 10);
+      std::printf(
+          "#                                   ddp CPU communicator                   raw "
+          "MPI_Allreduce\n");
+      std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "size(B)",
+                  "count", "type", "iters", "time(us)", "algbw", "busbw", "#wrong", "time(us)",
+                  "algbw", "busbw", "#wrong", "ratio");
+      std::printf("# %10s %10s %5s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %6s\n", "", "", "", "",
+                  "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "(GB/s)", "", "busbw");
     }
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
       const int64_t count = bytes / static_cast<int64_t>(sizeof(float));
       torch::Tensor buffer = torch::empty({count}, torch::kFloat);
       const int iters = static_cast<int>(std::clamp<int64_t>((64LL << 20) / bytes, 5, 200));
-      const Result ours = measure(comm, buffer, iters, [&](torch::Tensor& t) { comm.all_reduce(t, ddp::ReduceOp::Sum); });
+      const Result ours = measure(
+          comm, buffer, iters, [&](torch::Tensor& t) { comm.all_reduce(t, ddp::ReduceOp::Sum); });
       const Result raw = measure(comm, buffer, iters, [&](torch::Tensor& t) {
-        MPI_Allreduce(MPI_IN_PLACE, t.data_ptr<float>(), static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM, raw_comm);
+        MPI_Allreduce(MPI_IN_PLACE, t.data_ptr<float>(), static_cast<int>(t.numel()), MPI_FLOAT,
+                      MPI_SUM, raw_comm);
       });
       if (!runtime.is_main()) continue;
       const double gb = static_cast<double>(bytes) / 1e9;
-      std::printf("  %10lld %10lld %5s %6d  %9.1f %7.2f %7.2f %6lld  %9.1f %7.2f %7.2f %6lld  %6.3f\n",
-                  static_cast<long long>(bytes), static_cast<long long>(count), "float", iters,
-                  ours.seconds * 1e6, gb / ours.seconds, gb / ours.seconds * bus_factor, static_cast<long long>(ours.wrong),
-                  raw.seconds * 1e6, gb / raw.seconds, gb / raw.seconds * bus_factor, static_cast<long long>(raw.wrong),
-                  raw.seconds / ours.seconds);
+      std::printf(
+          "  %10lld %10lld %5s %6d  %9.1f %7.2f %7.2f %6lld  %9.1f %7.2f %7.2f %6lld  %6.3f\n",
+          static_cast<long long>(bytes), static_cast<long long>(count), "float", iters,
+          ours.seconds * 1e6, gb / ours.seconds, gb / ours.seconds * bus_factor,
+          static_cast<long long>(ours.wrong), raw.seconds * 1e6, gb / raw.seconds,
+          gb / raw.seconds * bus_factor, static_cast<long long>(raw.wrong),
+          raw.seconds / ours.seconds);
       std::fflush(stdout);
     }
   });

@@ -1,7 +1,7 @@
-// The cost of the Trainer's per-step stop check (docs/records/reliability.md): the all-reduce (Max) of
-// 6 doubles (what StopAgreement sends) on the process group's CPU communicator, timed one by one. Reports the median and
-// the 90th percentile over the slowest rank, in microseconds, so that a rank descheduled now
-// and then on a busy machine does not hide the typical cost.
+// The cost of the Trainer's per-step stop check (docs/records/reliability.md): the all-reduce (Max)
+// of 6 doubles (what StopAgreement sends) on the process group's CPU communicator, timed one by
+// one. Reports the median and the 90th percentile over the slowest rank, in microseconds, so that a
+// rank descheduled now and then on a busy machine does not hide the typical cost.
 //   mpirun -np 2 bench_stop_check [ITERATIONS]
 #include <ddp/train/train.h>
 
@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
       const auto start = std::chrono::steady_clock::now();
       group.cpu().all_reduce(flag, ddp::ReduceOp::Max);
       const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count();
       if (i >= 0) micros.push_back(us);
     }
     // Per iteration, the slowest rank's time.
@@ -31,10 +32,11 @@ int main(int argc, char** argv) {
     std::vector<double> slowest(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
     std::sort(slowest.begin(), slowest.end());
     if (runtime.is_main()) {
-      std::printf("stop check (all-reduce Max of 6 doubles), %d ranks, %d iterations: median %.1f us, "
-                  "p90 %.1f us, max %.1f us\n",
-                  runtime.world_size(), iterations, slowest[slowest.size() / 2],
-                  slowest[slowest.size() * 9 / 10], slowest.back());
+      std::printf(
+          "stop check (all-reduce Max of 6 doubles), %d ranks, %d iterations: median %.1f us, "
+          "p90 %.1f us, max %.1f us\n",
+          runtime.world_size(), iterations, slowest[slowest.size() / 2],
+          slowest[slowest.size() * 9 / 10], slowest.back());
     }
   });
 }

@@ -1,6 +1,6 @@
-// ZeRO-1 against the unsharded optimizer (docs/records/performance.md): Adam on an MLP of 784-1024-512-10
-// (1.33 M parameters, 5.3 MB of fp32), a synthetic batch per rank, three ways per round, the
-// rounds alternating them:
+// ZeRO-1 against the unsharded optimizer (docs/records/performance.md): Adam on an MLP of
+// 784-1024-512-10 (1.33 M parameters, 5.3 MB of fp32), a synthetic batch per rank, three ways per
+// round, the rounds alternating them:
 //   ddp+adam   DistributedDataParallel (all-reduce) and torch::optim::Adam on every rank
 //   zero       the unwrapped module and ZeroRedundancyOptimizer (reduce-scatter, shard step,
 //              all-gather)
@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
         if (way == "ddp+adam") {
           optimizer = adam(net->parameters());
         } else {
-          auto z = std::make_unique<ddp::ZeroRedundancyOptimizer>(net->parameters(), group.cpu(), adam);
+          auto z =
+              std::make_unique<ddp::ZeroRedundancyOptimizer>(net->parameters(), group.cpu(), adam);
           zero = z.get();
           optimizer = std::move(z);
         }
@@ -92,7 +93,9 @@ int main(int argc, char** argv) {
           torch::nll_loss(torch::log_softmax(out, 1), y).backward();
           optimizer->step();
           if (s >= 0) {
-            ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+            ms.push_back(
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count());
           }
         }
         torch::Tensor all = torch::tensor(ms, torch::kDouble);
@@ -102,11 +105,13 @@ int main(int argc, char** argv) {
         state_bytes[way] = adam_state_bytes(zero ? zero->shard_optimizer() : *optimizer);
       }
     }
-    torch::Tensor bytes = torch::tensor({state_bytes["ddp+adam"], state_bytes["zero"]}, torch::kLong);
+    torch::Tensor bytes =
+        torch::tensor({state_bytes["ddp+adam"], state_bytes["zero"]}, torch::kLong);
     const torch::Tensor per_rank = group.cpu().all_gather(bytes);
     if (runtime.is_main()) {
-      std::printf("bench_zero: %d ranks, MLP 784-1024-512-10, batch %lld per rank, %d steps x %d rounds\n",
-                  group.size(), static_cast<long long>(batch), steps, rounds);
+      std::printf(
+          "bench_zero: %d ranks, MLP 784-1024-512-10, batch %lld per rank, %d steps x %d rounds\n",
+          group.size(), static_cast<long long>(batch), steps, rounds);
       for (const std::string& way : ways) {
         std::printf("  %-9s step median per round:", way.c_str());
         for (double t : times[way]) std::printf(" %.2f", t);
@@ -114,7 +119,8 @@ int main(int argc, char** argv) {
       }
       std::printf("  Adam state bytes per rank: unsharded %lld; ZeRO",
                   static_cast<long long>(per_rank[0][0].item<int64_t>()));
-      for (int r = 0; r < group.size(); ++r) std::printf(" %lld", static_cast<long long>(per_rank[r][1].item<int64_t>()));
+      for (int r = 0; r < group.size(); ++r)
+        std::printf(" %lld", static_cast<long long>(per_rank[r][1].item<int64_t>()));
       std::printf("\n");
     }
   });

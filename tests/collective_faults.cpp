@@ -39,8 +39,8 @@
 //                               which Open MPI reports through MPI_COMM_WORLD's error handler;
 //                               the job ends with ddp's message naming both sides' calls
 //   collective_faults world_error  rank 0 sends to a rank that does not exist on
-//                               MPI_COMM_WORLD, outside any collective: the handler ProcessGroup set
-//                               there ends the job with ddp's line and MPI's error
+//                               MPI_COMM_WORLD, outside any collective: the handler ProcessGroup
+//                               set there ends the job with ddp's line and MPI's error
 #include "comm/cpu_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/backend_options.h"
@@ -103,8 +103,9 @@ void across_communicators(ddp::ProcessGroup& group, const std::string& mode) {
   }
   group.cpu().barrier();
   if (group.is_main()) {
-    std::printf("collective_faults: 3 steps on 4 communicators of one group agreed, results "
-                "checked: OK\n");
+    std::printf(
+        "collective_faults: 3 steps on 4 communicators of one group agreed, results "
+        "checked: OK\n");
   }
 }
 
@@ -186,7 +187,8 @@ int main(int argc, char** argv) {
       options.timeout = std::chrono::seconds(600);
       options.stop_grace = std::chrono::seconds(2);
       options.on_fatal_error = [&](const std::string& message) { runtime.abort(message); };
-      own = std::make_unique<ddp::MpiCommunicator>(ddp::detail::RuntimeInternals::comm(runtime), options);
+      own = std::make_unique<ddp::MpiCommunicator>(ddp::detail::RuntimeInternals::comm(runtime),
+                                                   options);
     }
     ddp::StopSignalHandlers stop_handlers;
     ddp::Communicator& comm = own ? *own : group.cpu();
@@ -233,8 +235,9 @@ int main(int argc, char** argv) {
     }
     comm.barrier();
     if (runtime.is_main()) {
-      std::printf("collective_faults: every rank called the same 7 collectives, results checked: "
-                  "OK\n");
+      std::printf(
+          "collective_faults: every rank called the same 7 collectives, results checked: "
+          "OK\n");
     }
   });
 }

@@ -27,10 +27,11 @@ int main(int argc, char** argv) {
       if (!ok) throw std::runtime_error("docs/training_loop.md example: " + what);
     };
     require(r.size() == 3, "3 epochs expected, got " + std::to_string(r.size()));
-    require(r[2].train_loss < r[0].train_loss, "the train loss did not fall: " +
-                                                   std::to_string(r[0].train_loss) + " -> " +
-                                                   std::to_string(r[2].train_loss));
-    require(r[2].samples == 64, "64 samples per epoch expected, got " + std::to_string(r[2].samples));
+    require(r[2].train_loss < r[0].train_loss,
+            "the train loss did not fall: " + std::to_string(r[0].train_loss) + " -> " +
+                std::to_string(r[2].train_loss));
+    require(r[2].samples == 64,
+            "64 samples per epoch expected, got " + std::to_string(r[2].samples));
     require(r[2].train_metrics.size() == 1 && r[2].train_metrics[0].name == "abs_error" &&
                 r[2].train_metrics[0].samples == 64 && r[2].train_metrics[0].sum > 0,
             "the abs_error metric is missing or not over all 64 samples");

@@ -75,9 +75,15 @@ Options parse(int argc, char** argv) {
 // stripes whose orientation and period depend on the class, plus Gaussian noise.
 std::pair<torch::Tensor, torch::Tensor> synthesize(int64_t count, at::Generator& generator) {
   const torch::Tensor labels = torch::arange(count, torch::kLong).remainder(10);
-  const torch::Tensor palette = torch::tensor({{200, 60, 60}, {60, 200, 60}, {60, 60, 200},
-                                               {200, 200, 60}, {200, 60, 200}, {60, 200, 200},
-                                               {128, 128, 128}, {220, 140, 40}, {40, 140, 220},
+  const torch::Tensor palette = torch::tensor({{200, 60, 60},
+                                               {60, 200, 60},
+                                               {60, 60, 200},
+                                               {200, 200, 60},
+                                               {200, 60, 200},
+                                               {60, 200, 200},
+                                               {128, 128, 128},
+                                               {220, 140, 40},
+                                               {40, 140, 220},
                                                {140, 40, 220}},
                                               torch::kFloat);
   const torch::Tensor colour = palette.index_select(0, labels).view({count, 3, 1, 1});

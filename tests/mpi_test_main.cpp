@@ -22,8 +22,9 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    std::cerr << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?")
-              << ":" << result.line_number() << ": Failure\n" << result.summary() << std::endl;
+    std::cerr << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?") << ":"
+              << result.line_number() << ": Failure\n"
+              << result.summary() << std::endl;
   }
 
  private:
@@ -47,7 +48,8 @@ int main(int argc, char** argv) {
   group.cpu().all_reduce(no_gpu, ddp::ReduceOp::Max);
   if (no_gpu.item<int>() != 0) {
     if (runtime.is_main()) {
-      std::cout << "skipped: no CUDA device on " << (torch::cuda::is_available() ? "another rank" : "rank 0")
+      std::cout << "skipped: no CUDA device on "
+                << (torch::cuda::is_available() ? "another rank" : "rank 0")
                 << " (torch::cuda::is_available() is false); the GPU tests need one GPU per rank"
                 << std::endl;
     }

@@ -6,12 +6,12 @@
 //   mpirun -np 2 ddp_cifar_signal_at_step --signal-at-step=9:1:TERM <ddp_cifar's flags>
 //
 // Rank RANK raises SIGNAL (TERM, USR1, USR2; KILL for a crash without warning, STOP for a hung
-// rank) on itself right after optimizer step STEP (testing::hooks().after_step), saying so on stderr
-// first, so that a test can time the job's end from that line. SIGNAL may also be SLEEP<SECONDS>
-// (SLEEP2.5): the rank sleeps there instead, a slow step on one rank (the timed snapshots'
-// agreement, snapshot_cost_check.sh). Several --signal-at-step arguments may come first, each
-// acting once (e.g. a SLEEP, then a KILL later). STEP may also name a phase of
-// start-up, where no Trainer exists yet:
+// rank) on itself right after optimizer step STEP (testing::hooks().after_step), saying so on
+// stderr first, so that a test can time the job's end from that line. SIGNAL may also be
+// SLEEP<SECONDS> (SLEEP2.5): the rank sleeps there instead, a slow step on one rank (the timed
+// snapshots' agreement, snapshot_cost_check.sh). Several --signal-at-step arguments may come first,
+// each acting once (e.g. a SLEEP, then a KILL later). STEP may also name a phase of start-up, where
+// no Trainer exists yet:
 //   init   inside MPI_Init_thread, before MPI starts (a profiling-interface wrapper of this
 //          program's own; the rank is the launcher's OMPI_COMM_WORLD_RANK / PMIX_RANK);
 //   setup  after the data loading and the DistributedDataParallel constructor, when the example
@@ -43,7 +43,7 @@ constexpr int64_t kInit = -1, kSetup = -2;  // the phases of start-up, as steps
 struct SignalAt {
   int64_t step = 0;
   int rank = 0;
-  int signal = 0;         // 0: a SLEEP
+  int signal = 0;  // 0: a SLEEP
   double sleep_seconds = 0;
 };
 
@@ -58,7 +58,8 @@ int launcher_rank() {
 
 void raise_at(const SignalAt& at, const char* where) {
   if (at.signal == 0) {
-    std::fprintf(stderr, "signal_at_step: rank %d sleeps %g s %s\n", at.rank, at.sleep_seconds, where);
+    std::fprintf(stderr, "signal_at_step: rank %d sleeps %g s %s\n", at.rank, at.sleep_seconds,
+                 where);
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::duration<double>(at.sleep_seconds));
     return;
@@ -73,8 +74,10 @@ SignalAt parse(const char* argument) {
   const std::string prefix = "--signal-at-step=";
   const std::string text = argument ? argument : "";
   const auto bad = [&] {
-    return std::invalid_argument("expected " + prefix + "STEP:RANK:SIGNAL (SIGNAL: "
-                                 "TERM, USR1, USR2, KILL, STOP or SLEEP<SECONDS>), got '" + text + "'");
+    return std::invalid_argument("expected " + prefix +
+                                 "STEP:RANK:SIGNAL (SIGNAL: "
+                                 "TERM, USR1, USR2, KILL, STOP or SLEEP<SECONDS>), got '" +
+                                 text + "'");
   };
   if (text.compare(0, prefix.size(), prefix) != 0) throw bad();
   const std::string value = text.substr(prefix.size());

@@ -40,7 +40,8 @@ extern "C" ssize_t write(int fd, const void* buf, size_t count) {
         }
         if (const char* until = std::getenv("DDP_STALL_UNTIL")) {
           while (access(until, F_OK) != 0) usleep(10000);
-          const ssize_t rest = real(fd, static_cast<const char*>(buf) + count / 2, count - count / 2);
+          const ssize_t rest =
+              real(fd, static_cast<const char*>(buf) + count / 2, count - count / 2);
           return rest < 0 ? rest : static_cast<ssize_t>(count / 2) + rest;
         }
         for (;;) pause();

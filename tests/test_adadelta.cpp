@@ -21,7 +21,9 @@ Problem make_problem() {
   Problem p;
   p.x = torch::sin(torch::arange(32, f64).reshape({8, 4}) * 0.37).to(torch::kFloat);
   p.y = torch::cos(torch::arange(24, f64).reshape({8, 3}) * 0.11).to(torch::kFloat);
-  p.w = (torch::sin(torch::arange(12, f64).reshape({3, 4}) * 1.3) * 0.5).to(torch::kFloat).requires_grad_();
+  p.w = (torch::sin(torch::arange(12, f64).reshape({3, 4}) * 1.3) * 0.5)
+            .to(torch::kFloat)
+            .requires_grad_();
   p.b = (torch::cos(torch::arange(3, f64)) * 0.1).to(torch::kFloat).requires_grad_();
   return p;
 }
@@ -57,7 +59,8 @@ TEST(Adadelta, MatchesPyTorchWithStepLR) {
       train_steps(p, opt, 5);
       scheduler.step();
     }
-    const torch::Tensor actual = torch::cat({p.w.detach().flatten(), p.b.detach()}).to(torch::kDouble);
+    const torch::Tensor actual =
+        torch::cat({p.w.detach().flatten(), p.b.detach()}).to(torch::kDouble);
     const torch::Tensor want = torch::tensor(expected, torch::kDouble);
     const double max_diff = (actual - want).abs().max().item<double>();
     EXPECT_LE(max_diff, 1e-7) << "config " << line.substr(0, line.find(':'))

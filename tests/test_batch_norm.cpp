@@ -64,8 +64,10 @@ class CountingCommunicator final : public ddp::Communicator {
 
 torch::nn::BatchNormOptions options(int64_t channels, c10::optional<double> momentum = 0.1,
                                     bool affine = true, bool track_running_stats = true) {
-  return torch::nn::BatchNormOptions(channels).momentum(momentum).affine(affine).track_running_stats(
-      track_running_stats);
+  return torch::nn::BatchNormOptions(channels)
+      .momentum(momentum)
+      .affine(affine)
+      .track_running_stats(track_running_stats);
 }
 
 // Gives both modules the same non-trivial weight and bias.
@@ -86,24 +88,29 @@ std::vector<std::string> keys(const torch::OrderedDict<std::string, torch::Tenso
 }
 
 // "[2, 3, 4]", as the layer's errors print shapes.
-std::string shape_string(const std::vector<int64_t>& shape) { return c10::str(c10::IntArrayRef(shape)); }
+std::string shape_string(const std::vector<int64_t>& shape) {
+  return c10::str(c10::IntArrayRef(shape));
+}
 
 void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
                   const std::string& what) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
   EXPECT_TRUE(torch::allclose(got, want, tolerance, tolerance))
-      << what << ": max diff " << (got - want).abs().max().item<double>() << " on rank " << rt().rank();
+      << what << ": max diff " << (got - want).abs().max().item<double>() << " on rank "
+      << rt().rank();
 }
 
 // Expects `call` to throw std::invalid_argument whose message contains every one of `parts`.
 template <typename Call>
-void expect_invalid_argument(Call call, const std::vector<std::string>& parts, const std::string& what) {
+void expect_invalid_argument(Call call, const std::vector<std::string>& parts,
+                             const std::string& what) {
   try {
     call();
     ADD_FAILURE() << what << ": no exception on rank " << rt().rank();
   } catch (const std::invalid_argument& e) {
     for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << what << ": '" << part << "' not in: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << what << ": '" << part << "' not in: " << e.what();
     }
   }
 }
@@ -114,7 +121,9 @@ template <typename MineT, typename ReferenceT, int64_t... Spatial>
 struct Layer {
   using Mine = MineT;
   using Reference = ReferenceT;
-  static std::vector<int64_t> shape(int64_t batch, int64_t channels) { return {batch, channels, Spatial...}; }
+  static std::vector<int64_t> shape(int64_t batch, int64_t channels) {
+    return {batch, channels, Spatial...};
+  }
   // The same rank of input with one value per sample and channel.
   static std::vector<int64_t> single_values(int64_t batch, int64_t channels) {
     return {batch, channels, (Spatial * 0 + 1)...};
@@ -170,7 +179,8 @@ TYPED_TEST(SyncBatchNorm, LocalModeIsTorchBatchNorm) {
       const auto b_mine = mine->buffers(), b_ref = reference->buffers();
       ASSERT_EQ(b_mine.size(), b_ref.size()) << name;
       for (size_t i = 0; i < b_mine.size(); ++i) {
-        EXPECT_TRUE(torch::equal(b_mine[i], b_ref[i])) << name << ", buffer " << i << ", step " << step;
+        EXPECT_TRUE(torch::equal(b_mine[i], b_ref[i]))
+            << name << ", buffer " << i << ", step " << step;
       }
     }
     mine->eval();
@@ -275,7 +285,8 @@ TYPED_TEST(SyncBatchNorm, SynchronisedEqualsOneProcessOnTheGlobalBatch) {
     std::vector<int64_t> steps_shape = TypeParam::shape(total, c);
     steps_shape.insert(steps_shape.begin(), steps);
     const torch::Tensor x = (torch::randn(steps_shape, torch::kDouble) * 2 + 3).to(sc.dtype);
-    const torch::Tensor weights = torch::randn(TypeParam::shape(total, c), torch::kDouble).to(sc.dtype);
+    const torch::Tensor weights =
+        torch::randn(TypeParam::shape(total, c), torch::kDouble).to(sc.dtype);
     for (int64_t s = 0; s < steps; ++s) {
       const std::string where = std::string(sc.name) + ", step " + std::to_string(s);
       for (const auto& p : mine->parameters()) p.mutable_grad().reset();
@@ -285,7 +296,8 @@ TYPED_TEST(SyncBatchNorm, SynchronisedEqualsOneProcessOnTheGlobalBatch) {
       const torch::Tensor out_mine = mine(x_mine), out_ref = reference(x_ref);
       (out_mine * my_slice(weights)).sum().backward();
       (out_ref * weights).sum().backward();
-      EXPECT_EQ(comm->all_reduces, 2 * (s + 1)) << where << ": one all-reduce forward, one backward";
+      EXPECT_EQ(comm->all_reduces, 2 * (s + 1))
+          << where << ": one all-reduce forward, one backward";
 
       expect_close(out_mine, my_slice(out_ref), sc.tolerance, where + ": output");
       expect_close(x_mine.grad(), my_slice(x_ref.grad()), sc.tolerance, where + ": input gradient");
@@ -296,13 +308,15 @@ TYPED_TEST(SyncBatchNorm, SynchronisedEqualsOneProcessOnTheGlobalBatch) {
         for (const char* p : {"weight", "bias"}) {
           const torch::Tensor summed = mine->named_parameters()[p].grad().clone();
           pg().cpu().all_reduce(summed);
-          expect_close(summed / values, reference->named_parameters()[p].grad() / values, sc.tolerance,
-                       where + ": " + p + " gradient summed over ranks, per value");
+          expect_close(summed / values, reference->named_parameters()[p].grad() / values,
+                       sc.tolerance, where + ": " + p + " gradient summed over ranks, per value");
         }
       }
       if (sc.options.track_running_stats()) {
-        expect_close(mine->running_mean, reference->running_mean, sc.tolerance, where + ": running_mean");
-        expect_close(mine->running_var, reference->running_var, sc.tolerance, where + ": running_var");
+        expect_close(mine->running_mean, reference->running_mean, sc.tolerance,
+                     where + ": running_mean");
+        expect_close(mine->running_var, reference->running_var, sc.tolerance,
+                     where + ": running_var");
         EXPECT_EQ(mine->num_batches_tracked.template item<int64_t>(), s + 1) << where;
       } else {
         EXPECT_FALSE(mine->running_mean.defined()) << where;
@@ -339,7 +353,8 @@ TYPED_TEST(SyncBatchNorm, SynchronisedBackwardSkipsTheAllReduceWithoutAnInputGra
   for (const char* p : {"weight", "bias"}) {
     const torch::Tensor summed = mine->named_parameters()[p].grad().clone();
     pg().cpu().all_reduce(summed);
-    expect_close(summed, reference->named_parameters()[p].grad(), 1e-12, std::string(p) + " gradient");
+    expect_close(summed, reference->named_parameters()[p].grad(), 1e-12,
+                 std::string(p) + " gradient");
   }
 }
 
@@ -350,9 +365,10 @@ TYPED_TEST(SyncBatchNorm, SynchronisedRejectsOneValuePerChannelOnEveryRank) {
   Mine bn(2);
   bn->set_sync_communicator(new_mpi_communicator());
   const torch::Tensor x = torch::randn(TypeParam::single_values(rt().rank() == 0 ? 1 : 0, 2));
-  expect_invalid_argument([&] { bn(x); },
-                          {c10::str(Mine(2)).substr(0, 16), "more than 1 value per channel over all ranks"},
-                          "one value");
+  expect_invalid_argument(
+      [&] { bn(x); },
+      {c10::str(Mine(2)).substr(0, 16), "more than 1 value per channel over all ranks"},
+      "one value");
   EXPECT_EQ(bn->num_batches_tracked.template item<int64_t>(), 0);
 }
 
@@ -370,12 +386,14 @@ TYPED_TEST(SyncBatchNorm, BadInputNamesTheLayerAndTheShape) {
     const std::vector<int64_t> too_few =
         TypeParam::shape(0, 0).size() > 3 ? std::vector<int64_t>{2, 4} : std::vector<int64_t>{4};
     for (const auto& shape : {too_many, too_few}) {
-      expect_invalid_argument([&] { bn(torch::randn(shape)); }, {name, shape_string(shape), "D input"},
+      expect_invalid_argument([&] { bn(torch::randn(shape)); },
+                              {name, shape_string(shape), "D input"},
                               mode + ", input " + shape_string(shape));
     }
     const std::vector<int64_t> wrong_channels = TypeParam::shape(2, 3);
     expect_invalid_argument([&] { bn(torch::randn(wrong_channels)); },
-                            {name, shape_string(wrong_channels), "expected 4 channels"}, mode + ", channels");
+                            {name, shape_string(wrong_channels), "expected 4 channels"},
+                            mode + ", channels");
     EXPECT_EQ(bn->num_batches_tracked.template item<int64_t>(), 0) << mode;
   }
 }
@@ -413,8 +431,11 @@ TYPED_TEST(SyncBatchNorm, DistributedDataParallelTrainsLikeOneProcessOnTheGlobal
   torch::optim::SGD opt_mine(mine->parameters(), 0.1), opt_ref(reference->parameters(), 0.1);
   for (int64_t s = 0; s < steps; ++s) {
     const torch::Tensor x = torch::randn(TypeParam::shape(per_rank * w, 3), torch::kDouble) * 2 + 1;
-    const torch::Tensor target = torch::randn(x.sizes(), torch::kDouble).movedim(1, -1).narrow(-1, 0, 1);
-    const auto mine_slice = [&](const torch::Tensor& t) { return t.slice(0, r * per_rank, (r + 1) * per_rank); };
+    const torch::Tensor target =
+        torch::randn(x.sizes(), torch::kDouble).movedim(1, -1).narrow(-1, 0, 1);
+    const auto mine_slice = [&](const torch::Tensor& t) {
+      return t.slice(0, r * per_rank, (r + 1) * per_rank);
+    };
     opt_mine.zero_grad();
     opt_ref.zero_grad();
     torch::mse_loss(model.forward(mine_slice(x)), mine_slice(target)).backward();
@@ -428,7 +449,8 @@ TYPED_TEST(SyncBatchNorm, DistributedDataParallelTrainsLikeOneProcessOnTheGlobal
   }
   const auto b_ref = reference->named_buffers();
   for (const auto& item : mine->named_buffers()) {
-    expect_close(item.value().to(torch::kDouble), b_ref[item.key()].to(torch::kDouble), 1e-12, item.key());
+    expect_close(item.value().to(torch::kDouble), b_ref[item.key()].to(torch::kDouble), 1e-12,
+                 item.key());
   }
 }
 
@@ -436,9 +458,11 @@ struct Block : torch::nn::Module {
   Block()
       : conv(register_module("conv", torch::nn::Conv2d(3, 4, 1))),
         norm(register_module("norm", ddp::BatchNorm2d(4))),
-        stack(register_module("stack", torch::nn::ModuleList(ddp::BatchNorm1d(4), torch::nn::ReLU(),
-                                                             torch::nn::Sequential(torch::nn::Conv3d(4, 4, 1),
-                                                                                   ddp::BatchNorm3d(4))))) {}
+        stack(register_module(
+            "stack", torch::nn::ModuleList(
+                         ddp::BatchNorm1d(4), torch::nn::ReLU(),
+                         torch::nn::Sequential(torch::nn::Conv3d(4, 4, 1), ddp::BatchNorm3d(4))))) {
+  }
   torch::nn::Conv2d conv;
   ddp::BatchNorm2d norm;
   torch::nn::ModuleList stack;
@@ -451,7 +475,11 @@ TEST(ConvertSyncBatchnorm, ReachesNestedLayersOfEveryDimension) {
   EXPECT_EQ(ddp::convert_sync_batchnorm(block, comm), 3);
   EXPECT_TRUE(block.norm->synchronised());
   EXPECT_TRUE(block.stack[0]->as<ddp::BatchNorm1dImpl>()->synchronised());
-  EXPECT_TRUE(block.stack[2]->as<torch::nn::SequentialImpl>()->ptr(1)->as<ddp::BatchNorm3dImpl>()->synchronised());
+  EXPECT_TRUE(block.stack[2]
+                  ->as<torch::nn::SequentialImpl>()
+                  ->ptr(1)
+                  ->as<ddp::BatchNorm3dImpl>()
+                  ->synchronised());
 
   ddp::BatchNorm3d alone(2);
   EXPECT_EQ(ddp::convert_sync_batchnorm(*alone, comm), 1);
@@ -469,7 +497,8 @@ TEST(ConvertSyncBatchnorm, NamesTorchBatchNormLayersAndTheirReplacements) {
                                                   torch::nn::BatchNorm3d(2)));
   expect_invalid_argument(
       [&] { ddp::convert_sync_batchnorm(*net, new_mpi_communicator()); },
-      {"1 (torch::nn::BatchNorm2d -> ddp::BatchNorm2d)", "2.1 (torch::nn::BatchNorm1d -> ddp::BatchNorm1d)",
+      {"1 (torch::nn::BatchNorm2d -> ddp::BatchNorm2d)",
+       "2.1 (torch::nn::BatchNorm1d -> ddp::BatchNorm1d)",
        "2.2 (torch::nn::BatchNorm3d -> ddp::BatchNorm3d)", "<ddp/sync_batch_norm.h>"},
       "torch::nn layers");
   EXPECT_FALSE(net[0]->as<ddp::BatchNorm2dImpl>()->synchronised()) << "converted before refusing";

@@ -71,7 +71,8 @@ constexpr int64_t kSteps = 4, kBatch = 3;
 bool grads_are_bucket_views(const std::vector<torch::Tensor>& params, const Layout& layout) {
   for (const auto& bucket : layout) {
     int64_t bytes = 0;
-    for (size_t i : bucket) bytes += params[i].numel() * static_cast<int64_t>(params[i].element_size());
+    for (size_t i : bucket)
+      bytes += params[i].numel() * static_cast<int64_t>(params[i].element_size());
     const torch::Tensor& first = params[bucket.front()].grad();
     if (!first.defined() || static_cast<int64_t>(first.storage().nbytes()) != bytes) return false;
     const char* at = static_cast<const char*>(first.storage().data());
@@ -124,7 +125,8 @@ Result run(const Case& s, bool view, Zero zero) {
         std::optional<ddp::Autocast> autocast;
         if (s.bf16) autocast.emplace(torch::kCPU, torch::kBFloat16);
         const bool extra = s.uses_extra(step, r);
-        loss = torch::nll_loss(model.forward(mine, extra), y[k].slice(0, r * kBatch, (r + 1) * kBatch));
+        loss = torch::nll_loss(model.forward(mine, extra),
+                               y[k].slice(0, r * kBatch, (r + 1) * kBatch));
       }
       loss_sum += loss.detach();
       if (s.accumulate > 1) loss = loss / static_cast<double>(s.accumulate);
@@ -174,7 +176,8 @@ void expect_identical(const Result& got, const Result& want, const std::string& 
     const std::string at = what + ", step " + std::to_string(s);
     EXPECT_TRUE(torch::equal(got.losses[s], want.losses[s])) << at << ": loss";
     EXPECT_TRUE(torch::equal(got.grads[s], want.grads[s]))
-        << at << ": gradients, max diff " << (got.grads[s] - want.grads[s]).abs().max().item<double>();
+        << at << ": gradients, max diff "
+        << (got.grads[s] - want.grads[s]).abs().max().item<double>();
     EXPECT_TRUE(torch::equal(got.norms[s], want.norms[s])) << at << ": clip_grad_norm";
   }
   EXPECT_TRUE(torch::equal(got.weights, want.weights))
@@ -187,7 +190,8 @@ void expect_identical(const Result& got, const Result& want, const std::string& 
 // do not make the two zero_grads differ anyway.
 void check(const Case& s) {
   for (Zero zero : {Zero::Reset, Zero::InPlace}) {
-    const std::string what = s.name + (zero == Zero::Reset ? ", zero_grad reset" : ", zero_grad in place");
+    const std::string what =
+        s.name + (zero == Zero::Reset ? ", zero_grad reset" : ", zero_grad in place");
     const Result copied = run(s, false, zero), viewed = run(s, true, zero);
     expect_identical(viewed, copied, what);
     EXPECT_TRUE(viewed.views) << what << ": grads are not the buckets' views";
@@ -222,10 +226,13 @@ TEST(GradientAsBucketView, UnusedParameters) {
   options.find_unused_parameters = true;
   // Step 0: every rank uses `extra`; 1: none (its grad is kept); 2: rank 0 only; 3: every rank.
   Case s{"unused extra", options};
-  s.uses_extra = [](int64_t step, int r) { return step == 0 || step == 3 || (step == 2 && r == 0); };
+  s.uses_extra = [](int64_t step, int r) {
+    return step == 0 || step == 3 || (step == 2 && r == 0);
+  };
   check(s);
   // Never zeroed: the kept grad is the accumulated one, and accumulation continues on it.
-  expect_identical(run(s, true, Zero::Never), run(s, false, Zero::Never), "unused extra, never zeroed");
+  expect_identical(run(s, true, Zero::Never), run(s, false, Zero::Never),
+                   "unused extra, never zeroed");
 }
 
 TEST(GradientAsBucketView, CommHooksAndMixedPrecision) {

@@ -48,8 +48,7 @@ TEST(Bucketing, ALargeParameterGetsABucketOfItsOwn) {
 TEST(Bucketing, DtypesNeverShareABucket) {
   std::vector<ParameterSize> params = floats({8, 8, 8});
   params[1].dtype = c10::ScalarType::Double;
-  EXPECT_EQ(ddp::assign_buckets(params, {0, 1, 2}, BucketCaps{1e6, 1e6}),
-            (Buckets{{0}, {1}, {2}}));
+  EXPECT_EQ(ddp::assign_buckets(params, {0, 1, 2}, BucketCaps{1e6, 1e6}), (Buckets{{0}, {1}, {2}}));
 }
 
 TEST(Bucketing, PerParameterIsThePolicyWithZeroCaps) {

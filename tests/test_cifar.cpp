@@ -31,8 +31,9 @@ Bytes records(int64_t count) {
 }
 
 void write_file(const std::string& path, const Bytes& bytes) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 Bytes read_file(const std::string& path) {
@@ -41,8 +42,7 @@ Bytes read_file(const std::string& path) {
 }
 
 torch::Tensor random_images(int64_t n, int64_t seed) {
-  return torch::randint(0, 256, {n, 3, 32, 32}, at::detail::createCPUGenerator(seed),
-                        torch::kByte);
+  return torch::randint(0, 256, {n, 3, 32, 32}, at::detail::createCPUGenerator(seed), torch::kByte);
 }
 
 // Expects fn to throw E with a message containing every one of `parts`.
@@ -52,8 +52,9 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
     fn();
     FAIL() << "no exception";
   } catch (const E& e) {
-    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-        << "message: " << e.what() << "\nmissing: " << part;
+    for (const auto& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << part;
   }
 }
 
@@ -104,7 +105,7 @@ TEST(CifarWriter, RoundTripsPixelsAndLabelsInTheBinaryLayout) {
   ASSERT_EQ(bytes.size(), static_cast<size_t>(4 * kRecord));
   EXPECT_EQ(bytes[0], 3);
   EXPECT_EQ(bytes[kRecord], 9);
-  EXPECT_EQ(bytes[1 + 32 * 5 + 7], images[0][0][5][7].item<int>());              // red
+  EXPECT_EQ(bytes[1 + 32 * 5 + 7], images[0][0][5][7].item<int>());                 // red
   EXPECT_EQ(bytes[kRecord + 1 + 1024 + 32 * 31], images[1][1][31][0].item<int>());  // green
   EXPECT_EQ(bytes[3 * kRecord + 1 + 2048 + 32 * 2 + 30], images[3][2][2][30].item<int>());
 
@@ -127,10 +128,14 @@ TEST(CifarWriter, RejectsBadTensorsNamingTheFile) {
   expect_error<Invalid>([&] { ddp::write_cifar10_file(path, images, labels.to(torch::kInt)); },
                         {path, "int64 [2]"});
   expect_error<Invalid>(
-      [&] { ddp::write_cifar10_file(path, images, torch::tensor({1, 10}, torch::kLong)); },
+      [&] {
+        ddp::write_cifar10_file(path, images, torch::tensor({1, 10}, torch::kLong));
+      },
       {path, "0..9", "10"});
   expect_error<Invalid>(
-      [&] { ddp::write_cifar10_file(path, images, torch::tensor({-1, 1}, torch::kLong)); },
+      [&] {
+        ddp::write_cifar10_file(path, images, torch::tensor({-1, 1}, torch::kLong));
+      },
       {path, "0..9", "-1"});
   expect_error<Invalid>(
       [&] { ddp::write_cifar10_file(path, images.narrow(0, 0, 0), labels.narrow(0, 0, 0)); },
@@ -354,10 +359,14 @@ TEST(RandomCropFlip, ByteAndFloatGiveTheSameGeometry) {
 TEST(RandomCropFlip, RejectsBadArguments) {
   at::Generator g = ddp::augmentation_generator(0, 0, 0);
   expect_error<std::invalid_argument>(
-      [&] { ddp::RandomCropFlip{}(torch::zeros({3, 32, 32}, torch::kByte), g); },
+      [&] {
+        ddp::RandomCropFlip{}(torch::zeros({3, 32, 32}, torch::kByte), g);
+      },
       {"RandomCropFlip", "[B,C,H,W]", "3 dimensions"});
   expect_error<std::invalid_argument>(
-      [&] { ddp::RandomCropFlip{-1, true}(torch::zeros({1, 3, 32, 32}, torch::kByte), g); },
+      [&] {
+        ddp::RandomCropFlip{-1, true}(torch::zeros({1, 3, 32, 32}, torch::kByte), g);
+      },
       {"RandomCropFlip", "padding", "-1"});
 }
 

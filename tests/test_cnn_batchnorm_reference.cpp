@@ -46,11 +46,13 @@ Model build_model() {
   torch::nn::Linear linear(kChannels * (kSide / 2) * (kSide / 2), kClasses);
   {
     torch::NoGradGuard no_grad;
-    conv->weight.copy_(closed_form(conv->weight.numel(), 0.0, 1.0 / 3).reshape(conv->weight.sizes()));
+    conv->weight.copy_(
+        closed_form(conv->weight.numel(), 0.0, 1.0 / 3).reshape(conv->weight.sizes()));
     conv->bias.copy_(closed_form(kChannels, 0.5, 0.1));
     bn->weight.copy_(1 + closed_form(kChannels, 1.0, 0.2));
     bn->bias.copy_(closed_form(kChannels, 1.5, 0.1));
-    linear->weight.copy_(closed_form(linear->weight.numel(), 2.0, 1.0 / 8).reshape(linear->weight.sizes()));
+    linear->weight.copy_(
+        closed_form(linear->weight.numel(), 2.0, 1.0 / 8).reshape(linear->weight.sizes()));
     linear->bias.copy_(closed_form(kClasses, 2.5, 0.1));
   }
   torch::nn::Sequential net(conv, bn, torch::nn::ReLU(), torch::nn::MaxPool2d(2),
@@ -111,7 +113,8 @@ void reference_of(const std::string& script, std::map<std::string, torch::Tensor
 // Compares `got` with the reference's lines "<key> <name>", bit for bit, or with `exact` false
 // within float rounding; counts the comparisons.
 void expect_equal(const std::map<std::string, torch::Tensor>& want, const std::string& key,
-                  const std::map<std::string, torch::Tensor>& got, int64_t& compared, bool exact = true) {
+                  const std::map<std::string, torch::Tensor>& got, int64_t& compared,
+                  bool exact = true) {
   for (const auto& [name, value] : got) {
     const std::string what = "rank " + std::to_string(rt().rank()) + ", step " + key + ", " + name;
     const auto expected = want.find(key + " " + name);
@@ -135,29 +138,36 @@ TEST(PyTorchDdpReference, CnnWithBatchNormIsBitIdenticalEveryStep) {
   ddp::DDPOptions options;
   options.reducer_at_one_rank = true;  // as PyTorch's DDP, which builds its Reducer at one rank too
   ddp::DistributedDataParallel ddp_model(pg(), model.net.ptr(), options);
-  torch::optim::SGD optimizer(model.net->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
+  torch::optim::SGD optimizer(model.net->parameters(),
+                              torch::optim::SGDOptions(kLr).momentum(kMomentum));
   const int64_t n = kSteps * w * kBatch;
-  const torch::Tensor x = closed_form(n * kSide * kSide, 0.25, 1.0).reshape({kSteps, w * kBatch, 1, kSide, kSide}) +
-                          closed_form(n, 0.75, 0.5).reshape({kSteps, w * kBatch, 1, 1, 1});
-  const torch::Tensor y = (torch::arange(n, torch::kLong) * 7 % kClasses).reshape({kSteps, w * kBatch});
+  const torch::Tensor x =
+      closed_form(n * kSide * kSide, 0.25, 1.0).reshape({kSteps, w * kBatch, 1, kSide, kSide}) +
+      closed_form(n, 0.75, 0.5).reshape({kSteps, w * kBatch, 1, 1, 1});
+  const torch::Tensor y =
+      (torch::arange(n, torch::kLong) * 7 % kClasses).reshape({kSteps, w * kBatch});
   int64_t compared = 0;
   for (int64_t s = 0; s < kSteps; ++s) {
     optimizer.zero_grad();
-    ddp_model.prepare_forward();  // a Sequential's forward is a template: the wrapper cannot call it
+    ddp_model
+        .prepare_forward();  // a Sequential's forward is a template: the wrapper cannot call it
     const torch::Tensor loss = torch::nn::functional::cross_entropy(
-        model.net->forward(x[s].slice(0, r * kBatch, (r + 1) * kBatch)), y[s].slice(0, r * kBatch, (r + 1) * kBatch));
+        model.net->forward(x[s].slice(0, r * kBatch, (r + 1) * kBatch)),
+        y[s].slice(0, r * kBatch, (r + 1) * kBatch));
     loss.backward();
     optimizer.step();
     const std::map<std::string, torch::Tensor> got = {
         {"loss", loss.detach().reshape({1})},
         {"params", flat(model.net->parameters())},
-        {"buffers", flat({model.bn->running_mean, model.bn->running_var, model.bn->num_batches_tracked})}};
+        {"buffers",
+         flat({model.bn->running_mean, model.bn->running_var, model.bn->num_batches_tracked})}};
     expect_equal(want, std::to_string(s), got, compared);
   }
   EXPECT_EQ(compared, 3 * kSteps);
   // The test compares something that moves: the weights and the statistics changed.
   EXPECT_FALSE(torch::equal(want.at("0 params"), want.at(std::to_string(kSteps - 1) + " params")));
-  EXPECT_FALSE(torch::equal(want.at("0 buffers"), want.at(std::to_string(kSteps - 1) + " buffers")));
+  EXPECT_FALSE(
+      torch::equal(want.at("0 buffers"), want.at(std::to_string(kSteps - 1) + " buffers")));
 }
 
 }  // namespace
@@ -185,23 +195,28 @@ TEST(PyTorchDdpReference, JoinWithUnevenInputsIsBitIdentical) {
   ddp::DDPOptions options;
   options.reducer_at_one_rank = true;
   ddp::DistributedDataParallel ddp_model(pg(), model.net, options);
-  torch::optim::SGD optimizer(model.net->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
+  torch::optim::SGD optimizer(model.net->parameters(),
+                              torch::optim::SGDOptions(kLr).momentum(kMomentum));
   const int64_t n = kSteps * w * kBatch;
-  const torch::Tensor x = closed_form(n * kSide * kSide, 0.25, 1.0).reshape({kSteps, w * kBatch, 1, kSide, kSide}) +
-                          closed_form(n, 0.75, 0.5).reshape({kSteps, w * kBatch, 1, 1, 1});
-  const torch::Tensor y = (torch::arange(n, torch::kLong) * 7 % kClasses).reshape({kSteps, w * kBatch});
+  const torch::Tensor x =
+      closed_form(n * kSide * kSide, 0.25, 1.0).reshape({kSteps, w * kBatch, 1, kSide, kSide}) +
+      closed_form(n, 0.75, 0.5).reshape({kSteps, w * kBatch, 1, 1, 1});
+  const torch::Tensor y =
+      (torch::arange(n, torch::kLong) * 7 % kClasses).reshape({kSteps, w * kBatch});
   const int64_t my_steps = 3 + 2 * r;
   int64_t compared = 0;
   auto state = [&] {
     return std::map<std::string, torch::Tensor>{
         {"params", flat(model.net->parameters())},
-        {"buffers", flat({model.bn->running_mean, model.bn->running_var, model.bn->num_batches_tracked})}};
+        {"buffers",
+         flat({model.bn->running_mean, model.bn->running_var, model.bn->num_batches_tracked})}};
   };
   auto join = ddp_model.join();
   for (int64_t s = 0; s < my_steps; ++s) {
     optimizer.zero_grad();
     const torch::Tensor loss = torch::nn::functional::cross_entropy(
-        ddp_model.forward(x[s].slice(0, r * kBatch, (r + 1) * kBatch)), y[s].slice(0, r * kBatch, (r + 1) * kBatch));
+        ddp_model.forward(x[s].slice(0, r * kBatch, (r + 1) * kBatch)),
+        y[s].slice(0, r * kBatch, (r + 1) * kBatch));
     loss.backward();
     optimizer.step();
     auto got = state();

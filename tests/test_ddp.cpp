@@ -33,7 +33,6 @@ torch::Tensor flat_state(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
-
 TEST(DistributedDataParallel, ConstructionBroadcastsParametersAndBuffers) {
   torch::manual_seed(100 + rt().rank());  // a different initialisation on every rank
   auto net = std::make_shared<Mlp>();
@@ -60,7 +59,8 @@ TEST(DistributedDataParallel, PrepareForwardBroadcastsRankZerosBuffersUnlessTurn
     }
     model.prepare_forward();
     EXPECT_EQ(net->norm->running_mean[3].item<float>(), broadcast ? 0.5f : rt().rank() + 0.5f);
-    EXPECT_EQ(net->norm->running_var[0].item<float>(), broadcast ? 1.0f : rt().rank() * 2.0f + 1.0f);
+    EXPECT_EQ(net->norm->running_var[0].item<float>(),
+              broadcast ? 1.0f : rt().rank() * 2.0f + 1.0f);
     EXPECT_EQ(net->norm->num_batches_tracked.item<int64_t>(), broadcast ? 7 : rt().rank() + 7);
     if (broadcast) {
       EXPECT_TRUE(identical_on_all_ranks(flat_state(*net)));
@@ -124,7 +124,7 @@ struct Shuffled : torch::nn::Module {
 struct Config {
   const char* name;
   ddp::DDPOptions options;
-  double tolerance;  // on parameters after the steps
+  double tolerance;                   // on parameters after the steps
   ddp::CommHook (*hook)() = nullptr;  // registered when set
 };
 
@@ -144,9 +144,15 @@ std::vector<Config> configs() {
   };
   return {
       {"default buckets", {}, 1e-6},
-      {"cap below one parameter", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1e-4; }), 1e-6},
-      {"cap above the model", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1000; }), 1e-6},
-      {"three small buckets", with([](auto& o) { o.first_bucket_mb = 0.0005; o.bucket_cap_mb = 0.003; }), 1e-6},
+      {"cap below one parameter", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1e-4; }),
+       1e-6},
+      {"cap above the model", with([](auto& o) { o.bucket_cap_mb = o.first_bucket_mb = 1000; }),
+       1e-6},
+      {"three small buckets", with([](auto& o) {
+         o.first_bucket_mb = 0.0005;
+         o.bucket_cap_mb = 0.003;
+       }),
+       1e-6},
       {"a bucket per parameter", per_parameter(), 1e-6},
       {"fp16 on the wire", {}, 2e-3, ddp::fp16_compress_hook},
       {"bf16 on the wire", {}, 2e-2, ddp::bf16_compress_hook},
@@ -176,7 +182,9 @@ TEST(DistributedDataParallel, EquivalentToOneProcessOnTheGlobalBatch) {
     for (int64_t s = 0; s < steps; ++s) {
       opt.zero_grad();
       torch::Tensor mine = x[s].slice(0, r * b, (r + 1) * b);
-      torch::nn::functional::cross_entropy(distributed->forward(mine), y[s].slice(0, r * b, (r + 1) * b)).backward();
+      torch::nn::functional::cross_entropy(distributed->forward(mine),
+                                           y[s].slice(0, r * b, (r + 1) * b))
+          .backward();
       opt.step();
 
       ref_opt.zero_grad();
@@ -185,8 +193,10 @@ TEST(DistributedDataParallel, EquivalentToOneProcessOnTheGlobalBatch) {
 
       const torch::Tensor got = flat_state(*distributed), want = flat_state(*reference);
       EXPECT_TRUE(torch::allclose(got, want, config.tolerance, config.tolerance))
-          << config.name << ", step " << s << ": max diff " << (got - want).abs().max().item<double>();
-      EXPECT_TRUE(identical_on_all_ranks(got)) << config.name << ": replicas diverged at step " << s;
+          << config.name << ", step " << s << ": max diff "
+          << (got - want).abs().max().item<double>();
+      EXPECT_TRUE(identical_on_all_ranks(got))
+          << config.name << ": replicas diverged at step " << s;
     }
     if (w > 1) {
       int64_t param_bytes = 0;
@@ -296,7 +306,8 @@ TEST(DistributedDataParallel, BucketsAreRebuiltInTheOrderGradientsArrived) {
       distributed->zero_grad();
       reference->zero_grad();
       const std::string what = std::string(c.name) + ", step " + std::to_string(step);
-      torch::nn::functional::cross_entropy(distributed->forward(mine(x[step])), mine(y[step])).backward();
+      torch::nn::functional::cross_entropy(distributed->forward(mine(x[step])), mine(y[step]))
+          .backward();
       torch::nn::functional::cross_entropy(reference->forward(x[step]), y[step]).backward();
       EXPECT_EQ(model.bucket_layout(), c.after) << what;
       expect_grads_match(*distributed, *reference, what);
@@ -369,7 +380,8 @@ TEST(DistributedDataParallel, RebuiltBucketsFollowRankZerosOrderOnEveryRank) {
     }
     (total / w).backward();
     // Rank 0's order on every rank.
-    EXPECT_EQ(model.bucket_layout(), (Layout{{1}, {0}, {3}, {2}})) << "rank " << r << ", step " << step;
+    EXPECT_EQ(model.bucket_layout(), (Layout{{1}, {0}, {3}, {2}}))
+        << "rank " << r << ", step " << step;
     expect_grads_match(*distributed, *reference, "step " + std::to_string(step));
   }
 }
@@ -394,7 +406,8 @@ TEST(DistributedDataParallel, NoSyncAccumulatesLikeOneBigBatch) {
       auto loss = [&] {
         return torch::nn::functional::cross_entropy(
                    distributed->forward(x[step].slice(0, r * b, (r + 1) * b)),
-                   y[step].slice(0, r * b, (r + 1) * b)) / static_cast<double>(k);
+                   y[step].slice(0, r * b, (r + 1) * b)) /
+               static_cast<double>(k);
       };
       if (step + 1 < k) {
         auto guard = model.no_sync();
@@ -406,7 +419,9 @@ TEST(DistributedDataParallel, NoSyncAccumulatesLikeOneBigBatch) {
     if (w > 1) {
       EXPECT_GT(model.sync_bytes(), bytes_before);
     }
-    torch::nn::functional::cross_entropy(reference->forward(x.reshape({k * w * b, 10})), y.reshape({-1})).backward();
+    torch::nn::functional::cross_entropy(reference->forward(x.reshape({k * w * b, 10})),
+                                         y.reshape({-1}))
+        .backward();
     for (size_t i = 0; i < distributed->parameters().size(); ++i) {
       const torch::Tensor got = distributed->parameters()[i].grad();
       const torch::Tensor want = reference->parameters()[i].grad();
@@ -502,8 +517,10 @@ TEST(DistributedDataParallel, TimelineRecordsBucketAllReduces) {
   if (rt().is_main()) {
     const std::string summary = ddp_test::run_command(
         std::string(DDP_PYTHON) + " -c \"import json,sys; t=json.load(open('" + path +
-        "'))['traceEvents']; print(len({e['pid'] for e in t}), sum('all-reduce bucket' in e['name'] for e in t))\"");
-    EXPECT_EQ(summary, std::to_string(rt().world_size()) + " " + std::to_string(6 * rt().world_size()) + "\n");
+        "'))['traceEvents']; print(len({e['pid'] for e in t}), sum('all-reduce bucket' in "
+        "e['name'] for e in t))\"");
+    EXPECT_EQ(summary, std::to_string(rt().world_size()) + " " +
+                           std::to_string(6 * rt().world_size()) + "\n");
   }
 }
 

@@ -36,7 +36,8 @@ TEST(SelectDevice, MoreRanksThanGpusIsAClearError) {
     FAIL() << "no exception";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("2 ranks on this node but only 1 visible CUDA device"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -66,7 +67,8 @@ TEST(WriteAtomically, UnwritableDirectoryNamesTheFile) {
     ddp::save_module(*torch::nn::Linear(2, 2), "/nonexistent-dir/model.pt");
     FAIL() << "no exception";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/model.pt"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/model.pt"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -108,9 +110,11 @@ TEST(WriteAtomically, FailureNamesTheFileAndTheSystemsReason) {
       ADD_FAILURE() << "no exception for " << path;
     } catch (const std::runtime_error& e) {
       const std::string what = e.what();
-      EXPECT_EQ(what.rfind(path + ": cannot create " + path + ".tmp." + host() + ".", 0), 0u) << what;
+      EXPECT_EQ(what.rfind(path + ": cannot create " + path + ".tmp." + host() + ".", 0), 0u)
+          << what;
       EXPECT_TRUE(what.find("Not a directory") != std::string::npos ||
-                  what.find("No such file or directory") != std::string::npos) << what;
+                  what.find("No such file or directory") != std::string::npos)
+          << what;
     }
   }
 }
@@ -151,10 +155,13 @@ TEST(RemoveStaleTemporaries, OnlyOurNamesOfWritersThatAreGone) {
   const std::string dead_here = touch("model_with_epoch2.pt.tmp." + host() + "." + dead);
   const std::string dead_legacy = touch("snapshot_epoch2.pt.tmp." + dead);
   const std::string old_elsewhere = touch("snapshot_epoch3.pt.tmp.other-node.01.42");
-  const std::vector<std::string> kept = {
-      touch("model_with_epoch1.pt"), touch("notes.tmp.txt"), touch(".tmp.123"),
-      touch("a.pt.tmp." + host() + "." + alive), touch("b.pt.tmp." + host() + "." + parent),
-      touch("c.pt.tmp." + parent), touch("d.pt.tmp.other-node.01.42")};  // fresh: may be live
+  const std::vector<std::string> kept = {touch("model_with_epoch1.pt"),
+                                         touch("notes.tmp.txt"),
+                                         touch(".tmp.123"),
+                                         touch("a.pt.tmp." + host() + "." + alive),
+                                         touch("b.pt.tmp." + host() + "." + parent),
+                                         touch("c.pt.tmp." + parent),
+                                         touch("d.pt.tmp.other-node.01.42")};  // fresh: may be live
   // Another host's file nobody has written for two hours.
   const struct timespec times[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
   ASSERT_EQ(::utimensat(AT_FDCWD, old_elsewhere.c_str(), times, 0), 0);
@@ -184,8 +191,9 @@ TEST(CheckWritableDirectory, NamesTheDirectoryAndTheReason) {
     ddp::check_writable_directory(base + "/file/checkpoints", "checkpoint directory");
     FAIL() << "no exception";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), base + "/file/checkpoints: cannot create the checkpoint "
-                                            "directory: Not a directory");
+    EXPECT_EQ(std::string(e.what()), base +
+                                         "/file/checkpoints: cannot create the checkpoint "
+                                         "directory: Not a directory");
   }
 }
 

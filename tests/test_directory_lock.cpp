@@ -67,7 +67,8 @@ struct Holder {
     ::close(ready[1]);
     ::close(release[0]);
     char ok = 0;
-    if (::read(ready[0], &ok, 1) != 1 || ok != 'y') throw std::runtime_error("the child has no lock");
+    if (::read(ready[0], &ok, 1) != 1 || ok != 'y')
+      throw std::runtime_error("the child has no lock");
     ::close(ready[0]);
     release_fd = release[1];
   }
@@ -100,7 +101,9 @@ TEST(DirectoryLock, ASecondProcessIsRefusedNamingTheHolder) {
   const std::string dir = ddp_test::make_temp_dir("lock_refused");
   const std::string path = dir + "/.ddp.lock";
   Holder holder(dir, /*die_holding=*/false);
-  EXPECT_EQ(read_all(path).rfind("host " + host() + ", pid " + std::to_string(holder.pid) + ", since ", 0), 0u)
+  EXPECT_EQ(read_all(path).rfind(
+                "host " + host() + ", pid " + std::to_string(holder.pid) + ", since ", 0),
+            0u)
       << read_all(path);
   try {
     DirectoryLock::take(dir);
@@ -108,9 +111,13 @@ TEST(DirectoryLock, ASecondProcessIsRefusedNamingTheHolder) {
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
     EXPECT_EQ(what.rfind(dir + " is in use by another job (host " + host() + ", pid " +
-                             std::to_string(holder.pid) + ", since ", 0), 0u) << what;
+                             std::to_string(holder.pid) + ", since ",
+                         0),
+              0u)
+        << what;
     EXPECT_NE(what.find(" holds " + path + "): give each job a checkpoint directory of its own"),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
   }
   // The holder is unaffected: it releases cleanly, removing the file.
   EXPECT_EQ(holder.finish(), 0);
@@ -118,7 +125,9 @@ TEST(DirectoryLock, ASecondProcessIsRefusedNamingTheHolder) {
   auto taken = DirectoryLock::take(dir);
   ASSERT_TRUE(taken.lock);
   EXPECT_EQ(taken.previous_holder, "");  // a clean release leaves nothing to take over
-  EXPECT_EQ(read_all(path).rfind("host " + host() + ", pid " + std::to_string(::getpid()) + ", since ", 0), 0u);
+  EXPECT_EQ(read_all(path).rfind(
+                "host " + host() + ", pid " + std::to_string(::getpid()) + ", since ", 0),
+            0u);
   taken.lock.reset();
   EXPECT_FALSE(exists(path));
 }
@@ -132,7 +141,9 @@ TEST(DirectoryLock, ALockOfAProcessThatIsGoneIsTakenOverNamingIt) {
   ASSERT_TRUE(exists(path));  // kill -9: no clean release
   auto taken = DirectoryLock::take(dir);
   ASSERT_TRUE(taken.lock);
-  EXPECT_EQ(taken.previous_holder.rfind("host " + host() + ", pid " + std::to_string(holder.pid) + ", since ", 0), 0u)
+  EXPECT_EQ(taken.previous_holder.rfind(
+                "host " + host() + ", pid " + std::to_string(holder.pid) + ", since ", 0),
+            0u)
       << taken.previous_holder;
   EXPECT_EQ(taken.unsupported, "");
   EXPECT_EQ(read_all(path).find("pid " + std::to_string(holder.pid)), std::string::npos);

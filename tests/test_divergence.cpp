@@ -100,7 +100,9 @@ TEST(Divergence, NanGradientsStopEveryRankBeforeTheStep) {
   Poisoned task(net, /*poison_from=*/4, false, kNaN);  // micro-batch 4: step 5
   torch::Tensor after_step_4;
   ddp::TrainerOptions o = options();
-  ddp_test::AfterStep hook([&](int64_t step, int) { if (step == 4) after_step_4 = flat(*net); });
+  ddp_test::AfterStep hook([&](int64_t step, int) {
+    if (step == 4) after_step_4 = flat(*net);
+  });
   ddp::Trainer trainer(pg(), *net, task, optimizer, o, &model);
   try {
     trainer.fit(2);
@@ -177,9 +179,10 @@ TEST(Divergence, InfiniteLossWithFiniteGradientsStopsAtTheNextCheck) {
     FAIL() << "no TrainingDiverged";
   } catch (const ddp::TrainingDiverged& e) {
     EXPECT_EQ(e.step(), 5);
-    EXPECT_NE(std::string(e.what()).find("the loss of rank " + std::to_string(rt().world_size() - 1) +
-                                         " was not finite (first at step 5)"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("the loss of rank " + std::to_string(rt().world_size() - 1) +
+                                   " was not finite (first at step 5)"),
+        std::string::npos)
         << e.what();
   }
   EXPECT_EQ(last_step, 5) << "agreed at the boundary after step 5, before step 6";
@@ -210,7 +213,8 @@ TEST(Divergence, CheckpointerNeverWritesNorRotatesForANonFiniteModel) {
   torch::nn::Linear net = make_net();
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05));
   const std::string dir = ddp::all_gather_strings(
-      pg().cpu(), rt().is_main() ? ddp_test::make_temp_dir("divergence_checkpoints") : std::string())[0];
+      pg().cpu(),
+      rt().is_main() ? ddp_test::make_temp_dir("divergence_checkpoints") : std::string())[0];
   ddp::CheckpointerOptions o;
   o.dir = dir;
   o.keep = 1;  // epoch 2's files would rotate epoch 1's out

@@ -18,8 +18,8 @@
 
 namespace {
 
-using ddp_test::small_images;
 using ddp_test::small_cnn;
+using ddp_test::small_images;
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -36,9 +36,13 @@ Alone evaluate_alone(torch::nn::Sequential& net, const ddp::ImageDataset& data) 
   Alone e;
   double loss = 0;
   for (int64_t begin = 0; begin < data.size(); begin += 777) {
-    const ddp::Batch b = data.batch(all, begin, std::min<int64_t>(data.size(), begin + 777), torch::kCPU);
+    const ddp::Batch b =
+        data.batch(all, begin, std::min<int64_t>(data.size(), begin + 777), torch::kCPU);
     const torch::Tensor out = net->forward(b.inputs);
-    loss += torch::nll_loss(out, b.targets, {}, torch::Reduction::None).to(torch::kDouble).sum().item<double>();
+    loss += torch::nll_loss(out, b.targets, {}, torch::Reduction::None)
+                .to(torch::kDouble)
+                .sum()
+                .item<double>();
     e.correct += out.argmax(1).eq(b.targets).sum().item<int64_t>();
   }
   e.loss = loss / static_cast<double>(data.size());
@@ -58,7 +62,8 @@ TEST(Trainer, DistributedEvaluationEqualsSingleProcess) {
   ddp::TrainerOptions options;
   options.test_batch_size = 1000;
   for (const ddp::ImageDataset* data : {&full, &odd}) {
-    ddp::ClassificationTask task(*data, data, [&](const torch::Tensor& x) { return net->forward(x); });
+    ddp::ClassificationTask task(*data, data,
+                                 [&](const torch::Tensor& x) { return net->forward(x); });
     ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
     const ddp::Evaluation distributed = trainer.evaluate();
     const Alone alone = evaluate_alone(net, *data);
@@ -77,12 +82,11 @@ TEST(Trainer, SeveralRanksWithoutDdpIsRejected) {
   torch::nn::Linear net(2, 2);
   ddp::Adadelta optimizer(net->parameters());
   const ddp::ImageDataset data = small_images();
-  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  ddp::ClassificationTask task(data, nullptr,
+                               [&](const torch::Tensor& x) { return net->forward(x); });
   EXPECT_THROW(ddp::Trainer(pg(), *net, task, optimizer, ddp::TrainerOptions{}),
                std::invalid_argument);
 }
-
-
 
 // The Trainer gathers batch b+1 during step b. It must still train on exactly the batches of the
 // plain loop (gather, augment, normalise, then the step), and end with the same weights.
@@ -98,12 +102,13 @@ TEST(Trainer, TrainEpochIsThePlainLoopBitForBit) {
   options.seed = 5;
   const ddp::RandomCropFlip augment{2, true};
   std::vector<torch::Tensor> seen;
-  ddp::ClassificationTask task(data, nullptr,
-                               [&](const torch::Tensor& x) {
-                                 seen.push_back(x);
-                                 return net->forward(x);
-                               },
-                               augment);
+  ddp::ClassificationTask task(
+      data, nullptr,
+      [&](const torch::Tensor& x) {
+        seen.push_back(x);
+        return net->forward(x);
+      },
+      augment);
   ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
   const int64_t epoch = 3;
   trainer.train_epoch(epoch);
@@ -141,8 +146,8 @@ TEST(ImageDataset, GatherFromHostMemoryPicksTheIndexedRangeOnTheCpu) {
   EXPECT_TRUE(batch.inputs.device().is_cpu());
   EXPECT_TRUE(torch::equal(batch.inputs, data.images.index_select(0, rows)));
   EXPECT_TRUE(torch::equal(batch.targets, data.labels.index_select(0, rows)));
-  EXPECT_TRUE(torch::equal(data.batch(indices, 1, 5, torch::kCPU).inputs,
-                           data.normalise(batch.inputs)));
+  EXPECT_TRUE(
+      torch::equal(data.batch(indices, 1, 5, torch::kCPU).inputs, data.normalise(batch.inputs)));
   EXPECT_THROW(data.gather(indices, 4, 7, torch::kCPU), std::out_of_range);
 }
 

@@ -15,9 +15,9 @@
 
 namespace {
 
-using ddp::cli::TrainingFlags;
 using ddp::cli::require_at_least;
 using ddp::cli::require_finite;
+using ddp::cli::TrainingFlags;
 
 TrainingFlags good() {
   TrainingFlags f;
@@ -42,17 +42,23 @@ std::string error_of(const std::function<void(TrainingFlags&)>& change) {
 const double nan = std::numeric_limits<double>::quiet_NaN();
 const double inf = std::numeric_limits<double>::infinity();
 
-TEST(ExampleFlags, GoodFlagsPass) { EXPECT_EQ(error_of([](TrainingFlags&) {}), ""); }
+TEST(ExampleFlags, GoodFlagsPass) {
+  EXPECT_EQ(error_of([](TrainingFlags&) {}), "");
+}
 
 TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.batch_size = 0; }), "--batch-size must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.batch_size = 0; }),
+            "--batch-size must be >= 1 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.test_batch_size = -5; }),
             "--test-batch-size must be >= 1 (got -5)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.epochs = 0; }), "--epochs must be >= 1 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.epochs = -2; }), "--epochs must be >= 1 (got -2)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = nan; }), "--lr must be a finite number > 0 (got nan)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = inf; }), "--lr must be a finite number > 0 (got inf)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = 0; }), "--lr must be a finite number > 0 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = nan; }),
+            "--lr must be a finite number > 0 (got nan)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = inf; }),
+            "--lr must be a finite number > 0 (got inf)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = 0; }),
+            "--lr must be a finite number > 0 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.seed = -1; }), "--seed must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.limit_train_batches = -1; }),
             "--limit-train-batches must be >= 0 (got -1)");
@@ -69,8 +75,10 @@ TEST(ExampleFlags, EveryNumericFlagIsCheckedNamingIt) {
 }
 
 TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.accumulate = 0; }), "--accumulate must be >= 1 (got 0)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.warmup_steps = -1; }), "--warmup-steps must be >= 0 (got -1)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.accumulate = 0; }),
+            "--accumulate must be >= 1 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.warmup_steps = -1; }),
+            "--warmup-steps must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.scale_lr_with_batch = -1; }),
             "--scale-lr-with-batch must be >= 0 (got -1)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.clip_grad_norm = nan; }),
@@ -79,7 +87,8 @@ TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = 1e39; }),
             "--lr must be at most 3.40282e+38, the largest float the optimizer holds (got 1e+39)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.clip_grad_norm = 1e39; }),
-            "--clip-grad-norm must be at most 3.40282e+38, the largest float the optimizer holds (got 1e+39)");
+            "--clip-grad-norm must be at most 3.40282e+38, the largest float the optimizer holds "
+            "(got 1e+39)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.lr = 3e38; }), "");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.on_nonfinite = "ignore"; }),
             "--on-nonfinite: 'ignore' is not one of: stop, skip");
@@ -90,17 +99,24 @@ TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.schedule = "linear"; }),
             "--schedule 'linear' is not one of: cosine, step");
   EXPECT_EQ(error_of([](TrainingFlags& f) {
-              f.accumulate = 4, f.warmup_steps = 10, f.clip_grad_norm = 1, f.amp = "bf16", f.schedule = "cosine";
+              f.accumulate = 4, f.warmup_steps = 10, f.clip_grad_norm = 1, f.amp = "bf16",
+              f.schedule = "cosine";
             }),
             "");
   // --overlap-step leaves no place between the all-reduce and the step.
-  const std::string overlap = "--overlap-step steps the optimizer inside backward, bucket by bucket: "
-                              "not with --clip-grad-norm, --amp fp16 or --on-nonfinite skip, which "
-                              "need every gradient before the step";
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.clip_grad_norm = 1; }), overlap);
+  const std::string overlap =
+      "--overlap-step steps the optimizer inside backward, bucket by bucket: "
+      "not with --clip-grad-norm, --amp fp16 or --on-nonfinite skip, which "
+      "need every gradient before the step";
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.clip_grad_norm = 1; }),
+            overlap);
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.amp = "fp16"; }), overlap);
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.on_nonfinite = "skip"; }), overlap);
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.amp = "bf16", f.comm_hook = "powersgd"; }), "");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.overlap_step = true, f.on_nonfinite = "skip"; }),
+            overlap);
+  EXPECT_EQ(error_of([](TrainingFlags& f) {
+              f.overlap_step = true, f.amp = "bf16", f.comm_hook = "powersgd";
+            }),
+            "");
 }
 
 // --scale-lr-with-batch REFERENCE: --lr x (batch x ranks x accumulate) / REFERENCE, the base of
@@ -111,7 +127,8 @@ TEST(ExampleFlags, ScaleLrWithBatchScalesTheBaseOfEitherSchedule) {
     f.batch_size = 32, f.accumulate = 2, f.warmup_steps = warmup, f.scale_lr_with_batch = 128;
     torch::Tensor w = torch::zeros({2}, torch::requires_grad());
     torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
-    const ddp::cli::Schedules s = ddp::cli::make_schedules(f, sgd, /*train_size=*/1000, /*world_size=*/4, 1, 0.7);
+    const ddp::cli::Schedules s =
+        ddp::cli::make_schedules(f, sgd, /*train_size=*/1000, /*world_size=*/4, 1, 0.7);
     // 32 x 4 ranks x 2 = 256 = 2 x 128.
     if (warmup == 0) {
       ASSERT_TRUE(s.per_epoch);
@@ -130,15 +147,17 @@ TEST(ExampleFlags, ScaleLrWithBatchScalesTheBaseOfEitherSchedule) {
 TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.resume = "latest"; }),
             "--resume without a path needs --checkpoint-dir to search");
-  EXPECT_NE(error_of([](TrainingFlags& f) { f.resume_fallback = true; }).find(
-                "--resume-fallback needs --resume (without a path)"),
+  EXPECT_NE(error_of([](TrainingFlags& f) {
+              f.resume_fallback = true;
+            }).find("--resume-fallback needs --resume (without a path)"),
             std::string::npos);
   EXPECT_EQ(error_of([](TrainingFlags& f) {
               f.resume = "latest", f.checkpoint_dir = "ckpt", f.resume_fallback = true;
             }),
             "");
-  EXPECT_NE(error_of([](TrainingFlags& f) { f.keep_global_batch = true; }).find(
-                "--keep-global-batch needs --resume"),
+  EXPECT_NE(error_of([](TrainingFlags& f) {
+              f.keep_global_batch = true;
+            }).find("--keep-global-batch needs --resume"),
             std::string::npos);
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.resume = "a.pt", f.keep_global_batch = true; }), "");
   TrainingFlags flags = good();
@@ -149,14 +168,24 @@ TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
 }
 
 TEST(ExampleFlags, CheckpointEverySecondsIsFinitePositiveAndNeedsAFolder) {
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = 0.5, f.checkpoint_dir = "ckpt"; }), "");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = 0, f.checkpoint_dir = "ckpt"; }),
-            "--checkpoint-every-seconds must be a finite number > 0 (got 0)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = -1, f.checkpoint_dir = "ckpt"; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) {
+              f.checkpoint_every_seconds = 0.5, f.checkpoint_dir = "ckpt";
+            }),
+            "");
+  EXPECT_EQ(
+      error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = 0, f.checkpoint_dir = "ckpt"; }),
+      "--checkpoint-every-seconds must be a finite number > 0 (got 0)");
+  EXPECT_EQ(error_of([](TrainingFlags& f) {
+              f.checkpoint_every_seconds = -1, f.checkpoint_dir = "ckpt";
+            }),
             "--checkpoint-every-seconds must be a finite number > 0 (got -1)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = nan, f.checkpoint_dir = "ckpt"; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) {
+              f.checkpoint_every_seconds = nan, f.checkpoint_dir = "ckpt";
+            }),
             "--checkpoint-every-seconds must be a finite number > 0 (got nan)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = inf, f.checkpoint_dir = "ckpt"; }),
+  EXPECT_EQ(error_of([](TrainingFlags& f) {
+              f.checkpoint_every_seconds = inf, f.checkpoint_dir = "ckpt";
+            }),
             "--checkpoint-every-seconds must be a finite number > 0 (got inf)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.checkpoint_every_seconds = 60; }),
             "--checkpoint-every-seconds needs --checkpoint-dir to write to");
@@ -178,8 +207,9 @@ TEST(ExampleFlags, GradientAsBucketViewReachesDDPOptions) {
     std::vector<const char*> argv = {"program"};
     if (on) argv.push_back("--gradient-as-bucket-view");
     boost::program_options::variables_map vm;
-    boost::program_options::store(
-        boost::program_options::parse_command_line(static_cast<int>(argv.size()), argv.data(), options), vm);
+    boost::program_options::store(boost::program_options::parse_command_line(
+                                      static_cast<int>(argv.size()), argv.data(), options),
+                                  vm);
     boost::program_options::notify(vm);
     EXPECT_EQ(f.gradient_as_bucket_view, on);
     EXPECT_EQ(ddp::cli::ddp_options(f, nullptr).gradient_as_bucket_view, on);
@@ -208,8 +238,9 @@ TEST(ExampleFlags, TimeoutIsFinitePositiveAndBounded) {
             "--timeout must be a finite number > 0 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = -3; }),
             "--timeout must be a finite number > 0 (got -3)");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = std::numeric_limits<double>::quiet_NaN(); }),
-            "--timeout must be a finite number > 0 (got nan)");
+  EXPECT_EQ(
+      error_of([](TrainingFlags& f) { f.timeout = std::numeric_limits<double>::quiet_NaN(); }),
+      "--timeout must be a finite number > 0 (got nan)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = std::numeric_limits<double>::infinity(); }),
             "--timeout must be a finite number > 0 (got inf)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 2e7; }),

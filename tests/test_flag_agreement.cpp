@@ -53,7 +53,7 @@ TEST(FlagAgreement, TheFingerprintHasEveryOptionDefaultsIncluded) {
   EXPECT_TRUE(has_line(text, "dry-run=false")) << text;
   EXPECT_TRUE(has_line(text, "data-dir=data")) << text;
   EXPECT_TRUE(has_line(fingerprint({}), "letter=(default)"));
-  EXPECT_FALSE(has_line(fingerprint({}), "timeout=30"));     // no default: absent
+  EXPECT_FALSE(has_line(fingerprint({}), "timeout=30"));  // no default: absent
   EXPECT_TRUE(has_line(fingerprint({"--help"}), "help=given"));
   // Another spelling of the same value is the same setting; close values are not.
   EXPECT_EQ(fingerprint({"--lr", "0.10"}), fingerprint({"--lr", "0.1"}));
@@ -75,8 +75,9 @@ TEST(FlagAgreement, TheFirstDifferingSettingIsNamedWithItsRanks) {
             "0,2 and 5 on rank 1");
   // The first in name order: --epochs before --limit-train-batches.
   const std::string other = fingerprint({"--limit-train-batches", "5", "--epochs", "9"});
-  EXPECT_EQ(describe_flag_difference({three, other}),
-            "the ranks were started with different flags: --epochs is 14 on rank 0 and 9 on rank 1");
+  EXPECT_EQ(
+      describe_flag_difference({three, other}),
+      "the ranks were started with different flags: --epochs is 14 on rank 0 and 9 on rank 1");
   // Ranges of ranks, three values.
   const std::string seven = fingerprint({"--limit-train-batches", "7"});
   EXPECT_EQ(describe_flag_difference({three, three, three, five, three, seven}),
@@ -94,14 +95,15 @@ TEST(FlagAgreement, AFlagGivenOnSomeRanksOnly) {
 }
 
 TEST(FlagAgreement, DifferentProgramsAreNamedFirst) {
-  EXPECT_EQ(describe_flag_difference({fingerprint({"--epochs", "3"}, "ddp_mnist"),
-                                      fingerprint({}, "ddp_cifar")}),
+  EXPECT_EQ(describe_flag_difference(
+                {fingerprint({"--epochs", "3"}, "ddp_mnist"), fingerprint({}, "ddp_cifar")}),
             "the ranks run different programs: ddp_mnist on rank 0 and ddp_cifar on rank 1");
 }
 
 TEST(FlagAgreement, ABadFlagOnSomeRanksNamesThem) {
   const std::string good = fingerprint({});
-  const std::string bad = flags_error_text("ddp_mnist", "--epochs must be >= 1 (got 0) (see --help)");
+  const std::string bad =
+      flags_error_text("ddp_mnist", "--epochs must be >= 1 (got 0) (see --help)");
   EXPECT_EQ(describe_flag_difference({good, bad, bad}),
             "the ranks were started with different flags, refused on ranks 1,2: --epochs must be "
             ">= 1 (got 0) (see --help)");

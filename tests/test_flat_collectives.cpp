@@ -48,9 +48,15 @@ torch::Tensor expected_reduction(int ranks, int64_t n, torch::Dtype dtype, ddp::
     const torch::Tensor v = values(k, n, torch::kDouble);
     switch (op) {
       case ddp::ReduceOp::Sum:
-      case ddp::ReduceOp::Avg: acc = acc + v; break;
-      case ddp::ReduceOp::Min: acc = torch::minimum(acc, v); break;
-      case ddp::ReduceOp::Max: acc = torch::maximum(acc, v); break;
+      case ddp::ReduceOp::Avg:
+        acc = acc + v;
+        break;
+      case ddp::ReduceOp::Min:
+        acc = torch::minimum(acc, v);
+        break;
+      case ddp::ReduceOp::Max:
+        acc = torch::maximum(acc, v);
+        break;
     }
   }
   if (op == ddp::ReduceOp::Avg) acc = acc / ranks;  // 1, 2 or 4 ranks: exact
@@ -62,7 +68,8 @@ void check_flat_collectives(ddp::Communicator& comm) {
   const std::string name = comm.backend();
   for (int64_t n : {1, 3, 1000, 70000}) {  // 70000 floats per rank: past the ring's routing size
     for (auto dtype : {torch::kFloat, torch::kDouble, torch::kInt, torch::kLong}) {
-      for (auto op : {ddp::ReduceOp::Sum, ddp::ReduceOp::Avg, ddp::ReduceOp::Min, ddp::ReduceOp::Max}) {
+      for (auto op :
+           {ddp::ReduceOp::Sum, ddp::ReduceOp::Avg, ddp::ReduceOp::Min, ddp::ReduceOp::Max}) {
         if (op == ddp::ReduceOp::Avg && !c10::isFloatingType(dtype)) continue;
         const torch::Tensor input = values(r, n * w, dtype), kept = input.clone();
         torch::Tensor output = torch::full({n}, 99, dtype);
@@ -85,14 +92,16 @@ void check_flat_collectives(ddp::Communicator& comm) {
   for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
     torch::Tensor output = torch::empty({5}, dtype);
     comm.reduce_scatter(output, values(r, 5 * w, dtype), ddp::ReduceOp::Sum);
-    EXPECT_TRUE(torch::equal(output, expected_reduction(w, 5 * w, dtype, ddp::ReduceOp::Sum)
-                                         .slice(0, r * 5, (r + 1) * 5)))
+    EXPECT_TRUE(torch::equal(
+        output,
+        expected_reduction(w, 5 * w, dtype, ddp::ReduceOp::Sum).slice(0, r * 5, (r + 1) * 5)))
         << name << " " << dtype;
   }
   // A contiguous tensor of any shape is a flat buffer: rows of [ranks, 3] are the chunks.
   torch::Tensor rows = torch::empty({w, 3});
   comm.all_gather_into(rows, values(r, 3, torch::kFloat));
-  for (int k = 0; k < w; ++k) EXPECT_TRUE(torch::equal(rows[k], values(k, 3, torch::kFloat))) << name;
+  for (int k = 0; k < w; ++k)
+    EXPECT_TRUE(torch::equal(rows[k], values(k, 3, torch::kFloat))) << name;
   // Sizes that do not divide are refused, naming the padding.
   try {
     comm.reduce_scatter(torch::empty({2}), torch::zeros({2 * w + 1}));

@@ -1,10 +1,10 @@
 // The Trainer with a task of one's own (task.h, issue 13): a regression with a two-input model and
 // a struct batch, trained at 1, 2 and 4 ranks, equals one process stepping on the global batch;
 // the task's metric sums are reduced over ranks (sums known in advance); a run stopped inside an
-// epoch (a signal raised from the after_step testing hook) and resumed gives the uninterrupted run's
-// model and metrics bit for bit; the same task reading its batches through LibTorch's DataLoader
-// with worker threads trains the same model, and stops and resumes the same way; a task that
-// breaks the metric contract is refused naming what is wrong.
+// epoch (a signal raised from the after_step testing hook) and resumed gives the uninterrupted
+// run's model and metrics bit for bit; the same task reading its batches through LibTorch's
+// DataLoader with worker threads trains the same model, and stops and resumes the same way; a task
+// that breaks the metric contract is refused naming what is wrong.
 #include <ddp/distributed_sampler.h>
 #include <ddp/train/data_source.h>
 #include <ddp/train/task.h>
@@ -164,12 +164,13 @@ TEST(GenericTrainer, RegressionEqualsOneProcessOnTheGlobalBatch) {
     last_loss_sum = 0;
     for (int64_t begin = 0; begin < shard; begin += per_step) {
       std::vector<int64_t> global;
-      for (const auto& s : shards) global.insert(global.end(), s.begin() + begin, s.begin() + begin + per_step);
+      for (const auto& s : shards)
+        global.insert(global.end(), s.begin() + begin, s.begin() + begin + per_step);
       const torch::Tensor i = torch::tensor(global, torch::kLong);
       alone_optimizer.zero_grad();
-      const torch::Tensor loss = torch::mse_loss(
-          alone->forward(train.x1.index_select(0, i), train.x2.index_select(0, i)),
-          train.y.index_select(0, i));
+      const torch::Tensor loss =
+          torch::mse_loss(alone->forward(train.x1.index_select(0, i), train.x2.index_select(0, i)),
+                          train.y.index_select(0, i));
       loss.backward();
       alone_optimizer.step();
       last_loss_sum += loss.item<double>() * static_cast<double>(global.size());
@@ -188,7 +189,8 @@ TEST(GenericTrainer, RegressionEqualsOneProcessOnTheGlobalBatch) {
   EXPECT_NEAR(*results[1].test_loss, torch::mse_loss(prediction, test.y).item<double>(), 1e-5);
   ASSERT_EQ(results[1].test_metrics.size(), 1u);
   EXPECT_EQ(results[1].test_metrics[0].samples, 30);
-  EXPECT_NEAR(results[1].test_metrics[0].sum, (prediction - test.y).abs().sum().item<double>(), 1e-4);
+  EXPECT_NEAR(results[1].test_metrics[0].sum, (prediction - test.y).abs().sum().item<double>(),
+              1e-4);
 }
 
 TEST(GenericTrainer, MetricSumsAreReducedOverRanksAndWritten) {
@@ -250,7 +252,8 @@ class Rows : public torch::data::datasets::BatchDataset<Rows, Sample, std::vecto
  public:
   explicit Rows(const Sample& data) : data_(data) {}
   Sample get_batch(std::vector<size_t> request) override {
-    const torch::Tensor i = torch::tensor(std::vector<int64_t>(request.begin(), request.end()), torch::kLong);
+    const torch::Tensor i =
+        torch::tensor(std::vector<int64_t>(request.begin(), request.end()), torch::kLong);
     return Sample{data_.x1.index_select(0, i), data_.x2.index_select(0, i),
                   data_.y.index_select(0, i), data_.index.index_select(0, i)};
   }
@@ -263,7 +266,8 @@ class Rows : public torch::data::datasets::BatchDataset<Rows, Sample, std::vecto
 // Regression whose training batches come from a DataLoader with 2 worker threads.
 class LoaderRegression : public Regression {
  public:
-  LoaderRegression(std::shared_ptr<TwoInputNet> net, const Sample& train, const Sample& test, int rank)
+  LoaderRegression(std::shared_ptr<TwoInputNet> net, const Sample& train, const Sample& test,
+                   int rank)
       : Regression(std::move(net), train, test, rank), rows_(train) {}
   std::unique_ptr<ddp::DataSource<Sample>> train_source() override {
     return std::make_unique<ddp::DataLoaderSource<Rows>>(rows_, /*workers=*/2);
@@ -283,12 +287,13 @@ struct TrainingRun {
 };
 
 // Trains one epoch as `TaskType` reads its batches: uninterrupted; then stopped by SIGUSR1 on the
-// last rank right after optimizer step 2 (raised from the after_step testing hook) and resumed from the snapshot the
-// stop wrote. Both must equal `reference` (the index-gathering task's uninterrupted run) bit for
-// bit: the model, the loss, every metric sum.
+// last rank right after optimizer step 2 (raised from the after_step testing hook) and resumed from
+// the snapshot the stop wrote. Both must equal `reference` (the index-gathering task's
+// uninterrupted run) bit for bit: the model, the loss, every metric sum.
 template <typename TaskType>
 void expect_stop_and_resume_bit_identical(const std::string& name, const Sample& train,
-                                          const Sample& test, const torch::Tensor& reference_weights,
+                                          const Sample& test,
+                                          const torch::Tensor& reference_weights,
                                           const ddp::EpochResult& reference) {
   SCOPED_TRACE(name);
   auto expect_same = [&](TrainingRun<TaskType>& run, const std::vector<ddp::EpochResult>& results) {
@@ -308,7 +313,8 @@ void expect_stop_and_resume_bit_identical(const std::string& name, const Sample&
     expect_same(whole, trainer.fit(1));
   }
   const std::string dir = ddp::all_gather_strings(
-      pg().cpu(), rt().is_main() ? ddp_test::make_temp_dir("generic_resume_" + name) : std::string())[0];
+      pg().cpu(),
+      rt().is_main() ? ddp_test::make_temp_dir("generic_resume_" + name) : std::string())[0];
   ddp::TrainerOptions o = options();
   o.checkpoint.dir = dir;
   std::string snapshot;
@@ -348,7 +354,8 @@ TEST(GenericTrainer, StoppedInsideAnEpochAndResumedIsBitIdenticalWithEitherDataS
   ASSERT_EQ(results.size(), 1u);
   const torch::Tensor weights = flat(*reference.net).clone();
   expect_stop_and_resume_bit_identical<Regression>("index", train, test, weights, results[0]);
-  expect_stop_and_resume_bit_identical<LoaderRegression>("loader", train, test, weights, results[0]);
+  expect_stop_and_resume_bit_identical<LoaderRegression>("loader", train, test, weights,
+                                                         results[0]);
 }
 
 // A task that says it has a metric its loss() does not return, or a bad metric name.

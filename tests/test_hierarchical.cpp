@@ -30,7 +30,9 @@ int world() { return ddp_test::runtime().world_size(); }
 int me() { return ddp_test::runtime().rank(); }
 
 // The emulated hosts of these tests: 2 x 2 at 4 ranks, one host of 2 at 2 ranks.
-std::vector<int> two_by_two() { return world() == 4 ? std::vector<int>{2, 2} : std::vector<int>{world()}; }
+std::vector<int> two_by_two() {
+  return world() == 4 ? std::vector<int>{2, 2} : std::vector<int>{world()};
+}
 
 std::unique_ptr<ddp::Communicator> hierarchical(std::vector<int> split, bool ring = false) {
   ddp::CpuOptions options;
@@ -56,7 +58,8 @@ void check_against_flat(ddp::Communicator& hier, ddp::Communicator& flat, int64_
   hier.all_reduce(got, op);
   flat.all_reduce(want, op);
   EXPECT_TRUE(identical_on_all_ranks(got)) << what << ": the ranks' results differ";
-  const bool exact = !torch::isFloatingType(dtype) || op == ddp::ReduceOp::Min || op == ddp::ReduceOp::Max;
+  const bool exact =
+      !torch::isFloatingType(dtype) || op == ddp::ReduceOp::Min || op == ddp::ReduceOp::Max;
   if (exact) {
     EXPECT_TRUE(torch::equal(got, want)) << what;
   } else {
@@ -65,7 +68,8 @@ void check_against_flat(ddp::Communicator& hier, ddp::Communicator& flat, int64_
     const double tol = dtype == torch::kDouble ? 1e-12 : dtype == torch::kFloat ? 1e-5 : 2e-2;
     const double atol = dtype == torch::kBFloat16 ? 1.0 : tol;
     EXPECT_TRUE(torch::allclose(got.to(torch::kDouble), want.to(torch::kDouble), tol, atol))
-        << what << ": max diff " << (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
+        << what << ": max diff "
+        << (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
   }
 }
 
@@ -76,23 +80,30 @@ void check_every_op(const std::vector<int>& split, bool ring) {
   EXPECT_EQ(hier->hosts(), static_cast<int>(split.size()));
   EXPECT_EQ(hier->leaders_use_ring(), ring && hier->leader() && split.size() > 1);
   ddp::MpiCommunicator flat(MPI_COMM_WORLD);
-  const std::string where = "hosts of " + std::to_string(split[0]) + (split.size() > 1 ? "+" + std::to_string(split[1]) : "") +
+  const std::string where = "hosts of " + std::to_string(split[0]) +
+                            (split.size() > 1 ? "+" + std::to_string(split[1]) : "") +
                             (ring ? ", leaders on the ring" : ", leaders on MPI");
   // 10 elements: the non-blocking MPI calls; 100,000 (400 KB): the blocking ones and the ring.
   for (int64_t n : {10, 100000}) {
     for (auto dtype : {torch::kFloat, torch::kDouble, torch::kLong}) {
-      check_against_flat(*hier, flat, n, dtype, ddp::ReduceOp::Sum, where + ", sum " + std::to_string(n));
-      check_against_flat(*hier, flat, n, dtype, ddp::ReduceOp::Max, where + ", max " + std::to_string(n));
+      check_against_flat(*hier, flat, n, dtype, ddp::ReduceOp::Sum,
+                         where + ", sum " + std::to_string(n));
+      check_against_flat(*hier, flat, n, dtype, ddp::ReduceOp::Max,
+                         where + ", max " + std::to_string(n));
     }
-    check_against_flat(*hier, flat, n, torch::kFloat, ddp::ReduceOp::Avg, where + ", avg " + std::to_string(n));
-    check_against_flat(*hier, flat, n, torch::kInt, ddp::ReduceOp::Min, where + ", min " + std::to_string(n));
-    check_against_flat(*hier, flat, n, torch::kBFloat16, ddp::ReduceOp::Sum, where + ", bf16 " + std::to_string(n));
+    check_against_flat(*hier, flat, n, torch::kFloat, ddp::ReduceOp::Avg,
+                       where + ", avg " + std::to_string(n));
+    check_against_flat(*hier, flat, n, torch::kInt, ddp::ReduceOp::Min,
+                       where + ", min " + std::to_string(n));
+    check_against_flat(*hier, flat, n, torch::kBFloat16, ddp::ReduceOp::Sum,
+                       where + ", bf16 " + std::to_string(n));
   }
   // The other collectives are the flat MPI communicator's.
   torch::Tensor root = torch::full({4}, me() == 0 ? 7.0 : -1.0);
   hier->broadcast(root, 0);
   EXPECT_TRUE(torch::equal(root, torch::full({4}, 7.0)));
-  EXPECT_EQ(hier->all_gather(torch::tensor({me()})).sum().item<int64_t>(), world() * (world() - 1) / 2);
+  EXPECT_EQ(hier->all_gather(torch::tensor({me()})).sum().item<int64_t>(),
+            world() * (world() - 1) / 2);
   hier->barrier();
 }
 
@@ -166,15 +177,16 @@ TEST(HierarchicalAllReduce, AutoStaysFlatOnOneHostAndABadSplitIsNamed) {
     ddp::make_cpu_communicator(MPI_COMM_WORLD, options);
     ADD_FAILURE() << "a split that does not add up to the ranks must be refused";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("CpuOptions::host_split '" +
-                                         std::to_string(world() + 1) + "'"),
-              std::string::npos) << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("CpuOptions::host_split '" + std::to_string(world() + 1) + "'"),
+        std::string::npos)
+        << e.what();
   }
 }
 
 // A few DDP steps over ProcessGroups made as a program makes them, hierarchical (2 x 2 through
-// testing::hooks().host_split, leaders on the ring) and flat: the replicas stay identical, and the two
-// trainings agree within rounding.
+// testing::hooks().host_split, leaders on the ring) and flat: the replicas stay identical, and the
+// two trainings agree within rounding.
 TEST(HierarchicalAllReduce, DdpTrainingKeepsReplicasIdenticalAndMatchesFlat) {
   if (world() < 2) GTEST_SKIP() << "needs 2 or 4 ranks";
   std::vector<torch::Tensor> losses[2], states[2];

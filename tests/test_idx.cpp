@@ -25,14 +25,16 @@ Bytes idx_bytes(const std::vector<int32_t>& dims, uint8_t fill_base) {
 }
 
 void write_file(const std::string& path, const Bytes& bytes) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 void write_gz(const std::string& path, const Bytes& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
+            static_cast<int>(bytes.size()));
   gzclose(f);
 }
 
@@ -43,8 +45,9 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
     fn();
     FAIL() << "no exception";
   } catch (const std::runtime_error& e) {
-    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-        << "message: " << e.what() << "\nmissing: " << part;
+    for (const auto& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << part;
   }
 }
 
@@ -107,8 +110,9 @@ TEST(IdxReader, LoadMnistChecksImagesAgainstLabels) {
   const std::string dir = ddp_test::make_temp_dir("idx_pair");
   write_gz(dir + "/t10k-images-idx3-ubyte.gz", idx_bytes({5, 28, 28}, 0));
   write_gz(dir + "/t10k-labels-idx1-ubyte.gz", idx_bytes({4}, 0));
-  expect_error([&] { ddp::load_mnist(dir, ddp::MnistSplit::Test); },
-               {"t10k-images-idx3-ubyte.gz has 5 images", "t10k-labels-idx1-ubyte.gz has 4 labels"});
+  expect_error(
+      [&] { ddp::load_mnist(dir, ddp::MnistSplit::Test); },
+      {"t10k-images-idx3-ubyte.gz has 5 images", "t10k-labels-idx1-ubyte.gz has 4 labels"});
 
   Bytes labels = idx_bytes({5}, 0);
   labels.back() = 12;
@@ -125,7 +129,9 @@ TEST(IdxReader, LoadMnistChecksImagesAgainstLabels) {
 
 TEST(ImageDataset, BatchNormalisesOnTheDevice) {
   ddp::ImageDataset data{torch::tensor({0, 255, 51}, torch::kByte).view({3, 1, 1, 1}),
-                         torch::tensor({1, 2, 3}, torch::kLong), {0.2}, {0.5}};
+                         torch::tensor({1, 2, 3}, torch::kLong),
+                         {0.2},
+                         {0.5}};
   const std::vector<int64_t> indices{2, 0, 1};
   const ddp::Batch b = data.batch(indices, 0, 2, torch::kCPU);
   EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, 1, 1, 1}));

@@ -36,7 +36,8 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 
 void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::string idx_header(const std::vector<uint32_t>& dims) {
@@ -58,8 +59,9 @@ std::string error_of(Fn fn) {
   return "";
 }
 
-#define EXPECT_HAS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "message: " << (text) << "\nmissing: " << (part)
+#define EXPECT_HAS(text, part)                               \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) \
+      << "message: " << (text) << "\nmissing: " << (part)
 
 TEST(IdxHeader, AbsurdSizesAreRefusedBeforeAllocatingNamingTheFile) {
   const std::string dir = ddp_test::make_temp_dir("idx_absurd");
@@ -133,8 +135,9 @@ TEST(IdxHeader, UnreadableFileSaysPermissionDenied) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     ::close(pipe_fds[0]);
-    if (::geteuid() == 0 && (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
-                             ::setresuid(65534, 65534, 65534) != 0)) {
+    if (::geteuid() == 0 &&
+        (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+         ::setresuid(65534, 65534, 65534) != 0)) {
       ::_exit(3);
     }
     const std::string text = error_of([&] { ddp::read_idx(dir + "/secret-idx1-ubyte"); }) + "\n" +
@@ -223,16 +226,19 @@ TEST(SnapshotFormat, HeaderIsCheckedAgainstTheFileSize) {
              "s.pt: not a ddp training snapshot");
   const int64_t good[] = {3, 120, 1, 2}, negative[] = {-1, 0, 1, 1}, no_ranks[] = {1, 1, 1, 0};
   EXPECT_NO_THROW(ddp::check_snapshot_progress(good, 4, "s.pt"));
-  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(good, 3, "s.pt"); }), "has 3 values, fewer than 4");
+  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(good, 3, "s.pt"); }),
+             "has 3 values, fewer than 4");
   EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(negative, 4, "s.pt"); }), "epoch -1");
   EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(no_ranks, 4, "s.pt"); }), "world size 0");
   // The later values (batches done, batch size, samples done), when present.
   const int64_t later[] = {1, 2, 3, 4, 5, 16, -1};
   EXPECT_NO_THROW(ddp::check_snapshot_progress(later, 7, "s.pt"));
   const int64_t bad_samples[] = {1, 2, 3, 4, 5, 16, -2};
-  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(bad_samples, 7, "s.pt"); }), "samples done -2");
+  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(bad_samples, 7, "s.pt"); }),
+             "samples done -2");
   const int64_t bad_batch[] = {1, 2, 3, 4, 5, -16, 0};
-  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(bad_batch, 7, "s.pt"); }), "batch size -16");
+  EXPECT_HAS(error_of([&] { ddp::check_snapshot_progress(bad_batch, 7, "s.pt"); }),
+             "batch size -16");
 }
 
 // Issue 38: a snapshot of a newer ddp is not "not a ddp training snapshot": its version and this
@@ -251,8 +257,9 @@ TEST(SnapshotFormat, NewerFormatNamesItsVersionAndThisBuilds) {
              "s.pt: a snapshot of format 9 (DDPSNAP9), written by a newer ddp");
   for (const char* magic : {"DDPSNAP0", "DDPSNAPX", "DDPSNAP:"}) {
     const std::string head = magic + std::string(16, '\0');
-    EXPECT_HAS(error_of([&] { ddp::parse_snapshot_header(head.data(), head.size(), 5000, "s.pt"); }),
-               "s.pt: not a ddp training snapshot (no DDPSNAP3 header");
+    EXPECT_HAS(
+        error_of([&] { ddp::parse_snapshot_header(head.data(), head.size(), 5000, "s.pt"); }),
+        "s.pt: not a ddp training snapshot (no DDPSNAP3 header");
   }
 }
 
@@ -284,7 +291,8 @@ std::string fake_root(const std::string& name, const std::string& cgroup_line) {
   const std::string root = ddp_test::make_temp_dir(name);
   ddp_test::run_command("mkdir -p '" + root + "/proc/self' '" + root + "/sys/fs/cgroup/job' '" +
                         root + "/sys/fs/cgroup/memory/job'");
-  write_file(root + "/proc/meminfo", "MemTotal: 8000000 kB\nMemFree: 100 kB\nMemAvailable: 4000000 kB\n");
+  write_file(root + "/proc/meminfo",
+             "MemTotal: 8000000 kB\nMemFree: 100 kB\nMemAvailable: 4000000 kB\n");
   write_file(root + "/proc/self/cgroup", cgroup_line);
   return root;
 }
@@ -316,16 +324,18 @@ TEST(MemoryCheck, BatchThatCannotFitIsRefusedWithTheNumbers) {
   EXPECT_NO_THROW(ddp::require_batch_fits("--batch-size 64", 64, 1000000, 2, memory));
   const std::string message = error_of(
       [&] { ddp::require_batch_fits("--batch-size 1000000000", 1000000000, 500000, 2, memory); });
-  EXPECT_HAS(message, "--batch-size 1000000000 cannot fit in memory: a training step needs at "
-                      "least 1.0 PB (2 rank(s) on this node x 1000000000 samples x 500.0 KB");
-  EXPECT_HAS(message, "but 8.0 GB is available (MemAvailable in /proc/meminfo); at most about "
-                      "8000 samples per rank fit");
+  EXPECT_HAS(message,
+             "--batch-size 1000000000 cannot fit in memory: a training step needs at "
+             "least 1.0 PB (2 rank(s) on this node x 1000000000 samples x 500.0 KB");
+  EXPECT_HAS(message,
+             "but 8.0 GB is available (MemAvailable in /proc/meminfo); at most about "
+             "8000 samples per rank fit");
 }
 
 TEST(MemoryCheck, ProbeMeasuresWhatForwardKeepsAndChangesNothing) {
   torch::manual_seed(5);
-  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)), torch::nn::ReLU(),
-                            torch::nn::Dropout(0.5), torch::nn::Flatten(),
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)),
+                            torch::nn::ReLU(), torch::nn::Dropout(0.5), torch::nn::Flatten(),
                             torch::nn::Linear(32 * 26 * 26, 10));
   net->train();
   const torch::Tensor before = net->parameters()[0].clone();

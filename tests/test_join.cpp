@@ -29,7 +29,8 @@ struct TwoLayers : torch::nn::Module {
 };
 
 torch::Tensor input(int64_t step, int64_t rank) {
-  return torch::sin(torch::arange(12, torch::kFloat).reshape({3, 4}) * 0.7 + step * 1.1 + rank * 0.3);
+  return torch::sin(torch::arange(12, torch::kFloat).reshape({3, 4}) * 0.7 + step * 1.1 +
+                    rank * 0.3);
 }
 
 torch::Tensor flat_grads(torch::nn::Module& m) {
@@ -72,12 +73,14 @@ TEST(Join, RanksThatRunOutShadowTheOthersUnderEveryOption) {
       for (int64_t s = 0; s < r; ++s) {
         {
           torch::NoGradGuard no_grad;
-          for (size_t k = 0; k < net->parameters().size(); ++k) local->parameters()[k].copy_(net->parameters()[k]);
+          for (size_t k = 0; k < net->parameters().size(); ++k)
+            local->parameters()[k].copy_(net->parameters()[k]);
         }
         // The average over the training ranks; a parameter no training rank used keeps no grad.
         local->zero_grad();
         for (int64_t q = s + 1; q < w; ++q) {
-          (local->forward(input(s, q), uses_spare(q)).sum() / static_cast<double>(w - 1 - s)).backward();
+          (local->forward(input(s, q), uses_spare(q)).sum() / static_cast<double>(w - 1 - s))
+              .backward();
         }
         optimizer.zero_grad();
         model.forward(input(s, r), uses_spare(r)).sum().backward();
@@ -109,7 +112,8 @@ TEST(Join, NoSyncOnSomeTrainingRanksOnlyIsNamed) {
     }
     ADD_FAILURE() << "no error on rank " << rt().rank();
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("use no_sync() on every rank or none"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use no_sync() on every rank or none"), std::string::npos)
+        << e.what();
   }
 }
 

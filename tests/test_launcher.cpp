@@ -21,13 +21,19 @@ bool contains(const std::string& text, const std::string& part) {
 
 // Task 3 of `srun -N 2 --ntasks-per-node 2 --gpus-per-node 2` (job 12), MpiDefault=pmix.
 Environment srun_task3() {
-  return {{"SLURM_JOB_ID", "12"},        {"SLURM_STEP_ID", "0"},
-          {"SLURM_PROCID", "3"},         {"SLURM_LOCALID", "1"},
-          {"SLURM_NODEID", "1"},         {"SLURMD_NODENAME", "n2"},
-          {"SLURM_NTASKS", "4"},         {"SLURM_STEP_NUM_TASKS", "4"},
+  return {{"SLURM_JOB_ID", "12"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_PROCID", "3"},
+          {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "1"},
+          {"SLURMD_NODENAME", "n2"},
+          {"SLURM_NTASKS", "4"},
+          {"SLURM_STEP_NUM_TASKS", "4"},
           {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
-          {"SLURM_MPI_TYPE", "pmix"},    {"PMIX_RANK", "3"},
-          {"SLURM_GPUS_ON_NODE", "2"},   {"SLURM_STEP_GPUS", "0,1"},
+          {"SLURM_MPI_TYPE", "pmix"},
+          {"PMIX_RANK", "3"},
+          {"SLURM_GPUS_ON_NODE", "2"},
+          {"SLURM_STEP_GPUS", "0,1"},
           {"CUDA_VISIBLE_DEVICES", "0,1"}};
 }
 
@@ -91,8 +97,10 @@ TEST(DetectLaunch, SrunWithPmi2) {
 }
 
 TEST(DetectLaunch, OpenMpiMpirunEvenInsideASlurmJob) {
-  Environment env = {{"OMPI_COMM_WORLD_SIZE", "4"},       {"OMPI_COMM_WORLD_RANK", "2"},
-                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+  Environment env = {{"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_RANK", "2"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                      {"PMIX_RANK", "2"}};
   ddp::LaunchInfo info = ddp::detect_launch(env);
   EXPECT_EQ(info.launcher, Launcher::OpenMpi);
@@ -112,8 +120,11 @@ TEST(DetectLaunch, OpenMpiMpirunEvenInsideASlurmJob) {
 
 TEST(DetectLaunch, ALauncherOfAnotherMpiGivesWorldsOfOne) {
   // MPICH's Hydra, from its documentation (there is no MPICH on the test machine).
-  const Environment hydra = {{"PMI_RANK", "1"}, {"PMI_SIZE", "4"}, {"PMI_FD", "6"},
-                             {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "4"}};
+  const Environment hydra = {{"PMI_RANK", "1"},
+                             {"PMI_SIZE", "4"},
+                             {"PMI_FD", "6"},
+                             {"MPI_LOCALRANKID", "1"},
+                             {"MPI_LOCALNRANKS", "4"}};
   const ddp::LaunchInfo info = ddp::detect_launch(hydra);
   EXPECT_EQ(info.launcher, Launcher::Hydra);
   EXPECT_EQ(info.description, "MPICH mpiexec (Hydra)");
@@ -130,8 +141,8 @@ TEST(DetectLaunch, SingletonAndTorchrunVariables) {
   EXPECT_EQ(info.description, "singleton (no launcher)");
   EXPECT_EQ(ddp::launch_error(info, 1), "");
 
-  info = ddp::detect_launch({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                             {"MASTER_ADDR", "localhost"}});
+  info = ddp::detect_launch(
+      {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "localhost"}});
   const std::string error = ddp::launch_error(info, 1);
   EXPECT_TRUE(contains(error, "RANK=1 and WORLD_SIZE=4 are set (torchrun's variables)")) << error;
   EXPECT_TRUE(contains(error, "mpirun -np 4 <program>")) << error;
@@ -145,7 +156,9 @@ TEST(DetectLaunch, SingletonAndTorchrunVariables) {
 }
 
 TEST(DetectLaunch, BatchScriptWithoutSrun) {
-  const Environment batch = {{"SLURM_JOB_ID", "9"}, {"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"},
+  const Environment batch = {{"SLURM_JOB_ID", "9"},
+                             {"SLURM_NTASKS", "4"},
+                             {"SLURM_PROCID", "0"},
                              {"SLURMD_NODENAME", "n1"}};
   const ddp::LaunchInfo info = ddp::detect_launch(batch);
   EXPECT_EQ(info.launcher, Launcher::Singleton);
@@ -154,8 +167,8 @@ TEST(DetectLaunch, BatchScriptWithoutSrun) {
   EXPECT_TRUE(contains(error, "Slurm job 9 has 4 tasks but this program runs once")) << error;
   EXPECT_TRUE(contains(error, "srun --mpi=pmix <program>")) << error;
   // A one-task job may run the program directly.
-  EXPECT_EQ(ddp::launch_error(ddp::detect_launch({{"SLURM_JOB_ID", "9"}, {"SLURM_NTASKS", "1"}}), 1),
-            "");
+  EXPECT_EQ(
+      ddp::launch_error(ddp::detect_launch({{"SLURM_JOB_ID", "9"}, {"SLURM_NTASKS", "1"}}), 1), "");
 }
 
 TEST(GpusOnNode, SlurmFirstThenTheDeviceLists) {
@@ -191,10 +204,8 @@ TEST(GpuRankMismatch, SilentWhenTheyPairUpOrThereAreNoGpus) {
 }
 
 TEST(ChooseThreads, UserSettingWins) {
-  const ddp::ThreadChoice c = ddp::choose_threads({{"OMP_NUM_THREADS", "3"},
-                                                   {"SLURM_JOB_ID", "1"},
-                                                   {"SLURM_CPUS_PER_TASK", "8"}},
-                                                  16, 1);
+  const ddp::ThreadChoice c = ddp::choose_threads(
+      {{"OMP_NUM_THREADS", "3"}, {"SLURM_JOB_ID", "1"}, {"SLURM_CPUS_PER_TASK", "8"}}, 16, 1);
   EXPECT_EQ(c.threads, 3);
   EXPECT_TRUE(c.from_user);
   EXPECT_EQ(c.reason, "OMP_NUM_THREADS=3");
@@ -227,14 +238,14 @@ TEST(DescribeJob, BannerNamesLauncherNodesDevicesAndThreads) {
   ddp::ThreadChoice threads;
   threads.threads = 1;
   threads.reason = "SLURM_CPUS_PER_TASK=1";
-  const std::vector<ddp::RankPlace> ranks = {{0, 2, false, 1}, {0, 2, false, 1},
-                                             {1, 2, false, 1}, {1, 2, false, 1}};
+  const std::vector<ddp::RankPlace> ranks = {
+      {0, 2, false, 1}, {0, 2, false, 1}, {1, 2, false, 1}, {1, 2, false, 1}};
   EXPECT_EQ(ddp::describe_job(info, ranks, threads),
             "ddp: Slurm srun (PMIx), job 12: 4 ranks on 2 nodes (2 per node), device cpu, "
             "1 thread per rank (SLURM_CPUS_PER_TASK=1)");
 
-  const std::vector<ddp::RankPlace> uneven = {{0, 3, true, 2}, {0, 3, true, 2}, {0, 3, true, 2},
-                                              {1, 1, true, 4}};
+  const std::vector<ddp::RankPlace> uneven = {
+      {0, 3, true, 2}, {0, 3, true, 2}, {0, 3, true, 2}, {1, 1, true, 4}};
   threads.threads = 2;
   threads.reason = "8 CPUs shared by 3 ranks";
   EXPECT_EQ(ddp::describe_job(ddp::detect_launch({}), uneven, threads),
@@ -263,8 +274,8 @@ TEST(YieldWhenIdle, OnlyWhenTheCommunicationThreadsOversubscribeTheNode) {
   EXPECT_FALSE(ddp::yield_when_idle(one_thread, -1, 2));  // unknown local size: one rank
   EXPECT_TRUE(ddp::yield_when_idle({}, 1, 8));            // 8 intra-op threads fill the cores
   const ddp::Environment slurm{{"SLURM_JOB_ID", "7"}, {"SLURM_CPUS_PER_TASK", "4"}};
-  EXPECT_FALSE(ddp::yield_when_idle(slurm, 2, 16));       // 2 x (4 + 1) of 16
-  EXPECT_TRUE(ddp::yield_when_idle(slurm, 4, 16));        // 4 x (4 + 1) of 16
+  EXPECT_FALSE(ddp::yield_when_idle(slurm, 2, 16));  // 2 x (4 + 1) of 16
+  EXPECT_TRUE(ddp::yield_when_idle(slurm, 4, 16));   // 4 x (4 + 1) of 16
 }
 
 namespace {
@@ -329,14 +340,16 @@ TEST(Settings, UnsetOrEmptyIsTheDefaultAndGoodValuesPass) {
   EXPECT_EQ(ddp::read_number({}, ddp::Setting::MpiSpin), std::nullopt);
   EXPECT_EQ(ddp::read_number({{"DDP_MPI_SPIN_US", ""}}, ddp::Setting::MpiSpin), std::nullopt);
   EXPECT_EQ(ddp::read_number({{"DDP_MPI_SPIN_US", "0"}}, ddp::Setting::MpiSpin), 0);
-  EXPECT_EQ(ddp::read_number({{"DDP_MPI_MAX_SLEEP_US", "1000000"}}, ddp::Setting::MpiMaxSleep), 1000000);
+  EXPECT_EQ(ddp::read_number({{"DDP_MPI_MAX_SLEEP_US", "1000000"}}, ddp::Setting::MpiMaxSleep),
+            1000000);
   EXPECT_EQ(ddp::read_number({{"DDP_MPI_SOCKET_KIB", "1073741824"}}, ddp::Setting::SocketThreshold),
             1073741824);
   EXPECT_EQ(ddp::read_number({{"DDP_NCCL_TIMEOUT_SECONDS", "30"}}, ddp::Setting::NcclTimeout), 30);
   EXPECT_EQ(ddp::read_text({{"DDP_MPI_SOCKETS", "never"}}, ddp::Setting::Sockets), "never");
   EXPECT_EQ(ddp::read_text({{"DDP_SOCKET_IFNAME", "eth0,lo"}}, ddp::Setting::SocketInterfaces),
             "eth0,lo");
-  EXPECT_EQ(ddp::read_text({{"DDP_SOCKET_IFNAME", ""}}, ddp::Setting::SocketInterfaces), std::nullopt);
+  EXPECT_EQ(ddp::read_text({{"DDP_SOCKET_IFNAME", ""}}, ddp::Setting::SocketInterfaces),
+            std::nullopt);
   for (const char* off : {"", "0"}) {
     EXPECT_FALSE(ddp::read_flag({{"DDP_SKIP_LAUNCH_CHECKS", off}}, ddp::Setting::SkipLaunchChecks));
   }

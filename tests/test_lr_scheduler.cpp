@@ -30,8 +30,12 @@ std::vector<double> python_lrs(const std::string& scheduler, int epochs) {
       "import torch\n"
       "w = torch.zeros(1, requires_grad=True)\n"
       "opt = torch.optim.SGD([w], lr=0.1)\n"
-      "s = torch.optim.lr_scheduler." + scheduler + "\n"
-      "for e in range(" + std::to_string(epochs) + "):\n"
+      "s = torch.optim.lr_scheduler." +
+      scheduler +
+      "\n"
+      "for e in range(" +
+      std::to_string(epochs) +
+      "):\n"
       "    print(repr(opt.param_groups[0][\"lr\"]))\n"
       "    opt.step()\n"
       "    s.step()\n";

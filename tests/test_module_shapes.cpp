@@ -15,7 +15,8 @@ ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 torch::nn::Sequential make_sequential() {
   torch::manual_seed(5);
-  return torch::nn::Sequential(torch::nn::Linear(10, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  return torch::nn::Sequential(torch::nn::Linear(10, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 3));
 }
 
 torch::Tensor flat_parameters(torch::nn::Module& m) {
@@ -44,7 +45,8 @@ TEST(ModuleShapes, SequentialTrainsThroughTheWrappersForward) {
       EXPECT_TRUE(torch::equal(model.forward(mine), net->forward(mine)));
     }
     opt.zero_grad();
-    torch::nn::functional::cross_entropy(model.forward(mine), y[s].slice(0, r * b, (r + 1) * b)).backward();
+    torch::nn::functional::cross_entropy(model.forward(mine), y[s].slice(0, r * b, (r + 1) * b))
+        .backward();
     opt.step();
     ref_opt.zero_grad();
     torch::nn::functional::cross_entropy(reference->forward(x[s]), y[s]).backward();

@@ -10,7 +10,8 @@
 namespace {
 
 TEST(NcclBootstrap, EveryRankHoldsRankZerosUniqueId) {
-  const ncclUniqueId id = ddp::broadcast_nccl_unique_id(ddp::detail::RuntimeInternals::comm(ddp_test::runtime()), ddp_test::runtime().rank());
+  const ncclUniqueId id = ddp::broadcast_nccl_unique_id(
+      ddp::detail::RuntimeInternals::comm(ddp_test::runtime()), ddp_test::runtime().rank());
   torch::Tensor mine = torch::empty({static_cast<int64_t>(sizeof id)}, torch::kByte);
   std::memcpy(mine.data_ptr(), &id, sizeof id);
   const torch::Tensor all = ddp_test::group().cpu().all_gather(mine);

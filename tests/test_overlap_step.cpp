@@ -55,9 +55,9 @@ void backward(ddp::DistributedDataParallel& model, int step) {
 // `accumulate`, each step is a no_sync() backward and a synchronised one. After step 2 both
 // learning rates are halved, as a schedule would. Expects the parameters equal bit for bit.
 // `inner` makes the hook both use (the overlapped one composed with the step).
-void expect_overlap_equals_plain(const Factory& factory, const std::string& name, bool views,
-                                 bool accumulate = false,
-                                 const std::function<ddp::CommHook()>& inner = ddp::allreduce_hook) {
+void expect_overlap_equals_plain(
+    const Factory& factory, const std::string& name, bool views, bool accumulate = false,
+    const std::function<ddp::CommHook()>& inner = ddp::allreduce_hook) {
   SCOPED_TRACE(name + (views ? ", bucket views" : "") + (accumulate ? ", no_sync" : ""));
   Net plain_net, overlap_net;
   ddp::DistributedDataParallel plain(ddp_test::group(), plain_net, small_buckets(views));
@@ -72,7 +72,8 @@ void expect_overlap_equals_plain(const Factory& factory, const std::string& name
   for (int step = 0; step < 5; ++step) {
     if (step == 2) {
       for (auto* opt : {plain_opt.get(), overlap_opt.get()}) {
-        for (auto& group : opt->param_groups()) group.options().set_lr(group.options().get_lr() / 2);
+        for (auto& group : opt->param_groups())
+          group.options().set_lr(group.options().get_lr() / 2);
       }
     }
     plain_opt->zero_grad(!views);
@@ -186,7 +187,8 @@ TEST(OverlapOptimizerStep, RefusesWhatNeedsMoreThanOneBucket) {
     model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), foreign));
     ADD_FAILURE() << "an optimizer of another module's parameters was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("is not a parameter of the wrapped module"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("is not a parameter of the wrapped module"),
+              std::string::npos)
         << e.what();
   }
   options.find_unused_parameters = true;

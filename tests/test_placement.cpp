@@ -44,8 +44,7 @@ struct Placed {
 // What the Runtime does with a node: place every local rank, then rank 0's pairing warning.
 Placed place(const Node& node, bool use_cuda = true) {
   const std::vector<std::string> ids =
-      node.single_gpu_ids.empty() ? std::vector<std::string>(node.ranks, "")
-                                  : node.single_gpu_ids;
+      node.single_gpu_ids.empty() ? std::vector<std::string>(node.ranks, "") : node.single_gpu_ids;
   const bool own = ddp::each_rank_sees_its_own_gpu(ids);
   const int visible = use_cuda ? node.visible : 0;
   Placed placed;
@@ -80,8 +79,8 @@ TEST(Placement, EveryTaskSeesAllTheNodesGpus) {
 
 TEST(Placement, EveryTaskSeesOneGpuOfItsOwnRenumberedToZero) {
   // srun --ntasks-per-node=2 --gpus-per-task=1: Slurm's cgroup shows each task one GPU as 0.
-  const Node slurm{{{"SLURM_GPUS_ON_NODE", "2"}, {"CUDA_VISIBLE_DEVICES", "0"}},
-                   1, 2, {"uuid-a", "uuid-b"}};
+  const Node slurm{
+      {{"SLURM_GPUS_ON_NODE", "2"}, {"CUDA_VISIBLE_DEVICES", "0"}}, 1, 2, {"uuid-a", "uuid-b"}};
   const Placed placed = place(slurm);
   EXPECT_EQ(placed.devices, (std::vector<torch::Device>{cuda(0), cuda(0)}));
   EXPECT_EQ(placed.warning, "");
@@ -188,9 +187,9 @@ TEST(CollectiveTimeout, OneVariableForBothBackendsNcclsOwnStillWins) {
   EXPECT_EQ(ddp::collective_timeout_seconds({}), 600);
   EXPECT_EQ(ddp::collective_timeout_seconds({{"DDP_TIMEOUT_SECONDS", "5"}}), 5);
   EXPECT_EQ(ddp::nccl_timeout_seconds({{"DDP_TIMEOUT_SECONDS", "5"}}), 5);
-  EXPECT_EQ(ddp::nccl_timeout_seconds(
-                {{"DDP_TIMEOUT_SECONDS", "5"}, {"DDP_NCCL_TIMEOUT_SECONDS", "30"}}),
-            30);
+  EXPECT_EQ(
+      ddp::nccl_timeout_seconds({{"DDP_TIMEOUT_SECONDS", "5"}, {"DDP_NCCL_TIMEOUT_SECONDS", "30"}}),
+      30);
   for (const char* bad : {"0", "-5", "ten", "1.5"}) {
     try {
       ddp::collective_timeout_seconds({{"DDP_TIMEOUT_SECONDS", bad}});

@@ -42,7 +42,8 @@ torch::nn::Sequential build_model() {
     const auto [o, n] = sizes[i];
     torch::nn::Linear linear(n, o);
     torch::NoGradGuard no_grad;
-    linear->weight.copy_(closed_form(o, n, static_cast<double>(i), 0.9 / std::sqrt(static_cast<double>(n))));
+    linear->weight.copy_(
+        closed_form(o, n, static_cast<double>(i), 0.9 / std::sqrt(static_cast<double>(n))));
     linear->bias.copy_(closed_form(1, o, static_cast<double>(i) + 0.5, 0.1).reshape({-1}));
     model->push_back(linear);
     if (i + 1 < sizes.size()) model->push_back(torch::nn::Tanh());
@@ -71,8 +72,10 @@ std::vector<torch::Tensor> train(const ddp::CommHook& hook, ddp::DDPOptions opti
   ddp::DistributedDataParallel ddp_model(pg(), model, options);
   if (hook) ddp_model.register_comm_hook(hook);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
-  const torch::Tensor x = closed_form(kSteps * w * kBatch, kIn, 0.25, 1.0).reshape({kSteps, w * kBatch, kIn});
-  const torch::Tensor y = closed_form(kSteps * w * kBatch, kOut, 0.75, 1.0).reshape({kSteps, w * kBatch, kOut});
+  const torch::Tensor x =
+      closed_form(kSteps * w * kBatch, kIn, 0.25, 1.0).reshape({kSteps, w * kBatch, kIn});
+  const torch::Tensor y =
+      closed_form(kSteps * w * kBatch, kOut, 0.75, 1.0).reshape({kSteps, w * kBatch, kOut});
   std::vector<torch::Tensor> out;
   for (int64_t s = 0; s < kSteps; ++s) {
     opt.zero_grad(!options.gradient_as_bucket_view);  // views are zeroed in place
@@ -94,7 +97,8 @@ std::map<std::string, std::vector<torch::Tensor>> parse_reference(const std::str
     std::istringstream in(line);
     std::string name, step, colon;
     in >> name >> step >> colon;
-    if (colon != ":") throw std::runtime_error("powersgd.py: unexpected line " + line.substr(0, 80));
+    if (colon != ":")
+      throw std::runtime_error("powersgd.py: unexpected line " + line.substr(0, 80));
     std::vector<double> values;
     for (double v; in >> v;) values.push_back(v);
     out[name].push_back(torch::tensor(values, torch::kDouble).to(torch::kFloat));
@@ -129,10 +133,11 @@ const std::vector<Config> kConfigs = {
 TEST(PowerSGD, MatchesPyTorchPowerSGDHook) {
   std::string reference;
   if (rt().is_main()) {
-    const std::string tmp = ddp_test::make_temp_dir("powersgd_np" + std::to_string(rt().world_size()));
+    const std::string tmp =
+        ddp_test::make_temp_dir("powersgd_np" + std::to_string(rt().world_size()));
     reference = ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR +
-                                      "/reference/powersgd.py " + std::to_string(rt().world_size()) +
-                                      " '" + tmp + "'");
+                                      "/reference/powersgd.py " +
+                                      std::to_string(rt().world_size()) + " '" + tmp + "'");
   }
   reference = ddp::all_gather_strings(pg().cpu(), reference)[0];
   const auto expected = parse_reference(reference);
@@ -140,46 +145,51 @@ TEST(PowerSGD, MatchesPyTorchPowerSGDHook) {
 
   std::map<std::string, std::vector<torch::Tensor>> copied;  // without the views
   for (const bool view : {false, true}) {
-  for (const Config& c : kConfigs) {
-    ddp::DDPOptions options;
-    options.gradient_as_bucket_view = view;
-    auto state = std::make_shared<ddp::PowerSGDState>();
-    state->matrix_approximation_rank = c.rank;
-    state->start_powerSGD_iter = c.start;
-    state->min_compression_rate = c.rate;
-    state->use_error_feedback = c.feedback;
-    state->warm_start = c.warm;
-    state->orthogonalization_epsilon = c.epsilon;
-    state->random_seed = c.seed;
-    const std::vector<torch::Tensor> got = train(ddp::powersgd_hook(state), options);
-    const std::vector<torch::Tensor>& want = expected.at(c.name);
-    const std::string name = c.name + (view ? " (gradient_as_bucket_view)" : "");
-    ASSERT_EQ(got.size(), want.size()) << name;
-    EXPECT_EQ(state->iter, kSteps) << name;
-    double largest = 0;
-    for (size_t s = 0; s < got.size(); ++s) {
-      const std::string what = name + (s < static_cast<size_t>(kSteps) ? ", step " + std::to_string(s) : ", weights");
-      ASSERT_EQ(got[s].numel(), want[s].numel()) << what;
-      EXPECT_TRUE(ddp_test::identical_on_all_ranks(got[s])) << what << ": replicas differ";
-      const double diff = (got[s] - want[s]).abs().max().item<double>();
-      largest = std::max(largest, diff);
-      if (s < static_cast<size_t>(c.start) && rt().world_size() <= 2) {
-        // A sum of one or two values has one order; at 4 ranks gloo's ring sums in another
-        // order than Open MPI (1 ulp seen), hence the tolerance below.
-        EXPECT_TRUE(torch::equal(got[s], want[s])) << what << " (plain all-reduce): max diff " << diff;
-      } else {
-        EXPECT_TRUE(torch::allclose(got[s], want[s], 1e-4, 2e-6)) << what << ": max diff " << diff;
+    for (const Config& c : kConfigs) {
+      ddp::DDPOptions options;
+      options.gradient_as_bucket_view = view;
+      auto state = std::make_shared<ddp::PowerSGDState>();
+      state->matrix_approximation_rank = c.rank;
+      state->start_powerSGD_iter = c.start;
+      state->min_compression_rate = c.rate;
+      state->use_error_feedback = c.feedback;
+      state->warm_start = c.warm;
+      state->orthogonalization_epsilon = c.epsilon;
+      state->random_seed = c.seed;
+      const std::vector<torch::Tensor> got = train(ddp::powersgd_hook(state), options);
+      const std::vector<torch::Tensor>& want = expected.at(c.name);
+      const std::string name = c.name + (view ? " (gradient_as_bucket_view)" : "");
+      ASSERT_EQ(got.size(), want.size()) << name;
+      EXPECT_EQ(state->iter, kSteps) << name;
+      double largest = 0;
+      for (size_t s = 0; s < got.size(); ++s) {
+        const std::string what =
+            name + (s < static_cast<size_t>(kSteps) ? ", step " + std::to_string(s) : ", weights");
+        ASSERT_EQ(got[s].numel(), want[s].numel()) << what;
+        EXPECT_TRUE(ddp_test::identical_on_all_ranks(got[s])) << what << ": replicas differ";
+        const double diff = (got[s] - want[s]).abs().max().item<double>();
+        largest = std::max(largest, diff);
+        if (s < static_cast<size_t>(c.start) && rt().world_size() <= 2) {
+          // A sum of one or two values has one order; at 4 ranks gloo's ring sums in another
+          // order than Open MPI (1 ulp seen), hence the tolerance below.
+          EXPECT_TRUE(torch::equal(got[s], want[s]))
+              << what << " (plain all-reduce): max diff " << diff;
+        } else {
+          EXPECT_TRUE(torch::allclose(got[s], want[s], 1e-4, 2e-6))
+              << what << ": max diff " << diff;
+        }
+      }
+      if (rt().is_main())
+        std::cout << "[ powersgd ] " << name << ": largest difference " << largest << "\n";
+      if (!view) {
+        copied[c.name] = got;
+        continue;
+      }
+      for (size_t s = 0; s < got.size(); ++s) {
+        EXPECT_TRUE(torch::equal(got[s], copied.at(c.name)[s]))
+            << name << ", " << s << ": differs from copying";
       }
     }
-    if (rt().is_main()) std::cout << "[ powersgd ] " << name << ": largest difference " << largest << "\n";
-    if (!view) {
-      copied[c.name] = got;
-      continue;
-    }
-    for (size_t s = 0; s < got.size(); ++s) {
-      EXPECT_TRUE(torch::equal(got[s], copied.at(c.name)[s])) << name << ", " << s << ": differs from copying";
-    }
-  }
   }
 }
 
@@ -204,7 +214,9 @@ TEST(PowerSGD, RefusesBadState) {
         try {
           ddp::powersgd_hook(state);
         } catch (const std::invalid_argument& e) {
-          EXPECT_NE(std::string(e.what()).find("PowerSGDState::start_powerSGD_iter"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("PowerSGDState::start_powerSGD_iter"),
+                    std::string::npos)
+              << e.what();
           throw;
         }
       },

@@ -81,9 +81,11 @@ TEST(ReportFormat, GenericSummaryTableHasAColumnPerMetric) {
   ddp::EpochResult r = epoch_result(1, 8743);
   r.train_metrics = {ddp::Metric{"abs_error", 1200.0, 60000}};
   const std::string table = ddp::ReportFormat().summary_table({r});
-  EXPECT_EQ(table,
-            "epoch  train loss  train_abs_error  test loss  test_accuracy  time (s)  samples/s    sync\n"
-            "    1      0.5267             0.02     0.3343         0.8743     50.21       1195    4.8%\n");
+  EXPECT_EQ(
+      table,
+      "epoch  train loss  train_abs_error  test loss  test_accuracy  time (s)  samples/s    sync\n"
+      "    1      0.5267             0.02     0.3343         0.8743     50.21       1195    "
+      "4.8%\n");
   EXPECT_EQ(ddp::ReportFormat().summary_table({}), "");
 }
 
@@ -93,12 +95,14 @@ TEST(ReportFormat, SnapshotLineSaysHowManyAndTheirShareOfTheTraining) {
   cost.at_epoch_end = 2;
   cost.seconds = 0.84;
   cost.max_seconds = 0.21;
-  EXPECT_EQ(ddp::ReportFormat::snapshot_line(cost, 27.1),
-            "Snapshots: 12 written (10 inside epochs, 2 at epoch ends), 0.84 s in all, mean 70.0 ms, "
-            "max 210.0 ms: 3.1% of 27.10 s of training");
-  EXPECT_EQ(ddp::ReportFormat::snapshot_line(cost, 0),
-            "Snapshots: 12 written (10 inside epochs, 2 at epoch ends), 0.84 s in all, mean 70.0 ms, "
-            "max 210.0 ms");
+  EXPECT_EQ(
+      ddp::ReportFormat::snapshot_line(cost, 27.1),
+      "Snapshots: 12 written (10 inside epochs, 2 at epoch ends), 0.84 s in all, mean 70.0 ms, "
+      "max 210.0 ms: 3.1% of 27.10 s of training");
+  EXPECT_EQ(
+      ddp::ReportFormat::snapshot_line(cost, 0),
+      "Snapshots: 12 written (10 inside epochs, 2 at epoch ends), 0.84 s in all, mean 70.0 ms, "
+      "max 210.0 ms");
 }
 
 TEST(ReportFormat, ClassificationLinesAreTheSeedScripts) {
@@ -119,8 +123,9 @@ TEST(ReportFormat, ClassificationLinesAreTheSeedScripts) {
 
 TEST(ReportFormat, EpochLineShowsTheGpuMemoryPeakOnlyOnAGpu) {
   ddp::EpochResult r = epoch_result(1, 8743);
-  const std::string timed = "Epoch 1: 50.21 s, 1195 samples/s over 1 rank(s) | data 0.1%, "
-                            "forward+backward 89.6%, gradient sync 4.8%, optimizer 4.4%";
+  const std::string timed =
+      "Epoch 1: 50.21 s, 1195 samples/s over 1 rank(s) | data 0.1%, "
+      "forward+backward 89.6%, gradient sync 4.8%, optimizer 4.4%";
   EXPECT_EQ(ddp::ReportFormat::timing_line(r, "1 rank(s)"), timed);  // -1: the CPU
   r.gpu_memory_peak_mb = 1536.4;
   EXPECT_EQ(ddp::ReportFormat::timing_line(r, "1 rank(s)"), timed + " | GPU memory peak 1536 MiB");

@@ -94,7 +94,8 @@ TEST(TensorHash, SameForEqualBitsInAnyLayoutProcessAndRun) {
   EXPECT_EQ(ddp::tensor_hash(t.clone().requires_grad_()), h);
   // Pinned, so that hashes logged by one run can be compared with another's.
   EXPECT_EQ(h, 0xb0477c92c2e34e75ULL);
-  const torch::Tensor all = comm().all_gather(torch::tensor({static_cast<int64_t>(h)}, torch::kLong));
+  const torch::Tensor all =
+      comm().all_gather(torch::tensor({static_cast<int64_t>(h)}, torch::kLong));
   EXPECT_TRUE(torch::equal(all, torch::full_like(all, static_cast<int64_t>(h))));
 }
 
@@ -125,14 +126,15 @@ TEST(CheckReplicasInSync, PerturbedBufferIsNamedWithEveryDifferingRank) {
   if (comm().size() < 2) GTEST_SKIP() << "needs 2 ranks";
   auto net = make_net();
   std::string odd_ranks;
-  for (int r = 1; r < comm().size(); r += 2) odd_ranks += (odd_ranks.empty() ? "" : ", ") + std::to_string(r);
+  for (int r = 1; r < comm().size(); r += 2)
+    odd_ranks += (odd_ranks.empty() ? "" : ", ") + std::to_string(r);
   if (comm().rank() % 2 == 1) {
     torch::NoGradGuard no_grad;
     net->norm->running_var[2].fill_(1.25f);
   }
   EXPECT_EQ(mismatch_message(*net),
-            "replicas differ: buffer 'norm.running_var' differs from rank 0 on rank(s) " + odd_ranks +
-                " (max abs difference 0.25)" + kBufferHint);
+            "replicas differ: buffer 'norm.running_var' differs from rank 0 on rank(s) " +
+                odd_ranks + " (max abs difference 0.25)" + kBufferHint);
 }
 
 TEST(CheckReplicasInSync, BitLevelDifferenceIsCaught) {
@@ -152,10 +154,11 @@ TEST(CheckReplicasInSync, DifferentShapesAreReportedNotGathered) {
   if (comm().size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const int last = comm().size() - 1;
   auto net = make_net(comm().rank() == last ? 9 : 8);
-  EXPECT_EQ(mismatch_message(*net, "after loading"),
-            "replicas differ after loading: parameter 'fc1.weight' differs from rank 0 on rank(s) " +
-                std::to_string(last) + " (rank 0: parameter 'fc1.weight' Float [8, 6]; rank " +
-                std::to_string(last) + ": parameter 'fc1.weight' Float [9, 6])");
+  EXPECT_EQ(
+      mismatch_message(*net, "after loading"),
+      "replicas differ after loading: parameter 'fc1.weight' differs from rank 0 on rank(s) " +
+          std::to_string(last) + " (rank 0: parameter 'fc1.weight' Float [8, 6]; rank " +
+          std::to_string(last) + ": parameter 'fc1.weight' Float [9, 6])");
 }
 
 TEST(CheckReplicasInSync, DifferentTensorCountsAreReported) {
@@ -164,7 +167,8 @@ TEST(CheckReplicasInSync, DifferentTensorCountsAreReported) {
   auto net = make_net(8, comm().rank() == last);
   EXPECT_EQ(mismatch_message(*net),
             "replicas differ: the modules differ in structure: rank 0 has 6 parameters and 3 "
-            "buffers, rank " + std::to_string(last) + " has 6 parameters and 4 buffers");
+            "buffers, rank " +
+                std::to_string(last) + " has 6 parameters and 4 buffers");
 }
 
 // Every rank works in its own directory (make_temp_dir names it after the process).
@@ -206,7 +210,8 @@ TEST(CompareStateFiles, NaNsCompareByTheirBits) {
   auto net = make_net();
   torch::NoGradGuard no_grad;
   auto set_bias = [&](std::initializer_list<uint32_t> bits) {
-    std::copy(bits.begin(), bits.end(), reinterpret_cast<uint32_t*>(net->fc2->bias.data_ptr<float>()));
+    std::copy(bits.begin(), bits.end(),
+              reinterpret_cast<uint32_t*>(net->fc2->bias.data_ptr<float>()));
   };
   set_bias({0x7fc00001, 0x00000000, 0x3f800000});  // NaN (payload 1), 0.0, 1.0
   const std::string a = files.save(*net, "a.pt");
@@ -247,7 +252,8 @@ TEST(CompareStateFiles, MissingTensorsShapesAndDtypes) {
   EXPECT_EQ(names_and_whats(ddp::compare_state_files(extra, base)),
             std::vector<std::string>{"extra\tmissing in B"});
   EXPECT_EQ(names_and_whats(ddp::compare_state_files(base, fc2_double)),
-            (std::vector<std::string>{"fc2.weight\tdtype Float vs Double", "fc2.bias\tdtype Float vs Double"}));
+            (std::vector<std::string>{"fc2.weight\tdtype Float vs Double",
+                                      "fc2.bias\tdtype Float vs Double"}));
   const auto widened = names_and_whats(ddp::compare_state_files(base, wider));
   ASSERT_FALSE(widened.empty());
   EXPECT_EQ(widened[0], "fc1.weight\tshape [8, 6] vs [9, 6]");
@@ -258,8 +264,9 @@ TEST(CompareStateFiles, UnreadableFileIsNamed) {
   const std::string good = files.save(*make_net(), "good.pt");
   const std::string garbage = files.dir + "/garbage.pt", missing = files.dir + "/missing.pt";
   std::ofstream(garbage) << "not an archive";
-  for (const auto& [a, b, culprit] : {std::make_tuple(good, garbage, garbage), std::make_tuple(missing, good, missing),
-                                      std::make_tuple(good, missing, missing)}) {
+  for (const auto& [a, b, culprit] :
+       {std::make_tuple(good, garbage, garbage), std::make_tuple(missing, good, missing),
+        std::make_tuple(good, missing, missing)}) {
     try {
       ddp::compare_state_files(a, b);
       ADD_FAILURE() << "no exception for " << culprit;
@@ -299,8 +306,9 @@ TEST(CompareModelsTool, PrintsDifferingTensorsAndExitStatus) {
   EXPECT_EQ(run_with_status(tool + " " + a + " " + a_again, output), 0) << output;
   EXPECT_EQ(output, "identical: " + a + " " + a_again + "\n");
   EXPECT_EQ(run_with_status(tool + " " + a + " " + a_again + " " + b, output), 1) << output;
-  EXPECT_EQ(output, "identical: " + a + " " + a_again + "\ndiffer: " + a + " " + b +
-                        " (1 tensor)\nnorm.running_var\tmax abs difference 1 (8 of 8 elements differ)\n");
+  EXPECT_EQ(output,
+            "identical: " + a + " " + a_again + "\ndiffer: " + a + " " + b +
+                " (1 tensor)\nnorm.running_var\tmax abs difference 1 (8 of 8 elements differ)\n");
 #endif
 }
 

@@ -134,7 +134,8 @@ ddp::TrainerOptions options(const std::string& dir) {
 }
 
 std::string shared_temp_dir(const std::string& name) {
-  return ddp::all_gather_strings(pg().cpu(), rt().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
+  return ddp::all_gather_strings(pg().cpu(),
+                                 rt().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
 }
 
 // Uninterrupted; then stopped by SIGTERM on the last rank after kStopAfterStep and resumed from
@@ -219,9 +220,12 @@ TEST(ResumeExact, EveryCommHookResumesBitIdentically) {
 }
 
 TEST(ResumeExact, ZeroRedundancyOptimizerResumesBitIdenticallyOverAnyOptimizer) {
-  expect_exact_resume({"zero_sgd", ddp::noop_hook, zero<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9))});
-  expect_exact_resume({"zero_adam", ddp::noop_hook, zero<torch::optim::Adam>(torch::optim::AdamOptions(0.01))});
-  expect_exact_resume({"zero_adadelta", ddp::noop_hook, zero<ddp::Adadelta>(ddp::AdadeltaOptions(1.0))});
+  expect_exact_resume({"zero_sgd", ddp::noop_hook,
+                       zero<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9))});
+  expect_exact_resume(
+      {"zero_adam", ddp::noop_hook, zero<torch::optim::Adam>(torch::optim::AdamOptions(0.01))});
+  expect_exact_resume(
+      {"zero_adadelta", ddp::noop_hook, zero<ddp::Adadelta>(ddp::AdadeltaOptions(1.0))});
 }
 
 // An optimizer that keeps its state in a map of its own, not in state(), as ddp::Adadelta did.
@@ -263,9 +267,10 @@ class HiddenStateSGD : public torch::optim::Optimizer {
 
 TEST(ResumeExact, StateOutsideTheOptimizersStateIsRefusedOnEveryRankNamingIt) {
   Mlp net;
-  ddp::ZeroRedundancyOptimizer optimizer(net->parameters(), pg().cpu(), [](std::vector<torch::Tensor> shard) {
-    return std::make_unique<HiddenStateSGD>(std::move(shard));
-  });
+  ddp::ZeroRedundancyOptimizer optimizer(
+      net->parameters(), pg().cpu(), [](std::vector<torch::Tensor> shard) {
+        return std::make_unique<HiddenStateSGD>(std::move(shard));
+      });
   optimizer.zero_grad();
   torch::mse_loss(net->forward(torch::ones({2, 6})), torch::zeros({2, 3})).backward();
   optimizer.step();
@@ -274,8 +279,9 @@ TEST(ResumeExact, StateOutsideTheOptimizersStateIsRefusedOnEveryRankNamingIt) {
     optimizer.save(archive);
     FAIL() << "consolidated a state that is not in state()";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("HiddenStateSGD) saves state that its state() does not hold"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("HiddenStateSGD) saves state that its state() does not hold"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -308,16 +314,19 @@ TEST(ResumeExact, ChangedSettingsAreNamedAtResume) {
     EXPECT_EQ(out.find("Warning: the "), std::string::npos) << "rank 0 alone says it";
     return;
   }
-  const std::string cost = "the run goes on, but no longer on the trajectory the snapshot's run "
-                           "would have followed";
+  const std::string cost =
+      "the run goes on, but no longer on the trajectory the snapshot's run "
+      "would have followed";
   EXPECT_NE(out.find("Warning: the optimizer is torch::optim::SGD (dampening=0, lr=0.1, "
                      "momentum=0.9, nesterov=false, weight_decay=0), the snapshot's run had "
                      "torch::optim::SGD (dampening=0, lr=0.05, momentum=0.9, nesterov=false, "
-                     "weight_decay=0): " + cost),
+                     "weight_decay=0): " +
+                     cost),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("Warning: the gradient accumulation (micro-batches per step) is 2, the "
-                     "snapshot's run had 1: " + cost),
+                     "snapshot's run had 1: " +
+                     cost),
             std::string::npos)
       << out;
   if (rt().world_size() > 1) {
@@ -326,7 +335,8 @@ TEST(ResumeExact, ChangedSettingsAreNamedAtResume) {
               std::string::npos)
         << out;
   }
-  EXPECT_EQ(out.find("mixed precision is"), std::string::npos) << "unchanged settings are not named";
+  EXPECT_EQ(out.find("mixed precision is"), std::string::npos)
+      << "unchanged settings are not named";
 }
 
 }  // namespace

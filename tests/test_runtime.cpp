@@ -43,7 +43,8 @@ TEST(Runtime, DeviceAndSummary) {
   }
   const std::string line = rt.summary();
   EXPECT_NE(line.find("rank " + std::to_string(rt.rank()) + "/" + std::to_string(rt.world_size())),
-            std::string::npos) << line;
+            std::string::npos)
+      << line;
   EXPECT_NE(line.find("host " + rt.hostname()), std::string::npos) << line;
 }
 

@@ -99,9 +99,13 @@ TEST(DistributedSampler, StartContinuesTheEpochAtAnotherWorldSize) {
   // (size, N ranks, per-rank batch, batches done, M ranks): shrinking and growing, sizes with
   // and without padding at either count.
   for (const auto& [size, n, batch, k, m] :
-       std::vector<std::array<int64_t, 5>>{{256, 4, 16, 2, 2}, {256, 2, 32, 1, 4}, {101, 4, 5, 3, 3},
-                                          {100, 3, 7, 2, 4},   {37, 2, 4, 4, 5},    {64, 4, 16, 0, 2},
-                                          {1000, 8, 9, 10, 1}}) {
+       std::vector<std::array<int64_t, 5>>{{256, 4, 16, 2, 2},
+                                           {256, 2, 32, 1, 4},
+                                           {101, 4, 5, 3, 3},
+                                           {100, 3, 7, 2, 4},
+                                           {37, 2, 4, 4, 5},
+                                           {64, 4, 16, 0, 2},
+                                           {1000, 8, 9, 10, 1}}) {
     int64_t padding = 0;
     const auto trained = epoch_over_two_sizes(size, n, batch, k, m, /*drop_last=*/false, &padding);
     ASSERT_EQ(static_cast<int64_t>(trained.size()), size) << "every index, size " << size;
@@ -143,7 +147,8 @@ TEST(DistributedSampler, StartIsTheRestOfTheSamePermutationInGlobalBatches) {
   }
   for (int64_t b = 2; b < 4; ++b) {
     std::multiset<int64_t> at_four, at_two;
-    for (int64_t r = 0; r < 4; ++r) at_four.insert(four[r].begin() + b * 16, four[r].begin() + (b + 1) * 16);
+    for (int64_t r = 0; r < 4; ++r)
+      at_four.insert(four[r].begin() + b * 16, four[r].begin() + (b + 1) * 16);
     for (int64_t r = 0; r < 2; ++r) {
       at_two.insert(two[r].begin() + (b - 2) * 32, two[r].begin() + (b - 1) * 32);
     }
@@ -159,15 +164,17 @@ TEST(DistributedSampler, StartZeroIsTorchsSamplerAndBadStartsAreRefused) {
   EXPECT_EQ(a.num_samples(), 35);
   b.set_epoch(4, 10);
   EXPECT_EQ(b.num_samples(), 31);  // 93 left over 3 ranks
-  b.set_epoch(5);                   // a new epoch starts at its beginning
+  b.set_epoch(5);                  // a new epoch starts at its beginning
   EXPECT_EQ(b.start(), 0);
   EXPECT_EQ(b.num_samples(), 35);
   try {
     b.set_epoch(1, 103);
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("start must be >= 0 and less than the data set's size 103 (got 103)"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "start must be >= 0 and less than the data set's size 103 (got 103)"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(b.set_epoch(1, -1), std::invalid_argument);
 }
@@ -189,7 +196,8 @@ std::vector<int64_t> one_pass(Loader& loader, std::vector<size_t>* batch_sizes =
   std::vector<int64_t> seen;
   for (auto& batch : loader) {
     if (batch_sizes) batch_sizes->push_back(static_cast<size_t>(batch.data.size(0)));
-    for (int64_t i = 0; i < batch.data.size(0); ++i) seen.push_back(batch.data[i].template item<int64_t>());
+    for (int64_t i = 0; i < batch.data.size(0); ++i)
+      seen.push_back(batch.data[i].template item<int64_t>());
   }
   return seen;
 }
@@ -219,7 +227,8 @@ TEST(DataLoaderSampler, RefusesADataSetOfAnotherSize) {
     FAIL() << "reset(11) accepted for a sampler of 10";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("11 examples but the DistributedSampler was built for 10"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -53,7 +53,8 @@ std::string shared_dir(const std::string& name) {
 }
 
 torch::optim::SGD make_sgd(Net& net) {
-  return torch::optim::SGD(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
+  return torch::optim::SGD(net.parameters(),
+                           torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
 }
 
 // Expects load_snapshot(path) to throw on every rank with `path` and `why` in the message.
@@ -99,7 +100,8 @@ TEST(Snapshot, ResumedTrainingIsBitIdenticalToUninterrupted) {
   Net b;
   auto sgd_b = make_sgd(b);
   ddp::StepLR sched_b(sgd_b, 1, 0.5);
-  const ddp::TrainingProgress p = ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(), b, sgd_b, &sched_b);
+  const ddp::TrainingProgress p =
+      ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(), b, sgd_b, &sched_b);
   EXPECT_EQ(p.epoch, 2);
   EXPECT_EQ(p.global_step, 4);
   EXPECT_EQ(p.seed, 42);
@@ -183,21 +185,20 @@ TEST(Snapshot, FuzzCorpusAndDirectoriesAreRefusedNamingTheFile) {
 
 TEST(Snapshot, ListsSnapshotsNewestPositionFirst) {
   const std::string dir = ddp_test::make_temp_dir("snapshot_list");
-  for (const char* name : {"snapshot_epoch2.pt", "snapshot_epoch10.pt", "snapshot_epoch9.pt",
-                           "snapshot_epochx.pt", "model_with_epoch11.pt", "snapshot_epoch3.pt.tmp.1",
-                           "snapshot_epoch10_batch7.pt", "snapshot_epoch10_batch30.pt",
-                           "snapshot_epoch11_batch2.pt", "snapshot_epoch3_batchx.pt",
-                           "snapshot_epoch3_batch.pt"}) {
+  for (const char* name :
+       {"snapshot_epoch2.pt", "snapshot_epoch10.pt", "snapshot_epoch9.pt", "snapshot_epochx.pt",
+        "model_with_epoch11.pt", "snapshot_epoch3.pt.tmp.1", "snapshot_epoch10_batch7.pt",
+        "snapshot_epoch10_batch30.pt", "snapshot_epoch11_batch2.pt", "snapshot_epoch3_batchx.pt",
+        "snapshot_epoch3_batch.pt"}) {
     std::ofstream(dir + "/" + name) << "x";
   }
   // Inside epoch 11 after 2 batches is newer than the end of epoch 10, which is newer than
   // anything inside epoch 10.
   EXPECT_EQ(ddp::list_snapshots(dir),
-            (std::vector<std::string>{dir + "/snapshot_epoch11_batch2.pt",
-                                      dir + "/snapshot_epoch10.pt",
-                                      dir + "/snapshot_epoch10_batch30.pt",
-                                      dir + "/snapshot_epoch10_batch7.pt",
-                                      dir + "/snapshot_epoch9.pt", dir + "/snapshot_epoch2.pt"}));
+            (std::vector<std::string>{
+                dir + "/snapshot_epoch11_batch2.pt", dir + "/snapshot_epoch10.pt",
+                dir + "/snapshot_epoch10_batch30.pt", dir + "/snapshot_epoch10_batch7.pt",
+                dir + "/snapshot_epoch9.pt", dir + "/snapshot_epoch2.pt"}));
   EXPECT_EQ(ddp::snapshot_path("d", 4, 17), "d/snapshot_epoch4_batch17.pt");
   EXPECT_TRUE(ddp::list_snapshots(dir + "/absent").empty());
 }
@@ -223,7 +224,8 @@ TEST(Snapshot, InsideAnEpochEachRankGetsItsOwnStateBack) {
   Net other;
   auto sgd_other = make_sgd(other);
   ddp::RankState loaded;
-  const ddp::TrainingProgress p = ddp::load_snapshot(path, comm(), other, sgd_other, nullptr, &loaded);
+  const ddp::TrainingProgress p =
+      ddp::load_snapshot(path, comm(), other, sgd_other, nullptr, &loaded);
   EXPECT_EQ(p.epoch, 1);
   EXPECT_EQ(p.batches_done, 3);
   EXPECT_EQ(p.global_step, 9);
@@ -240,7 +242,8 @@ TEST(Snapshot, InsideAnEpochEachRankGetsItsOwnStateBack) {
   ddp::RankState none;
   none.values = torch::ones({1});
   EXPECT_EQ(ddp::load_snapshot(ddp::snapshot_path(dir, 1), comm(), other, sgd_other, nullptr, &none)
-                .batches_done, 0);
+                .batches_done,
+            0);
   EXPECT_FALSE(none.values.defined());
   EXPECT_FALSE(none.generator.defined());
 }
@@ -280,7 +283,8 @@ TEST(Snapshot, InsideAnEpochAnotherWorldSizeResumesWhenTheSamplesAreRecorded) {
   Net other;
   auto sgd_other = make_sgd(other);
   ddp::RankState loaded;
-  const ddp::TrainingProgress p = ddp::load_snapshot(inside, comm(), other, sgd_other, nullptr, &loaded);
+  const ddp::TrainingProgress p =
+      ddp::load_snapshot(inside, comm(), other, sgd_other, nullptr, &loaded);
   EXPECT_EQ(p.world_size, rt().world_size() + 1);
   EXPECT_EQ(p.batches_done, 3);
   EXPECT_EQ(p.batch_size, 16);
@@ -294,7 +298,8 @@ TEST(Snapshot, InsideAnEpochAnotherWorldSizeResumesWhenTheSamplesAreRecorded) {
   end.batch_size = 8;
   end.samples_done = 0;
   ddp::save_snapshot(ddp::snapshot_path(dir, 2), comm(), net, sgd, end);
-  const ddp::TrainingProgress q = ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(), other, sgd_other, nullptr);
+  const ddp::TrainingProgress q =
+      ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(), other, sgd_other, nullptr);
   EXPECT_EQ(q.batch_size, 8);
   EXPECT_EQ(q.samples_done, 0);
 }

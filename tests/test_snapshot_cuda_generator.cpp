@@ -45,7 +45,9 @@ struct Fixture {
 };
 
 // The fixture's model and optimizer as the snapshot's parts.
-ddp::SnapshotParts parts(Fixture& f) { return ddp::SnapshotParts{{{"", f.net.get()}}, {{"", &f.sgd}}}; }
+ddp::SnapshotParts parts(Fixture& f) {
+  return ddp::SnapshotParts{{{"", f.net.get()}}, {{"", &f.sgd}}};
+}
 
 ddp::detail::SavedCudaGenerator load_with(const std::string& path) {
   Fixture f;
@@ -58,10 +60,8 @@ TEST(SnapshotCudaGenerator, EntryRoundTripsWithAndWithoutIt) {
   const std::string dir = shared_dir("snapshot_cuda_round_trip");
   Fixture f;
   const std::string with = dir + "/with.pt", without = dir + "/without.pt";
-  ddp::detail::save_snapshot_with(with, comm(), parts(f), f.progress(), {}, {},
-                                  fake_cuda_state());
-  ddp::detail::save_snapshot_with(without, comm(), parts(f), f.progress(), {}, {},
-                                  torch::Tensor());
+  ddp::detail::save_snapshot_with(with, comm(), parts(f), f.progress(), {}, {}, fake_cuda_state());
+  ddp::detail::save_snapshot_with(without, comm(), parts(f), f.progress(), {}, {}, torch::Tensor());
   const ddp::detail::SavedCudaGenerator a = load_with(with), b = load_with(without);
   EXPECT_TRUE(a.in_file);
   ASSERT_TRUE(a.state.defined());

@@ -28,15 +28,18 @@ ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 std::string shared_dir(const std::string& name) {
-  return ddp::all_gather_strings(pg().cpu(), rt().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
+  return ddp::all_gather_strings(pg().cpu(),
+                                 rt().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
 }
 
 constexpr int64_t kSamples = 48, kBatch = 3, kEpochs = 2;
 
 // The GAN's two models, and what the loop holds.
 struct Gan {
-  torch::nn::Sequential generator{torch::nn::Linear(2, 8), torch::nn::Tanh(), torch::nn::Linear(8, 4)};
-  torch::nn::Sequential discriminator{torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1)};
+  torch::nn::Sequential generator{torch::nn::Linear(2, 8), torch::nn::Tanh(),
+                                  torch::nn::Linear(8, 4)};
+  torch::nn::Sequential discriminator{torch::nn::Linear(4, 8), torch::nn::ReLU(),
+                                      torch::nn::Linear(8, 1)};
   torch::optim::Adam generator_optimizer{generator->parameters(), torch::optim::AdamOptions(0.01)};
   torch::optim::SGD discriminator_optimizer{discriminator->parameters(),
                                             torch::optim::SGDOptions(0.05).momentum(0.9)};
@@ -88,8 +91,10 @@ bool train(Gan& gan, const std::string& dir, bool resume, int64_t signal_after) 
   options.batch_size = kBatch;
   ddp::StepBoundary boundary(pg(), ddp::Checkpointer(pg(), gan.parts(), options));
   const ddp::ResumePoint& resumed = boundary.resume();
-  const torch::Tensor data = torch::randn({kSamples, 4}, at::make_generator<at::CPUGeneratorImpl>(11)) + 2;
-  ddp::DistributedSampler sampler(kSamples, rt().world_size(), rt().rank(), /*shuffle=*/true, options.seed);
+  const torch::Tensor data =
+      torch::randn({kSamples, 4}, at::make_generator<at::CPUGeneratorImpl>(11)) + 2;
+  ddp::DistributedSampler sampler(kSamples, rt().world_size(), rt().rank(), /*shuffle=*/true,
+                                  options.seed);
   int64_t step = resumed.position.step;
   for (int64_t epoch = resumed.position.epoch; epoch <= kEpochs; ++epoch) {
     const ddp::EpochStart start = boundary.start_epoch(epoch, sampler, kBatch);
@@ -97,13 +102,15 @@ bool train(Gan& gan, const std::string& dir, bool resume, int64_t signal_after) 
     if (start.rank_state.generator.defined()) noise.set_state(start.rank_state.generator);
     const std::vector<int64_t> order = sampler.indices();
     for (int64_t b = start.first_batch; b < start.batches(sampler, kBatch); ++b) {
-      if (boundary.at_step(b, step, [&] { return ddp::RankState{noise.get_state(), {}}; })) return true;
+      if (boundary.at_step(b, step, [&] { return ddp::RankState{noise.get_state(), {}}; }))
+        return true;
       const int64_t first = start.sampler_batch(b) * kBatch;
-      const std::vector<int64_t> rows(order.begin() + first,
-                                      order.begin() + std::min<int64_t>(first + kBatch, order.size()));
+      const std::vector<int64_t> rows(
+          order.begin() + first, order.begin() + std::min<int64_t>(first + kBatch, order.size()));
       gan_step(gan, data.index_select(0, torch::tensor(rows)), noise);
       ++step;
-      if (step == signal_after && rt().rank() == std::min(1, rt().world_size() - 1)) std::raise(SIGUSR2);
+      if (step == signal_after && rt().rank() == std::min(1, rt().world_size() - 1))
+        std::raise(SIGUSR2);
     }
     boundary.checkpointer().save_epoch(epoch, step);
   }
@@ -122,8 +129,8 @@ TEST(StepBoundary, TwoModelsAndTwoOptimizersStoppedInsideAnEpochResumeBitIdentic
   ASSERT_TRUE(train(stopped, dir, false, batches + 2));  // inside epoch 2
   ddp::clear_stop_signal();
   if (rt().is_main()) {
-    EXPECT_EQ(ddp::list_snapshots(dir),
-              (std::vector<std::string>{ddp::snapshot_path(dir, 2, 2), ddp::snapshot_path(dir, 1)}));
+    EXPECT_EQ(ddp::list_snapshots(dir), (std::vector<std::string>{ddp::snapshot_path(dir, 2, 2),
+                                                                  ddp::snapshot_path(dir, 1)}));
   }
   EXPECT_FALSE(torch::equal(stopped.weights(), full.weights()));
 
@@ -145,9 +152,11 @@ TEST(StepBoundary, TwoModelsAndTwoOptimizersStoppedInsideAnEpochResumeBitIdentic
     ddp::load_snapshot(ddp::snapshot_path(dir, 2), pg().cpu(), *one, sgd, nullptr);
     FAIL() << "a one-model run loaded a two-model snapshot";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("written for a different model: the model has parameter 'weight' Float [1, 4], "
-                                           "the snapshot generator: parameter '0.weight' Float [8, 2]"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "written for a different model: the model has parameter 'weight' Float [1, 4], "
+                  "the snapshot generator: parameter '0.weight' Float [8, 2]"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_TRUE(torch::equal(one->weight, before));
 }
@@ -165,10 +174,12 @@ TEST(StepBoundary, PartNamesAreChecked) {
   };
   EXPECT_EQ(message({{{"", a.ptr().get()}}, {{"", &sgd}}}), "");
   EXPECT_EQ(message({{{"g", a.ptr().get()}, {"g", b.ptr().get()}}, {{"g", &sgd}}}),
-            "Checkpointer: the module name \"g\" must be unique (\"\" only for one model with one optimizer)");
-  EXPECT_EQ(message({{{"g", a.ptr().get()}, {"", b.ptr().get()}}, {{"g", &sgd}}}),
-            "Checkpointer: the module name \"\" must be made of letters, digits and '_' (\"\" only for "
-            "one model with one optimizer)");
+            "Checkpointer: the module name \"g\" must be unique (\"\" only for one model with one "
+            "optimizer)");
+  EXPECT_EQ(
+      message({{{"g", a.ptr().get()}, {"", b.ptr().get()}}, {{"g", &sgd}}}),
+      "Checkpointer: the module name \"\" must be made of letters, digits and '_' (\"\" only for "
+      "one model with one optimizer)");
   EXPECT_EQ(message({{}, {{"g", &sgd}}}), "Checkpointer: no module");
 }
 

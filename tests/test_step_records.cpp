@@ -24,7 +24,8 @@ namespace {
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 std::string shared_dir(const std::string& name) {
-  return ddp::all_gather_strings(pg().cpu(), pg().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
+  return ddp::all_gather_strings(pg().cpu(),
+                                 pg().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
 }
 
 std::vector<nlohmann::json> read_lines(const std::string& file) {
@@ -146,7 +147,8 @@ TEST(StepRecords, AFailedWriteEndsTheJobAtTheEpochsEndNotInsideIt) {
     reporter.write_metrics(epoch);  // ... to the epoch's end, after its checkpoint
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), "/dev/full: cannot write the metrics file: No space left on device");
+    EXPECT_EQ(std::string(e.what()),
+              "/dev/full: cannot write the metrics file: No space left on device");
   }
 }
 

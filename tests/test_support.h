@@ -43,7 +43,8 @@ inline bool identical_on_all_ranks(const torch::Tensor& t) {
 inline ddp::ImageDataset small_images() {
   torch::manual_seed(7);
   return ddp::ImageDataset{torch::randint(0, 256, {100, 3, 8, 8}, torch::kByte),
-                           torch::randint(0, 10, {100}, torch::kLong), {0.5, 0.4, 0.3},
+                           torch::randint(0, 10, {100}, torch::kLong),
+                           {0.5, 0.4, 0.3},
                            {0.2, 0.25, 0.3}};
 }
 
@@ -74,11 +75,13 @@ inline std::string run_command(const std::string& command) {
   if (!pipe) throw std::runtime_error("cannot run: " + command);
   std::string out;
   std::array<char, 1 << 16> buffer{};
-  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe.get())) > 0;) out.append(buffer.data(), n);
+  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe.get())) > 0;)
+    out.append(buffer.data(), n);
   const int status = pclose(pipe.release());
   if (status != 0) {
-    throw std::runtime_error("command failed (status " + std::to_string(status) + "): " + command +
-                             "\n(the reference tests need the torch of .venv, which scripts/setup.sh installs)");
+    throw std::runtime_error(
+        "command failed (status " + std::to_string(status) + "): " + command +
+        "\n(the reference tests need the torch of .venv, which scripts/setup.sh installs)");
   }
   return out;
 }

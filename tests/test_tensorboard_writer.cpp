@@ -70,7 +70,8 @@ TEST(TensorBoardWriter, AFolderThatCannotBeMadeIsAnErrorNamingIt) {
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(file + "/runs: cannot create the TensorBoard folder"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -20,9 +20,11 @@ ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 // The scripted model's file, written by rank 0 with the reference Python.
 std::string scripted_model() {
-  const std::string path = std::string(DDP_TEST_TMP) + "/scripted_model_np" + std::to_string(rt().world_size()) + ".pt";
+  const std::string path =
+      std::string(DDP_TEST_TMP) + "/scripted_model_np" + std::to_string(rt().world_size()) + ".pt";
   if (rt().rank() == 0) {
-    ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/script_model.py " + path);
+    ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR +
+                          "/reference/script_model.py " + path);
   }
   pg().cpu().barrier();
   return path;
@@ -72,7 +74,8 @@ TEST(TorchScript, TrainsDataParallelAsOneProcessOnTheGlobalBatch) {
     model.prepare_forward();
     std::vector<torch::Tensor> buffers;
     for (const auto& buffer : script.buffers()) buffers.push_back(buffer.to(torch::kDouble));
-    EXPECT_TRUE(ddp_test::identical_on_all_ranks(flat(buffers))) << "buffers not broadcast, step " << s;
+    EXPECT_TRUE(ddp_test::identical_on_all_ranks(flat(buffers)))
+        << "buffers not broadcast, step " << s;
     opt.zero_grad();
     loss(script, x[s].slice(0, r * b, (r + 1) * b), y[s].slice(0, r * b, (r + 1) * b)).backward();
     opt.step();
@@ -80,10 +83,15 @@ TEST(TorchScript, TrainsDataParallelAsOneProcessOnTheGlobalBatch) {
     std::vector<torch::Tensor> sum;
     for (int shard = 0; shard < w; ++shard) {
       ref_opt.zero_grad();
-      loss(reference, x[s].slice(0, shard * b, (shard + 1) * b), y[s].slice(0, shard * b, (shard + 1) * b)).backward();
+      loss(reference, x[s].slice(0, shard * b, (shard + 1) * b),
+           y[s].slice(0, shard * b, (shard + 1) * b))
+          .backward();
       for (size_t i = 0; i < ref.size(); ++i) {
         const torch::Tensor part = ref[i].grad() / w;
-        if (shard == 0) sum.push_back(part); else sum[i] = sum[i] + part;
+        if (shard == 0)
+          sum.push_back(part);
+        else
+          sum[i] = sum[i] + part;
       }
     }
     for (size_t i = 0; i < ref.size(); ++i) ref[i].mutable_grad() = sum[i];
@@ -91,7 +99,8 @@ TEST(TorchScript, TrainsDataParallelAsOneProcessOnTheGlobalBatch) {
 
     const torch::Tensor got = flat(mine), want = flat(ref);
     if (w <= 2) {
-      EXPECT_TRUE(torch::equal(got, want)) << "step " << s << ": max diff " << (got - want).abs().max().item<double>();
+      EXPECT_TRUE(torch::equal(got, want))
+          << "step " << s << ": max diff " << (got - want).abs().max().item<double>();
     } else {
       EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6)) << "step " << s;
     }

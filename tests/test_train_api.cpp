@@ -21,7 +21,8 @@
 namespace {
 
 std::string reference(const std::string& script) {
-  return ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/" + script);
+  return ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/" +
+                               script);
 }
 
 // "key ... : v0 v1 ..." -> (the words before the colon, the numbers after it).
@@ -46,20 +47,25 @@ TEST(ClipGradNorm, MatchesPyTorch) {
     const auto [head, expected] = split_line(line);
     ASSERT_EQ(head.size(), 2u) << line;
     const double max_norm = std::stod(head[0]);
-    const double norm_type = head[1] == "inf" ? std::numeric_limits<double>::infinity() : std::stod(head[1]);
+    const double norm_type =
+        head[1] == "inf" ? std::numeric_limits<double>::infinity() : std::stod(head[1]);
     ASSERT_EQ(expected.size(), 1u + 12 + 5) << line;
 
     torch::Tensor a = torch::zeros({3, 4}, torch::requires_grad());
     torch::Tensor b = torch::zeros({5}, torch::requires_grad());
     torch::Tensor c = torch::zeros({2}, torch::requires_grad());  // no gradient: skipped
-    a.mutable_grad() = (torch::sin(torch::arange(12, torch::kDouble) * 0.7) * 1.5).to(torch::kFloat).reshape({3, 4});
+    a.mutable_grad() = (torch::sin(torch::arange(12, torch::kDouble) * 0.7) * 1.5)
+                           .to(torch::kFloat)
+                           .reshape({3, 4});
     b.mutable_grad() = (torch::cos(torch::arange(5, torch::kDouble) * 1.1) * 0.8).to(torch::kFloat);
     const double total = ddp::clip_grad_norm({a, b, c}, max_norm, norm_type);
 
     EXPECT_NEAR(total, expected[0], 1e-6 * expected[0]) << line;
     const torch::Tensor got = torch::cat({a.grad().flatten(), b.grad()}).to(torch::kDouble);
-    const torch::Tensor want = torch::tensor(std::vector<double>(expected.begin() + 1, expected.end()), torch::kDouble);
-    EXPECT_LE((got - want).abs().max().item<double>(), 1e-7) << "max_norm " << max_norm << " norm " << head[1];
+    const torch::Tensor want =
+        torch::tensor(std::vector<double>(expected.begin() + 1, expected.end()), torch::kDouble);
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-7)
+        << "max_norm " << max_norm << " norm " << head[1];
     EXPECT_FALSE(c.grad().defined());
     ++configs;
   }
@@ -81,7 +87,8 @@ TEST(ClipGradNorm, ClipsToMaxNormAndRefusesBadArguments) {
     }
     return "";
   };
-  EXPECT_NE(message(std::nan(""), 2).find("clip_grad_norm: max_norm must be >= 0"), std::string::npos);
+  EXPECT_NE(message(std::nan(""), 2).find("clip_grad_norm: max_norm must be >= 0"),
+            std::string::npos);
   EXPECT_NE(message(-1, 2).find("max_norm"), std::string::npos);
   EXPECT_NE(message(1, 0.5).find("norm_type must be >= 1 or infinity"), std::string::npos);
 
@@ -93,7 +100,8 @@ TEST(ClipGradNorm, ClipsToMaxNormAndRefusesBadArguments) {
 // LRSchedule
 
 TEST(LRSchedule, MatchesPyTorchSchedulerClassesStepByStep) {
-  auto make = [](int64_t warmup, double start, ddp::LRDecay decay, int64_t n, double x, double scale) {
+  auto make = [](int64_t warmup, double start, ddp::LRDecay decay, int64_t n, double x,
+                 double scale) {
     ddp::LRScheduleOptions o;
     o.warmup_steps = warmup;
     o.warmup_start_factor = start;
@@ -128,8 +136,10 @@ TEST(LRSchedule, MatchesPyTorchSchedulerClassesStepByStep) {
     torch::Tensor w1 = torch::zeros({1}, torch::requires_grad());
     torch::Tensor w2 = torch::zeros({1}, torch::requires_grad());
     std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(std::vector<torch::Tensor>{w1}, std::make_unique<torch::optim::SGDOptions>(0.1));
-    groups.emplace_back(std::vector<torch::Tensor>{w2}, std::make_unique<torch::optim::SGDOptions>(0.02));
+    groups.emplace_back(std::vector<torch::Tensor>{w1},
+                        std::make_unique<torch::optim::SGDOptions>(0.1));
+    groups.emplace_back(std::vector<torch::Tensor>{w2},
+                        std::make_unique<torch::optim::SGDOptions>(0.02));
     torch::optim::SGD optimizer(groups, torch::optim::SGDOptions(0.1));
     ddp::LRSchedule schedule(optimizer, configs[head[0]]);
     ASSERT_EQ(python.size() % 2, 0u);
@@ -165,7 +175,8 @@ TEST(LRSchedule, SaveAndLoadRestoreThePositionAndTheBaseRates) {
   }
   // Built on an optimizer whose rate is already mid-schedule (its state loaded first): the base
   // comes from the archive, not from that rate.
-  torch::optim::SGD b_opt({w}, torch::optim::SGDOptions(a_opt.param_groups()[0].options().get_lr()));
+  torch::optim::SGD b_opt({w},
+                          torch::optim::SGDOptions(a_opt.param_groups()[0].options().get_lr()));
   ddp::LRSchedule b(b_opt, o);
   torch::serialize::InputArchive archive;
   archive.load_from(saved);
@@ -173,7 +184,9 @@ TEST(LRSchedule, SaveAndLoadRestoreThePositionAndTheBaseRates) {
   EXPECT_EQ(b.position(), 7);
   EXPECT_DOUBLE_EQ(b.base_lrs()[0], 0.5);
   for (int i = 0; i < 5; ++i) {
-    EXPECT_DOUBLE_EQ(b_opt.param_groups()[0].options().get_lr(), a_opt.param_groups()[0].options().get_lr()) << i;
+    EXPECT_DOUBLE_EQ(b_opt.param_groups()[0].options().get_lr(),
+                     a_opt.param_groups()[0].options().get_lr())
+        << i;
     a.step();
     b.step();
   }
@@ -196,10 +209,12 @@ TEST(LRSchedule, RefusesOptionsOutOfRangeNamingThem) {
   EXPECT_EQ(message(o), "LRScheduleOptions::warmup_steps must be >= 0 (got -1)");
   o = {};
   o.warmup_start_factor = 0;
-  EXPECT_NE(message(o).find("LRScheduleOptions::warmup_start_factor must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(message(o).find("LRScheduleOptions::warmup_start_factor must be in (0, 1]"),
+            std::string::npos);
   o = {};
   o.decay = ddp::LRDecay::Cosine;
-  EXPECT_EQ(message(o), "LRScheduleOptions::decay_steps must be >= 1 with the cosine decay (got 0)");
+  EXPECT_EQ(message(o),
+            "LRScheduleOptions::decay_steps must be >= 1 with the cosine decay (got 0)");
   o = {};
   o.reference_batch = 256;
   EXPECT_NE(message(o).find("LRScheduleOptions::global_batch must be >= 1"), std::string::npos);
@@ -223,18 +238,23 @@ TEST(LRSchedule, LinearScalingRuleScalesWithTheGlobalBatch) {
   };
   EXPECT_EQ(message([] { ddp::scale_lr_with_batch(0.1, 512, -1); }),
             "scale_lr_with_batch: reference_batch must be >= 0 (0: no scaling), got -1");
-  EXPECT_NE(message([] { ddp::scale_lr_with_batch(0.1, 0, 256); }).find("global_batch must be >= 1"),
-            std::string::npos);
+  EXPECT_NE(
+      message([] { ddp::scale_lr_with_batch(0.1, 0, 256); }).find("global_batch must be >= 1"),
+      std::string::npos);
   EXPECT_NE(message([] { ddp::scale_lr_with_batch(NAN, 8, 256); }).find("lr must be finite"),
             std::string::npos);
-  EXPECT_EQ(message([] { ddp::global_batch_size(64, 0, 1); }), "global_batch_size: ranks must be >= 1, got 0");
-  EXPECT_NE(message([] { ddp::global_batch_size(64, 2, 0); }).find("accumulate must be >= 1"), std::string::npos);
+  EXPECT_EQ(message([] { ddp::global_batch_size(64, 0, 1); }),
+            "global_batch_size: ranks must be >= 1, got 0");
+  EXPECT_NE(message([] { ddp::global_batch_size(64, 2, 0); }).find("accumulate must be >= 1"),
+            std::string::npos);
 
   // Every parameter group of an optimizer, and the same base as LRScheduleOptions's scaling.
-  torch::Tensor a = torch::zeros({1}, torch::requires_grad()), b = torch::zeros({1}, torch::requires_grad());
-  torch::optim::SGD sgd({torch::optim::OptimizerParamGroup({a}, std::make_unique<torch::optim::SGDOptions>(0.1)),
-                         torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(0.03))},
-                        torch::optim::SGDOptions(0.1));
+  torch::Tensor a = torch::zeros({1}, torch::requires_grad()),
+                b = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD sgd(
+      {torch::optim::OptimizerParamGroup({a}, std::make_unique<torch::optim::SGDOptions>(0.1)),
+       torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(0.03))},
+      torch::optim::SGDOptions(0.1));
   ddp::scale_lr_with_batch(sgd, ddp::global_batch_size(32, 2, 2), 64);
   EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.2);
   EXPECT_DOUBLE_EQ(sgd.param_groups()[1].options().get_lr(), 0.06);
@@ -258,7 +278,8 @@ torch::Tensor coefficients(int t) {
 
 TEST(GradScaler, MatchesTorchAmpGradScalerScalesSkipsAndWeights) {
   std::istringstream lines(reference("grad_scaler.py"));
-  torch::Tensor w = (torch::sin(torch::arange(4, torch::kDouble)) * 0.5).to(torch::kFloat).requires_grad_();
+  torch::Tensor w =
+      (torch::sin(torch::arange(4, torch::kDouble)) * 0.5).to(torch::kFloat).requires_grad_();
   torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.01));
   ddp::GradScalerOptions options;
   options.init_scale = 1024;
@@ -269,7 +290,8 @@ TEST(GradScaler, MatchesTorchAmpGradScalerScalesSkipsAndWeights) {
     if (line.rfind("w :", 0) == 0) {
       const auto [head, want] = split_line(line);
       ASSERT_EQ(want.size(), 4u);
-      for (size_t i = 0; i < 4; ++i) EXPECT_EQ(w[i].item<float>(), static_cast<float>(want[i])) << "w[" << i << "]";
+      for (size_t i = 0; i < 4; ++i)
+        EXPECT_EQ(w[i].item<float>(), static_cast<float>(want[i])) << "w[" << i << "]";
       continue;
     }
     std::istringstream in(line);
@@ -342,7 +364,8 @@ TEST(GradScaler, MisuseIsAnErrorNamingTheCall) {
     ddp::GradScaler refused(nullptr, bad);
     FAIL() << "accepted backoff_factor 1.5";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("GradScalerOptions::backoff_factor must be in (0, 1)"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("GradScalerOptions::backoff_factor must be in (0, 1)"),
+              std::string::npos);
   }
 }
 
@@ -354,10 +377,13 @@ TEST(Autocast, Bf16OnCpuGivesTorchAutocastsDtypes) {
   torch::nn::Linear lin(4, 3);
   {
     torch::NoGradGuard no_grad;
-    lin->weight.copy_((torch::sin(torch::arange(12, torch::kDouble) * 0.9) * 0.5).to(torch::kFloat).reshape({3, 4}));
+    lin->weight.copy_((torch::sin(torch::arange(12, torch::kDouble) * 0.9) * 0.5)
+                          .to(torch::kFloat)
+                          .reshape({3, 4}));
     lin->bias.copy_((torch::cos(torch::arange(3, torch::kDouble)) * 0.1).to(torch::kFloat));
   }
-  const torch::Tensor x = torch::sin(torch::arange(8, torch::kDouble) * 0.37).to(torch::kFloat).reshape({2, 4});
+  const torch::Tensor x =
+      torch::sin(torch::arange(8, torch::kDouble) * 0.37).to(torch::kFloat).reshape({2, 4});
   const torch::Tensor target = torch::zeros({2, 3});
   std::map<std::string, torch::Tensor> ours;
   torch::Tensor y;

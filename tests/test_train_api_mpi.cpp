@@ -52,7 +52,6 @@ torch::Tensor flat_params(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
-
 TEST(DDPForward, ForwardThroughTheWrapperBroadcastsBuffersInTrainingOnly) {
   const int r = rt().rank();
   auto net = std::make_shared<Net>();
@@ -221,9 +220,11 @@ TEST(DDPForward, AccumulationWithNoSyncAndClippingEqualOneProcessOnTheGlobalBatc
         << "clipping norms differ between ranks at step " << s;
     const torch::Tensor got = flat_params(*acc_net);
     EXPECT_TRUE(torch::allclose(got, flat_params(*big_net), 1e-5, 1e-6))
-        << "step " << s << ": max diff to the big batch " << (got - flat_params(*big_net)).abs().max().item<double>();
+        << "step " << s << ": max diff to the big batch "
+        << (got - flat_params(*big_net)).abs().max().item<double>();
     EXPECT_TRUE(torch::allclose(got, flat_params(*reference), 1e-5, 1e-6))
-        << "step " << s << ": max diff to one process " << (got - flat_params(*reference)).abs().max().item<double>();
+        << "step " << s << ": max diff to one process "
+        << (got - flat_params(*reference)).abs().max().item<double>();
     EXPECT_TRUE(identical_on_all_ranks(got)) << "replicas diverged at step " << s;
   }
 }

@@ -22,13 +22,11 @@
 
 namespace {
 
-using ddp_test::small_images;
 using ddp_test::small_cnn;
+using ddp_test::small_images;
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
-
-
 
 ddp::LRScheduleOptions warmup_cosine() {
   ddp::LRScheduleOptions s;
@@ -52,7 +50,8 @@ TEST_P(TrainerStepViews, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoo
   ddp::DistributedDataParallel model(pg(), net.ptr(), views), plain_model(pg(), plain.ptr());
   auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);
   torch::optim::SGD optimizer(net->parameters(), sgd), plain_optimizer(plain->parameters(), sgd);
-  ddp::LRSchedule schedule(optimizer, warmup_cosine()), plain_schedule(plain_optimizer, warmup_cosine());
+  ddp::LRSchedule schedule(optimizer, warmup_cosine()),
+      plain_schedule(plain_optimizer, warmup_cosine());
   ddp::TrainerOptions options;
   options.batch_size = 4;  // shards of 100, 50 and 25 samples: 25, 13, 7 micro-batches
   options.report.log_interval = 0;
@@ -61,7 +60,8 @@ TEST_P(TrainerStepViews, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoo
   options.clip_grad_norm = 0.1;
   options.amp = ddp::AmpMode::Bf16;
   options.lr_schedule = &schedule;
-  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  ddp::ClassificationTask task(data, nullptr,
+                               [&](const torch::Tensor& x) { return net->forward(x); });
   ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
   const int64_t epoch = 2;
   trainer.train_epoch(epoch);
@@ -76,7 +76,8 @@ TEST_P(TrainerStepViews, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoo
     const bool first = b % options.accumulate == 0;
     const bool last = (b + 1) % options.accumulate == 0 || b + 1 == batches;
     const int64_t begin = b * options.batch_size;
-    const ddp::Batch batch = data.gather(indices, begin, std::min(n, begin + options.batch_size), torch::kCPU);
+    const ddp::Batch batch =
+        data.gather(indices, begin, std::min(n, begin + options.batch_size), torch::kCPU);
     const torch::Tensor inputs = data.normalise(batch.inputs);
     if (first) plain_optimizer.zero_grad();
     // The module is run directly after the pre-forward work, as the Trainer does with its
@@ -111,7 +112,8 @@ TEST_P(TrainerStepViews, AccumulationClippingBf16AndScheduleAreTheHandWrittenLoo
 
 TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
   const ddp::ImageDataset data = small_images();
-  const std::string dir = ddp_test::make_temp_dir("trainer_step_np" + std::to_string(rt().world_size()));
+  const std::string dir =
+      ddp_test::make_temp_dir("trainer_step_np" + std::to_string(rt().world_size()));
   torch::nn::Sequential net = small_cnn();
   ddp::DistributedDataParallel model(pg(), net.ptr());
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05));
@@ -126,7 +128,8 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
   options.grad_scaler.growth_interval = 1;  // grows every clean step: a state worth restoring
   double scale_before = 0;
   {
-    ddp::ClassificationTask task(data, &data, [&](const torch::Tensor& x) { return net->forward(x); });
+    ddp::ClassificationTask task(data, &data,
+                                 [&](const torch::Tensor& x) { return net->forward(x); });
     ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
     trainer.fit(1);
     ASSERT_NE(trainer.grad_scaler(), nullptr);
@@ -141,11 +144,13 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
     ddp::TrainerOptions resumed = options;
     resumed.lr_schedule = &again_schedule;
     resumed.checkpoint.resume = "latest";
-    ddp::ClassificationTask task(data, &data, [&](const torch::Tensor& x) { return again->forward(x); });
+    ddp::ClassificationTask task(data, &data,
+                                 [&](const torch::Tensor& x) { return again->forward(x); });
     ddp::Trainer trainer(pg(), *again, task, again_opt, resumed, &again_model);
     trainer.fit(1);  // nothing left to train: only the resume
     EXPECT_EQ(again_schedule.position(), schedule.position());
-    EXPECT_EQ(again_opt.param_groups()[0].options().get_lr(), optimizer.param_groups()[0].options().get_lr());
+    EXPECT_EQ(again_opt.param_groups()[0].options().get_lr(),
+              optimizer.param_groups()[0].options().get_lr());
     return trainer.grad_scaler()->get_scale();
   }();
   EXPECT_EQ(scale_after, scale_before) << "the scaler's scale was not restored";
@@ -160,14 +165,17 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
     o2.checkpoint.resume = "latest";
     o2.lr_schedule = drop_schedule ? nullptr : &other_schedule;
     o2.amp = drop_schedule ? ddp::AmpMode::Fp16 : ddp::AmpMode::Off;
-    ddp::ClassificationTask task(data, &data, [&](const torch::Tensor& x) { return other->forward(x); });
+    ddp::ClassificationTask task(data, &data,
+                                 [&](const torch::Tensor& x) { return other->forward(x); });
     ddp::Trainer trainer(pg(), *other, task, other_opt, o2, &other_model);
     try {
       trainer.fit(1);
       FAIL() << "resumed without " << (drop_schedule ? "the schedule" : "the scaler");
     } catch (const std::runtime_error& e) {
-      const std::string want = drop_schedule ? "per-step learning-rate schedule (LRSchedule), which this run does not use"
-                                             : "loss scaler (GradScaler, fp16 mixed precision), which this run does not use";
+      const std::string want =
+          drop_schedule
+              ? "per-step learning-rate schedule (LRSchedule), which this run does not use"
+              : "loss scaler (GradScaler, fp16 mixed precision), which this run does not use";
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
@@ -187,7 +195,8 @@ TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
   auto run = [&](bool overlap, torch::nn::Sequential& net) {
     ddp::DistributedDataParallel model(pg(), net.ptr(), one_rank_too);
     ddp::Adadelta optimizer(net->parameters(), ddp::AdadeltaOptions(0.5));
-    if (overlap) model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), optimizer));
+    if (overlap)
+      model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), optimizer));
     ddp::LRSchedule schedule(optimizer, warmup_cosine());
     ddp::TrainerOptions options;
     options.batch_size = 4;
@@ -195,7 +204,8 @@ TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
     options.seed = 5;
     options.accumulate = 2;
     options.lr_schedule = &schedule;
-    ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+    ddp::ClassificationTask task(data, nullptr,
+                                 [&](const torch::Tensor& x) { return net->forward(x); });
     ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
     EXPECT_EQ(trainer.optimizer_step_overlapped(), overlap);
     trainer.train_epoch(1);
@@ -208,7 +218,8 @@ TEST(TrainerStep, OverlappedOptimizerStepIsTheSameEpoch) {
   for (const auto& p : overlapped->named_parameters()) {
     EXPECT_TRUE(torch::equal(p.value(), expected[p.key()])) << p.key();
   }
-  EXPECT_FALSE(torch::equal(plain->parameters()[0], small_cnn()->parameters()[0])) << "nothing trained";
+  EXPECT_FALSE(torch::equal(plain->parameters()[0], small_cnn()->parameters()[0]))
+      << "nothing trained";
 }
 
 TEST(TrainerStep, BackwardSteppingTheOptimizerRefusesWhatNeedsEveryGradient) {
@@ -219,7 +230,8 @@ TEST(TrainerStep, BackwardSteppingTheOptimizerRefusesWhatNeedsEveryGradient) {
   ddp::DistributedDataParallel model(pg(), net.ptr(), one_rank_too);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
   model.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), optimizer));
-  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  ddp::ClassificationTask task(data, nullptr,
+                               [&](const torch::Tensor& x) { return net->forward(x); });
   auto refusal = [&](auto change, torch::optim::Optimizer& stepped) -> std::string {
     ddp::TrainerOptions options;
     options.report.log_interval = 0;
@@ -231,15 +243,17 @@ TEST(TrainerStep, BackwardSteppingTheOptimizerRefusesWhatNeedsEveryGradient) {
     }
     return "accepted";
   };
-  const std::string tail = " needs every gradient before the optimizer step, but backward steps it "
-                           "bucket by bucket (the comm hook hook_then_optimizer): register the "
-                           "inner hook alone, or drop the option";
+  const std::string tail =
+      " needs every gradient before the optimizer step, but backward steps it "
+      "bucket by bucket (the comm hook hook_then_optimizer): register the "
+      "inner hook alone, or drop the option";
   EXPECT_EQ(refusal([](ddp::TrainerOptions& o) { o.clip_grad_norm = 1.0; }, optimizer),
             "TrainerOptions::clip_grad_norm" + tail);
   EXPECT_EQ(refusal([](ddp::TrainerOptions& o) { o.amp = ddp::AmpMode::Fp16; }, optimizer),
             "TrainerOptions::amp Fp16 (the GradScaler's unscale and inf check)" + tail);
-  EXPECT_EQ(refusal([](ddp::TrainerOptions& o) { o.on_nonfinite = ddp::OnNonFinite::Skip; }, optimizer),
-            "TrainerOptions::on_nonfinite Skip" + tail);
+  EXPECT_EQ(
+      refusal([](ddp::TrainerOptions& o) { o.on_nonfinite = ddp::OnNonFinite::Skip; }, optimizer),
+      "TrainerOptions::on_nonfinite Skip" + tail);
   torch::optim::SGD another(net->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_NE(refusal([](ddp::TrainerOptions&) {}, another).find("steps another optimizer"),
             std::string::npos);

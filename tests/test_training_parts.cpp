@@ -33,7 +33,8 @@ ddp::ProcessGroup& pg() { return ddp_test::group(); }
 
 // A directory every rank names the same (rank 0's), created by rank 0.
 std::string shared_dir(const std::string& name) {
-  return ddp::all_gather_strings(pg().cpu(), rt().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
+  return ddp::all_gather_strings(pg().cpu(),
+                                 rt().is_main() ? ddp_test::make_temp_dir(name) : "")[0];
 }
 
 std::string message_of(const std::function<void()>& call) {
@@ -64,7 +65,8 @@ TEST(StopAgreement, EveryRankStopsBeforeTheSameStepNamingTheSignalAndTheRank) {
   EXPECT_EQ(stop.describe(), "SIGUSR2 (rank " + std::to_string(last) + ")");
   EXPECT_GE(stop.seconds_since_signal(), 0.0);
   EXPECT_TRUE(stop.should_stop(7)) << "a decision stays";
-  EXPECT_EQ(message_of([] { ddp::StopAgreement(pg(), -1); }), "StopAgreement: every must be >= 0 (got -1)");
+  EXPECT_EQ(message_of([] { ddp::StopAgreement(pg(), -1); }),
+            "StopAgreement: every must be >= 0 (got -1)");
 }
 
 struct Net : torch::nn::Module {
@@ -127,7 +129,8 @@ TEST(Checkpointer, AHandWrittenLoopResumedInsideAnEpochContinuesBitIdentical) {
   auto again_ptr = std::make_shared<Net>();
   Net& again = *again_ptr;
   ddp::DistributedDataParallel again_wrapped(pg(), again_ptr);
-  torch::optim::SGD again_optimizer(again.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD again_optimizer(again.parameters(),
+                                    torch::optim::SGDOptions(0.1).momentum(0.9));
   ddp::CheckpointerOptions resume = options;
   resume.resume = "latest";
   ddp::Checkpointer resumed(pg(), again, again_optimizer, resume);
@@ -173,8 +176,8 @@ TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSam
   ddp::Checkpointer& checkpointer = boundary.checkpointer();
   ddp::DistributedSampler sampler(100, rt().world_size(), rt().rank(), true, 0);
   boundary.start_epoch(1, sampler, 1);
-  std::string steps;            // the steps this rank took part in a snapshot at
-  int64_t due_here_at_3 = -1;   // this rank's own timer at step 3
+  std::string steps;           // the steps this rank took part in a snapshot at
+  int64_t due_here_at_3 = -1;  // this rank's own timer at step 3
   for (int64_t step = 0; step < 11; ++step) {
     if (step == 3) due_here_at_3 = checkpointer.time_due();
     ASSERT_FALSE(boundary.at_step(step, step, [] { return ddp::RankState{}; }));
@@ -241,21 +244,27 @@ TEST(Checkpointer, OptionsOutOfRangeAndUnwritableDirectoriesNameTheField) {
   EXPECT_EQ(error(o), "CheckpointerOptions::keep must be >= 0 (got -1)");
   o = {};
   o.every_steps = 5;
-  EXPECT_EQ(error(o), "CheckpointerOptions::every_steps is 5 but dir is empty: there is nowhere to write");
+  EXPECT_EQ(error(o),
+            "CheckpointerOptions::every_steps is 5 but dir is empty: there is nowhere to write");
   o = {};
   o.every_seconds = 2.5;
-  EXPECT_EQ(error(o), "CheckpointerOptions::every_seconds is 2.500000 but dir is empty: there is nowhere to write");
+  EXPECT_EQ(
+      error(o),
+      "CheckpointerOptions::every_seconds is 2.500000 but dir is empty: there is nowhere to write");
   o.every_seconds = -1;
   EXPECT_EQ(error(o), "CheckpointerOptions::every_seconds must be finite and >= 0 (got -1.000000)");
   o.every_seconds = std::nan("");
   EXPECT_EQ(error(o), "CheckpointerOptions::every_seconds must be finite and >= 0 (got nan)");
   o = {};
   o.resume = "latest";
-  EXPECT_EQ(error(o), "CheckpointerOptions::resume is \"latest\" but dir is empty: there is no directory to search");
+  EXPECT_EQ(error(o),
+            "CheckpointerOptions::resume is \"latest\" but dir is empty: there is no directory to "
+            "search");
   if (rt().is_main()) {  // only rank 0 checks the directory
     o = {};
     o.dir = std::string(DDP_TEST_DIR) + "/test_training_parts.cpp/checkpoints";
-    EXPECT_NE(error(o).find("CheckpointerOptions::dir: " + o.dir + ": cannot create the checkpoint "
+    EXPECT_NE(error(o).find("CheckpointerOptions::dir: " + o.dir +
+                            ": cannot create the checkpoint "
                             "directory: Not a directory"),
               std::string::npos)
         << error(o);
@@ -294,10 +303,11 @@ TEST(Reporter, AResumedRunKeepsTheMetricsOfTheEpochsItsSnapshotFinished) {
     const std::vector<std::string> kept = lines();
     ASSERT_EQ(kept.size(), 2u);
     EXPECT_EQ(kept[0], "{\"epoch\": 1}");
-    EXPECT_EQ(kept[1].rfind("{\"epoch\":2,\"train_loss\":0.25,\"test_loss\":0.5,\"test_accuracy\":0.75,"
-                            "\"samples_per_sec\":0.0,",
-                            0),
-              0u)
+    EXPECT_EQ(
+        kept[1].rfind("{\"epoch\":2,\"train_loss\":0.25,\"test_loss\":0.5,\"test_accuracy\":0.75,"
+                      "\"samples_per_sec\":0.0,",
+                      0),
+        0u)
         << kept[1];
   }
   ddp::Reporter fresh(pg(), options);
@@ -338,9 +348,7 @@ TEST(Reporter, LogLinesShowTheLossAveragedOverTheRanks) {
   }
   const double mean = (rt().world_size() + 1) / 2.0;  // of the ranks' r + 1
   char expected[256];
-  std::snprintf(expected, sizeof expected,
-                "Epoch 3 [0/1000 (0%%)] loss %.6f ETA ",
-                mean);
+  std::snprintf(expected, sizeof expected, "Epoch 3 [0/1000 (0%%)] loss %.6f ETA ", mean);
   EXPECT_EQ(out.rfind(expected, 0), 0u) << out;
   std::snprintf(expected, sizeof expected, "\nEpoch 3 [%d/1000 (20%%)] loss %.6f ETA ",
                 2 * 8 * rt().world_size(), mean + 2);
@@ -354,10 +362,12 @@ TEST(EpochMeter, RefusesTheSumsOfAnotherTaskAndAddsOverRanks) {
             "EpochMeter::add: the loss must be a scalar (got 2 elements)");
   EXPECT_EQ(message_of([&] { meter.add(torch::tensor(1.0), 1, {torch::tensor(1.0)}); }),
             "EpochMeter::add: 1 metric sum(s) for the 2 metric name(s)");
-  EXPECT_NE(message_of([&] { meter.restore(torch::zeros({8}, torch::kDouble)); })
-                .find("has 8 sums, but this one needs 9 (7 and one per metric: 2)"),
+  EXPECT_NE(message_of([&] {
+              meter.restore(torch::zeros({8}, torch::kDouble));
+            }).find("has 8 sums, but this one needs 9 (7 and one per metric: 2)"),
             std::string::npos);
-  meter.add(torch::tensor(2.0), 3, {torch::tensor(1.0), torch::tensor(static_cast<double>(rt().rank()))});
+  meter.add(torch::tensor(2.0), 3,
+            {torch::tensor(1.0), torch::tensor(static_cast<double>(rt().rank()))});
   meter.add(torch::tensor(4.0), 1, {torch::tensor(1.0), torch::tensor(0.0)});
   const ddp::EpochResult r = meter.reduce(pg().cpu(), 1);
   const int w = rt().world_size();
@@ -369,7 +379,8 @@ TEST(EpochMeter, RefusesTheSumsOfAnotherTaskAndAddsOverRanks) {
 }
 
 // A data set whose batch is the indices it was asked for.
-struct Indices : torch::data::datasets::BatchDataset<Indices, std::vector<size_t>, std::vector<size_t>> {
+struct Indices
+    : torch::data::datasets::BatchDataset<Indices, std::vector<size_t>, std::vector<size_t>> {
   std::vector<size_t> get_batch(std::vector<size_t> request) override { return request; }
   std::optional<size_t> size() const override { return 103; }
 };
@@ -397,8 +408,9 @@ TEST(BatchRangeSampler, ADataLoaderWithWorkersReadsExactlyTheRangeOfTheEpoch) {
   }
   ddp::BatchRangeSampler range(sampler, batch, 0, 2);
   range.reset(103);
-  EXPECT_NE(message_of([&] { range.next(4); }).find("the data loader asks for batches of 4 but the "
-                                                     "range was cut in batches of 5"),
+  EXPECT_NE(message_of([&] { range.next(4); })
+                .find("the data loader asks for batches of 4 but the "
+                      "range was cut in batches of 5"),
             std::string::npos);
   EXPECT_THROW(ddp::BatchRangeSampler(sampler, batch, 3, 2), std::invalid_argument);
 }

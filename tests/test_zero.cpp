@@ -40,7 +40,9 @@ std::pair<torch::Tensor, torch::Tensor> batch(int step) {
 void backward_on_share(Net& net, int step, int rank, int ranks) {
   const auto [x, y] = batch(step);
   const int64_t share = kGlobalBatch / ranks;
-  const auto rows = [&](const torch::Tensor& t) { return t.slice(0, rank * share, (rank + 1) * share); };
+  const auto rows = [&](const torch::Tensor& t) {
+    return t.slice(0, rank * share, (rank + 1) * share);
+  };
   torch::mse_loss(net->forward(rows(x)), rows(y)).backward();
 }
 
@@ -101,7 +103,8 @@ void expect_equal_to_unsharded(ddp::Communicator& comm, const Factory& factory, 
   zero_steps(net, optimizer, comm, 0, kSteps);
   EXPECT_LE(max_difference(net, reference), kTolerance) << what << " on " << comm.backend();
   EXPECT_GT(max_difference(net, Net()), 1e-3) << what << ": the steps changed nothing";
-  EXPECT_TRUE(ddp_test::identical_on_all_ranks(torch::cat({net->a->weight.view(-1), net->c->bias})));
+  EXPECT_TRUE(
+      ddp_test::identical_on_all_ranks(torch::cat({net->a->weight.view(-1), net->c->bias})));
 }
 
 TEST(ZeroRedundancyOptimizer, SgdWithMomentumEqualsUnshardedOverMpi) {
@@ -194,7 +197,8 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateLoadsUnshardedAndAtHalfTheRanks) 
       ddp::ZeroRedundancyOptimizer sharded(resumed->parameters(), smaller, adam());
       load(sharded);
       zero_steps(resumed, sharded, smaller, kBefore, kAfter);
-      EXPECT_LE(max_difference(resumed, reference), kTolerance) << "at " << smaller.size() << " ranks";
+      EXPECT_LE(max_difference(resumed, reference), kTolerance)
+          << "at " << smaller.size() << " ranks";
     }
     MPI_Comm_free(&split);
   }
@@ -215,7 +219,8 @@ torch::Tensor flat(const Net& net) {
 TEST(ZeroRedundancyOptimizer, CheckpointerSnapshotsResumeBitIdentical) {
   ddp::ProcessGroup& group = ddp_test::group();
   ddp::CheckpointerOptions options;
-  options.dir = ddp::all_gather_strings(group.cpu(), group.is_main() ? ddp_test::make_temp_dir("zero_resume") : "")[0];
+  options.dir = ddp::all_gather_strings(
+      group.cpu(), group.is_main() ? ddp_test::make_temp_dir("zero_resume") : "")[0];
   options.every_steps = 3;
   Net net;
   ddp::ZeroRedundancyOptimizer optimizer(net->parameters(), group.cpu(), adam());
@@ -252,7 +257,8 @@ TEST(ZeroRedundancyOptimizer, EachRankKeepsAboutOneNthOfTheState) {
   // The partition: the same on every rank, balanced, and the shard is what this rank steps.
   const std::vector<int>& owners = optimizer.owners();
   ASSERT_EQ(owners.size(), 16u);
-  EXPECT_TRUE(ddp_test::identical_on_all_ranks(torch::tensor(std::vector<int64_t>(owners.begin(), owners.end()))));
+  EXPECT_TRUE(ddp_test::identical_on_all_ranks(
+      torch::tensor(std::vector<int64_t>(owners.begin(), owners.end()))));
   EXPECT_EQ(optimizer.shard_numel(), total / w);
   EXPECT_EQ(optimizer.shard_optimizer().param_groups()[0].params().size(), 16u / w);
 
@@ -272,7 +278,8 @@ TEST(ZeroRedundancyOptimizer, RefusesWhatItCannotDo) {
   Net net;
   ddp::ZeroRedundancyOptimizer optimizer(net->parameters(), comm, sgd());
   EXPECT_THROW(optimizer.step([] { return torch::zeros({}); }), std::invalid_argument);
-  std::vector<torch::Tensor> mixed{torch::zeros({2}, torch::kFloat), torch::zeros({2}, torch::kDouble)};
+  std::vector<torch::Tensor> mixed{torch::zeros({2}, torch::kFloat),
+                                   torch::zeros({2}, torch::kDouble)};
   try {
     ddp::ZeroRedundancyOptimizer bad(mixed, comm, sgd());
     ADD_FAILURE() << "mixed dtypes were accepted";

@@ -42,7 +42,8 @@ void stop_in_phase(const std::string& spec) {
   if (colon == std::string::npos) refuse("DDP_TEST_STOP_IN_PHASE", spec, "RANK:PHASE");
   const std::string rank = spec.substr(0, colon), prefix = spec.substr(colon + 1);
   ddp::testing::hooks().entered_phase = [rank, prefix](int me, const std::string& phase) {
-    if (rank == std::to_string(me) && phase.compare(0, prefix.size(), prefix) == 0) std::raise(SIGSTOP);
+    if (rank == std::to_string(me) && phase.compare(0, prefix.size(), prefix) == 0)
+      std::raise(SIGSTOP);
   };
 }
 
@@ -51,12 +52,15 @@ void sample_log(const std::string& dir) {
                                                 const std::vector<int64_t>& samples) {
     std::string lines;
     for (int64_t index : samples) {
-      lines += std::to_string(epoch) + " " + std::to_string(step) + " " + std::to_string(index) + "\n";
+      lines +=
+          std::to_string(epoch) + " " + std::to_string(step) + " " + std::to_string(index) + "\n";
     }
     // Opened for each batch: the lines of every trained batch are on disk even when a rank is
     // killed (what the tests of crashes need).
-    const std::string path = dir + "/rank" + std::to_string(rank) + "of" + std::to_string(ranks) + ".txt";
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "a"), std::fclose);
+    const std::string path =
+        dir + "/rank" + std::to_string(rank) + "of" + std::to_string(ranks) + ".txt";
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "a"),
+                                                         std::fclose);
     if (!file || std::fwrite(lines.data(), 1, lines.size(), file.get()) != lines.size()) {
       throw std::runtime_error("DDP_TEST_SAMPLE_LOG: cannot append to " + path);
     }
@@ -70,14 +74,16 @@ void host_split(const std::string& text) {
   while (std::getline(in, item, ',')) {
     const bool digits = !item.empty() && item.size() <= 6 &&
                         item.find_first_not_of("0123456789") == std::string::npos;
-    if (!digits || std::stoi(item) == 0) refuse("DDP_TEST_HOST_SPLIT", text, "ranks per host, e.g. 2,2");
+    if (!digits || std::stoi(item) == 0)
+      refuse("DDP_TEST_HOST_SPLIT", text, "ranks per host, e.g. 2,2");
     split.push_back(std::stoi(item));
   }
   ddp::testing::hooks().host_split = split;
 }
 
 const bool installed = [] {
-  if (const std::string spec = variable("DDP_TEST_STOP_IN_PHASE"); !spec.empty()) stop_in_phase(spec);
+  if (const std::string spec = variable("DDP_TEST_STOP_IN_PHASE"); !spec.empty())
+    stop_in_phase(spec);
   if (const std::string dir = variable("DDP_TEST_SAMPLE_LOG"); !dir.empty()) sample_log(dir);
   if (const std::string split = variable("DDP_TEST_HOST_SPLIT"); !split.empty()) host_split(split);
   return true;

@@ -17,7 +17,8 @@ namespace {
 const char* const kUsage =
     "usage: ddp_compare_models A.pt B.pt [C.pt ...]\n"
     "       ddp_compare_models --tolerance X A.pt B.pt [C.pt ...]\n"
-    "  Compares the tensors of each file (written by ddp::save_module) with those of A.pt, bit for\n"
+    "  Compares the tensors of each file (written by ddp::save_module) with those of A.pt, bit "
+    "for\n"
     "  bit. Prints \"identical: A.pt B.pt\", or \"differ: A.pt B.pt (N tensors)\" followed by one\n"
     "  line per differing tensor: name<TAB>difference.\n"
     "  --tolerance X: tensors of the same dtype and shape whose values differ by at most X (max\n"
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
         }
         if (within) {
           std::cout << "equal within " << tolerance << ": " << reference << " " << argv[i] << " ("
-                    << differences.size() << (differences.size() == 1 ? " tensor differs" : " tensors differ")
+                    << differences.size()
+                    << (differences.size() == 1 ? " tensor differs" : " tensors differ")
                     << ", by at most " << largest << ")\n";
           continue;
         }

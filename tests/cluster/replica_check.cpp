@@ -28,7 +28,8 @@ namespace {
 // registration order: equal hashes mean bit-identical replicas here.
 std::string weights_hash(torch::nn::Module& module) {
   std::vector<torch::Tensor> flat;
-  for (const torch::Tensor& p : module.parameters()) flat.push_back(p.detach().to(torch::kCPU).flatten());
+  for (const torch::Tensor& p : module.parameters())
+    flat.push_back(p.detach().to(torch::kCPU).flatten());
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx",
                 static_cast<unsigned long long>(ddp::tensor_hash(torch::cat(flat))));
@@ -82,7 +83,8 @@ int main(int argc, char** argv) {
       } else if (arg == "--no-ddp") {
         use_ddp = false;
       } else {
-        throw std::runtime_error("unknown argument '" + arg + "' (replica_check [--steps N] [--no-ddp])");
+        throw std::runtime_error("unknown argument '" + arg +
+                                 "' (replica_check [--steps N] [--no-ddp])");
       }
     }
 
@@ -115,9 +117,9 @@ int main(int argc, char** argv) {
     }
     if (runtime.is_main()) {
       std::cout << "trained " << steps << " steps; replicas identical: " << runtime.world_size()
-                << (runtime.world_size() == 1 ? " rank" : " ranks") << " on "
-                << runtime.num_nodes() << (runtime.num_nodes() == 1 ? " node" : " nodes")
-                << " (weights " << hashes[0] << ")" << std::endl;
+                << (runtime.world_size() == 1 ? " rank" : " ranks") << " on " << runtime.num_nodes()
+                << (runtime.num_nodes() == 1 ? " node" : " nodes") << " (weights " << hashes[0]
+                << ")" << std::endl;
     }
   });
 }

@@ -12,10 +12,11 @@ int main(int argc, char** argv) {
                                {32, 5, 0.1, "data", "where the data would be", "consumer.pt"});
   return ddp::cli::run(argc, argv, {"consumer_cli", "Prints the flags it was given."}, options,
                        flags, [&](ddp::ProcessGroup& group) {
-    if (group.is_main()) {
-      std::cout << "consumer_cli: epochs " << flags.epochs << ", batch size " << flags.batch_size
-                << ", " << group.size() << " rank(s)" << std::endl;
-    }
-    return 0;
-  });
+                         if (group.is_main()) {
+                           std::cout << "consumer_cli: epochs " << flags.epochs << ", batch size "
+                                     << flags.batch_size << ", " << group.size() << " rank(s)"
+                                     << std::endl;
+                         }
+                         return 0;
+                       });
 }

@@ -20,8 +20,8 @@ int main(int argc, const char* argv[]) {  // the const form many LibTorch progra
     }
     if (runtime.is_main()) {
       std::cout << "consumer: ddp " << ddp::version() << " (headers " << DDP_VERSION << "), "
-                << runtime.world_size()
-                << " ranks, averaged gradient " << expected << " OK" << std::endl;
+                << runtime.world_size() << " ranks, averaged gradient " << expected << " OK"
+                << std::endl;
     }
   });
 }

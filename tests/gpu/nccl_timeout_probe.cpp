@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
     ddp::NcclOptions options;
     options.timeout = std::chrono::seconds(1);
     options.on_fatal_error = [&](const std::string& message) { runtime.abort(message); };
-    ddp::NcclCommunicator comm(ddp::detail::RuntimeInternals::comm(runtime), runtime.rank(), runtime.world_size(),
-                               runtime.device(), options);
+    ddp::NcclCommunicator comm(ddp::detail::RuntimeInternals::comm(runtime), runtime.rank(),
+                               runtime.world_size(), runtime.device(), options);
     torch::Tensor t = torch::ones({1}, torch::TensorOptions().device(runtime.device()));
     at::cuda::sleep(int64_t{20'000'000'000});  // about 10 s of GPU time
     comm.all_reduce(t);

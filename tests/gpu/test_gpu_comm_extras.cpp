@@ -32,7 +32,8 @@ class GpuCommExtras : public ::testing::Test {
 
 torch::Tensor flat(torch::nn::Module& m) {
   std::vector<torch::Tensor> parts;
-  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten().to(torch::kDouble).cpu());
+  for (const auto& p : m.parameters())
+    parts.push_back(p.detach().flatten().to(torch::kDouble).cpu());
   return torch::cat(parts);
 }
 
@@ -40,7 +41,8 @@ torch::Tensor flat(torch::nn::Module& m) {
 // wrapper with `options`; `setup` may register a hook or the overlapped step (returns true when
 // backward steps the optimizer).
 using Setup = std::function<bool(ddp::DistributedDataParallel&, torch::optim::Optimizer&)>;
-torch::Tensor train(torch::Device device, ddp::DDPOptions options, const Setup& setup, int steps = 6) {
+torch::Tensor train(torch::Device device, ddp::DDPOptions options, const Setup& setup,
+                    int steps = 6) {
   ddp_test::TinyMlp net;
   net->to(device);
   options.reducer_at_one_rank = true;
@@ -50,8 +52,10 @@ torch::Tensor train(torch::Device device, ddp::DDPOptions options, const Setup& 
   const int64_t share = 8, rank = rt().rank();
   for (int s = 0; s < steps; ++s) {
     torch::manual_seed(300 + s);
-    const torch::Tensor x = torch::randn({share * rt().world_size(), 6}).slice(0, rank * share, (rank + 1) * share);
-    const torch::Tensor y = torch::randn({share * rt().world_size(), 3}).slice(0, rank * share, (rank + 1) * share);
+    const torch::Tensor x =
+        torch::randn({share * rt().world_size(), 6}).slice(0, rank * share, (rank + 1) * share);
+    const torch::Tensor y =
+        torch::randn({share * rt().world_size(), 3}).slice(0, rank * share, (rank + 1) * share);
     optimizer.zero_grad();
     torch::mse_loss(model(x.to(device)), y.to(device)).backward();
     if (!stepped_by_backward) optimizer.step();
@@ -80,9 +84,11 @@ TEST_F(GpuCommExtras, CommHooksOnCudaMatchTheCpu) {
     const torch::Tensor gpu = train(rt().device(), small, with_hook);
     // The same casts on both; the GPU's matrix products and QR differ from the CPU's in the
     // last bits, so a tolerance, not equality.
-    EXPECT_TRUE(torch::allclose(gpu, cpu, 1e-4, 1e-4)) << "max diff " << (gpu - cpu).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(gpu, cpu, 1e-4, 1e-4))
+        << "max diff " << (gpu - cpu).abs().max().item<double>();
     if (name == "powersgd") {  // its low-rank approximation changes the gradients even at one rank
-      EXPECT_FALSE(torch::equal(cpu, train(torch::kCPU, small, nullptr))) << "PowerSGD never compressed";
+      EXPECT_FALSE(torch::equal(cpu, train(torch::kCPU, small, nullptr)))
+          << "PowerSGD never compressed";
     }
   }
 }
@@ -91,12 +97,13 @@ TEST_F(GpuCommExtras, OverlappedStepOnCudaEqualsThePlainStep) {
   ddp::DDPOptions small;
   small.bucket_cap_mb = small.first_bucket_mb = 400.0 / (1 << 20);
   const torch::Tensor plain = train(rt().device(), small, nullptr);
-  const torch::Tensor overlapped = train(rt().device(), small, [](ddp::DistributedDataParallel& m,
-                                                                  torch::optim::Optimizer& o) {
-    m.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), o));
-    return m.backward_steps_optimizer() == &o;
-  });
-  EXPECT_TRUE(torch::equal(overlapped, plain)) << "max diff " << (overlapped - plain).abs().max().item<double>();
+  const torch::Tensor overlapped =
+      train(rt().device(), small, [](ddp::DistributedDataParallel& m, torch::optim::Optimizer& o) {
+        m.register_comm_hook(ddp::hook_then_optimizer(ddp::allreduce_hook(), o));
+        return m.backward_steps_optimizer() == &o;
+      });
+  EXPECT_TRUE(torch::equal(overlapped, plain))
+      << "max diff " << (overlapped - plain).abs().max().item<double>();
 }
 
 TEST_F(GpuCommExtras, ZeroOverNcclEqualsTheUnshardedOptimizer) {

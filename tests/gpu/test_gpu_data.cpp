@@ -134,7 +134,8 @@ TEST_F(GpuData, TrainerDoesNotWaitAfterTheOptimizerStep) {
   options.batch_size = 8;  // 5 steps
   options.report.log_interval = 0;
   ddp_test::AfterStep hook([&](int64_t, int) { idle_after_step.push_back(current.query()); });
-  ddp::ClassificationTask task(data, nullptr, [&](const torch::Tensor& x) { return net->forward(x); });
+  ddp::ClassificationTask task(data, nullptr,
+                               [&](const torch::Tensor& x) { return net->forward(x); });
   ddp::Trainer trainer(ddp_test::group(), *net, task, optimizer, options);
   const ddp::EpochResult result = trainer.train_epoch(1);
   torch::cuda::synchronize();

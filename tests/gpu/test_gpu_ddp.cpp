@@ -141,7 +141,8 @@ TEST_F(GpuDdp, NcclReducerMatchesTheCpuResult) {
       ddp::DDPOptions options;
       options.reducer_at_one_rank = true;
       model = std::make_unique<ddp::DistributedDataParallel>(pg(), net, options);
-      EXPECT_EQ(model->options().backend, device.is_cuda() ? ddp::Backend::Nccl : ddp::Backend::Mpi);
+      EXPECT_EQ(model->options().backend,
+                device.is_cuda() ? ddp::Backend::Nccl : ddp::Backend::Mpi);
       EXPECT_FALSE(model->bucket_layout().empty());
     }
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -163,7 +164,8 @@ TEST_F(GpuDdp, NcclReducerMatchesTheCpuResult) {
       << "max diff " << (gpu - cpu).abs().max().item<double>();
   if (rt().world_size() == 1) {
     const torch::Tensor plain = train(rt().device(), false);
-    EXPECT_TRUE(torch::equal(gpu, plain)) << "max diff " << (gpu - plain).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(gpu, plain))
+        << "max diff " << (gpu - plain).abs().max().item<double>();
   }
 }
 
@@ -216,7 +218,8 @@ TEST_F(GpuDdp, SyncBatchNormOverNcclEqualsOneProcessOnTheGlobalBatch) {
   (out_mine * weights.slice(0, r * b, (r + 1) * b)).sum().backward();
   (out_ref * weights).sum().backward();
   EXPECT_TRUE(torch::allclose(out_mine, out_ref.slice(0, r * b, (r + 1) * b), 1e-4, 1e-5));
-  EXPECT_TRUE(torch::allclose(x_mine.grad(), x_ref.grad().slice(0, r * b, (r + 1) * b), 1e-4, 1e-5));
+  EXPECT_TRUE(
+      torch::allclose(x_mine.grad(), x_ref.grad().slice(0, r * b, (r + 1) * b), 1e-4, 1e-5));
   EXPECT_TRUE(torch::allclose(mine->running_mean, reference->running_mean, 1e-4, 1e-6));
   EXPECT_TRUE(torch::allclose(mine->running_var, reference->running_var, 1e-4, 1e-6));
 }

@@ -35,9 +35,7 @@ class Nccl : public ::testing::Test {
   void SetUp() override {
     if (!pg().has_gpu()) GTEST_SKIP() << "no CUDA device on this rank";
   }
-  ddp::NcclCommunicator& comm() {
-    return dynamic_cast<ddp::NcclCommunicator&>(pg().gpu());
-  }
+  ddp::NcclCommunicator& comm() { return dynamic_cast<ddp::NcclCommunicator&>(pg().gpu()); }
   torch::TensorOptions on_gpu(torch::ScalarType type) const {
     return torch::TensorOptions().dtype(type).device(rt().device());
   }
@@ -167,7 +165,8 @@ TEST_F(Nccl, AsyncAllReduceHoldsTheCurrentStreamOnlyFromWait) {
     c10::cuda::CUDAStreamGuard on_nccl(comm().stream());
     at::cuda::sleep(kLongSleepCycles);
   }
-  ASSERT_FALSE(comm().stream().query()) << "the sleep on the NCCL stream ended before the test looked";
+  ASSERT_FALSE(comm().stream().query())
+      << "the sleep on the NCCL stream ended before the test looked";
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<ddp::Work> work = comm().all_reduce_async(t, ddp::ReduceOp::Sum);
   const double call_ms =

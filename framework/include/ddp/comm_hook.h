@@ -45,9 +45,9 @@ namespace ddp {
 /// One bucket, as a hook sees it. Valid during the hook call; `buffer` (and the `gradients` views
 /// of it) stay the bucket's own memory until the reducer has the result.
 struct GradBucket {
-  size_t index = 0;       ///< 0 .. buckets - 1, the launch order
-  bool is_last = false;   ///< the last bucket of this backward pass (PyTorch's is_last())
-  torch::Tensor buffer;   ///< flat gradients of `parameters`, in that order, this rank's sum
+  size_t index = 0;      ///< 0 .. buckets - 1, the launch order
+  bool is_last = false;  ///< the last bucket of this backward pass (PyTorch's is_last())
+  torch::Tensor buffer;  ///< flat gradients of `parameters`, in that order, this rank's sum
   std::vector<torch::Tensor> gradients;   ///< views of `buffer`, shaped like `parameters`
   std::vector<torch::Tensor> parameters;  ///< the parameters whose gradients are in the bucket
   /// How many ranks' gradients the sum holds: comm.size(), fewer while some ranks have run out
@@ -110,14 +110,17 @@ class CommHook {
   /// `function` for every bucket; `state` (may be null: stateless) what it keeps between steps;
   /// `description` its name and options ("powersgd(matrix_approximation_rank=4, ...)").
   CommHook(Function function, std::shared_ptr<CommHookState> state, std::string description);
-  /// A stateless hook described as "custom": register_comm_hook([](auto& comm, auto& bucket) {...}).
+  /// A stateless hook described as "custom": register_comm_hook([](auto& comm, auto& bucket)
+  /// {...}).
   template <typename F, typename = std::enable_if_t<
                             std::is_invocable_r_v<BucketFuture, F&, Communicator&, GradBucket&> &&
                             !std::is_same_v<std::decay_t<F>, CommHook>>>
   CommHook(F function) : CommHook(Function(std::move(function)), nullptr, "custom") {}  // NOLINT
 
   /// Starts the reduction of `bucket` (the hook's function).
-  BucketFuture operator()(Communicator& comm, GradBucket& bucket) const { return function_(comm, bucket); }
+  BucketFuture operator()(Communicator& comm, GradBucket& bucket) const {
+    return function_(comm, bucket);
+  }
   /// Whether there is a function to call.
   explicit operator bool() const { return static_cast<bool>(function_); }
   /// What the hook keeps between steps; null for a stateless hook.
@@ -205,11 +208,11 @@ struct PowerSGDState {
   /// synchronised steps all-reduced uncompressed first; > 1 with error feedback or warm start
   /// (the buckets are rebuilt after the first step)
   int64_t start_powerSGD_iter = 1000;
-  double min_compression_rate = 2;  ///< compress a matrix only if it shrinks by more than this
-  bool use_error_feedback = true;   ///< add each step's compression error to the next step
-  bool warm_start = true;           ///< start the power iteration from the previous step's Q
+  double min_compression_rate = 2;       ///< compress a matrix only if it shrinks by more than this
+  bool use_error_feedback = true;        ///< add each step's compression error to the next step
+  bool warm_start = true;                ///< start the power iteration from the previous step's Q
   double orthogonalization_epsilon = 0;  ///< added to column norms (guards all-zero columns)
-  uint32_t random_seed = 0;         ///< numpy RandomState seed of the Qs' random initialisation
+  uint32_t random_seed = 0;  ///< numpy RandomState seed of the Qs' random initialisation
 
   /// State (PyTorch's names): synchronised steps so far, and per bucket index the error and the
   /// P and Q memories; the numbers of elements before and after compression, so far.

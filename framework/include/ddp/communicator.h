@@ -32,8 +32,9 @@ enum class ReduceOp {
 };
 
 /// Whether the CPU all-reduces of a job on several hosts go through one leader per host: reduced
-/// on each host, all-reduced among the hosts' leaders, broadcast on each host (ProcessGroupOptions::
-/// hierarchical; docs/architecture.md). Every rank gets bitwise the same result either way.
+/// on each host, all-reduced among the hosts' leaders, broadcast on each host
+/// (ProcessGroupOptions:: hierarchical; docs/architecture.md). Every rank gets bitwise the same
+/// result either way.
 enum class HierarchicalAllReduce {
   Auto,  ///< when the ranks span several hosts and some host has several ranks
   On,    ///< always (with one host: a reduce and a broadcast on it; correct, not faster)

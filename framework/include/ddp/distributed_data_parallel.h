@@ -88,9 +88,9 @@ struct DDPOptions {
   /// process runs the whole bucket path (hooks, buckets, the backend's all-reduce on its stream
   /// or thread, rebuild_buckets, no_sync(), find_unused_parameters): how one GPU proves the NCCL
   /// gradient path. Gradients equal a plain step's bit for bit (a sum over one rank, divided by
-  /// one) unless the comm hook casts them (fp16_compress_hook()); a parameter without a gradient is then an error unless
-  /// find_unused_parameters, as with more ranks. false (default): at one rank there is nothing to
-  /// average and no Reducer is built. No effect with more than one rank.
+  /// one) unless the comm hook casts them (fp16_compress_hook()); a parameter without a gradient is
+  /// then an error unless find_unused_parameters, as with more ranks. false (default): at one rank
+  /// there is nothing to average and no Reducer is built. No effect with more than one rank.
   bool reducer_at_one_rank = false;
   /// true: every parameter's grad() is a view into the reducer's flat bucket (PyTorch's
   /// gradient_as_bucket_view), so backward accumulates straight into the bucket and nothing is
@@ -351,7 +351,7 @@ class DistributedDataParallel {
   Communicator* comm_ = nullptr;
   std::unique_ptr<Communicator> owned_comm_;
   std::unique_ptr<Reducer> reducer_;  ///< destroyed first: it uses the communicators
-  Join* join_ = nullptr;  ///< the attached Join guard, if any
+  Join* join_ = nullptr;              ///< the attached Join guard, if any
   int buffer_root_ = 0;   ///< whose buffers broadcast_buffers() sends: rank 0 unless under a Join
   int last_trainer_ = 0;  ///< under a Join: the highest rank that trained in the latest step
 };

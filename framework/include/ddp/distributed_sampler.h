@@ -27,8 +27,8 @@ namespace ddp {
 class DistributedSampler {
  public:
   /// Throws std::invalid_argument naming the bad argument (rank outside [0, num_replicas), ...).
-  DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank,
-                     bool shuffle = true, int64_t seed = 0, bool drop_last = false);
+  DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank, bool shuffle = true,
+                     int64_t seed = 0, bool drop_last = false);
 
   /// The permutation is seeded with seed + epoch, so all ranks agree on it. `start` > 0: the
   /// epoch continues from that position of its permutation (the positions before it were
@@ -45,7 +45,7 @@ class DistributedSampler {
   /// list is padded by repeating the start of the permutation, as PyTorch does.
   std::vector<int64_t> indices() const;
 
-  int64_t num_samples() const { return num_samples_; }   ///< per rank (of the rest after start())
+  int64_t num_samples() const { return num_samples_; }    ///< per rank (of the rest after start())
   int64_t dataset_size() const { return dataset_size_; }  ///< as given
   /// num_samples() over all ranks (the data set, or its rest after start(), padded or cut with
   /// drop_last).

@@ -73,13 +73,13 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  int rank() const { return rank_; }                ///< this process's rank in MPI_COMM_WORLD
-  int world_size() const { return world_size_; }    ///< the number of processes
-  int local_rank() const { return local_rank_; }    ///< its rank among the processes of its node
-  int local_size() const { return local_size_; }    ///< the processes of its node
-  int node_rank() const { return node_rank_; }      ///< its node's number
-  int num_nodes() const { return num_nodes_; }      ///< the job's nodes
-  bool is_main() const { return rank_ == 0; }       ///< rank 0
+  int rank() const { return rank_; }              ///< this process's rank in MPI_COMM_WORLD
+  int world_size() const { return world_size_; }  ///< the number of processes
+  int local_rank() const { return local_rank_; }  ///< its rank among the processes of its node
+  int local_size() const { return local_size_; }  ///< the processes of its node
+  int node_rank() const { return node_rank_; }    ///< its node's number
+  int num_nodes() const { return num_nodes_; }    ///< the job's nodes
+  bool is_main() const { return rank_ == 0; }     ///< rank 0
   const std::string& hostname() const { return hostname_; }  ///< MPI's processor name
   /// The device this rank computes on.
   torch::Device device() const { return device_; }

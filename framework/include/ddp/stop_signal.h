@@ -64,7 +64,7 @@ void install_stop_handlers_for_life();
 /// relocating the libraries, before their initialisers), so a stop signal during LibTorch's
 /// and MPI's start-up is recorded instead of killing. Executables only: a shared library's
 /// .preinit_array is ignored.
-#define DDP_STOP_HANDLERS_BEFORE_MAIN()                                                      \
+#define DDP_STOP_HANDLERS_BEFORE_MAIN()                                                       \
   __attribute__((section(".preinit_array"), used)) static void (*ddp_stop_handlers_preinit_)( \
       int, char**, char**) = [](int, char**, char**) { ::ddp::install_stop_handlers_for_life(); }
 

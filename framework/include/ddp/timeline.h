@@ -55,7 +55,9 @@ class TimelineScope {
  public:
   /// Starts the span `name` now.
   TimelineScope(Timeline* timeline, std::string name, const char* category)
-      : timeline_(timeline), name_(std::move(name)), category_(category),
+      : timeline_(timeline),
+        name_(std::move(name)),
+        category_(category),
         start_(Timeline::Clock::now()) {}
   ~TimelineScope() {
     if (timeline_) timeline_->span(name_, category_, start_, Timeline::Clock::now());

@@ -103,8 +103,8 @@ class ZeroRedundancyOptimizer final : public torch::optim::Optimizer {
  private:
   struct Impl;
   explicit ZeroRedundancyOptimizer(std::unique_ptr<Impl> impl);
-  static std::unique_ptr<Impl> make_impl(std::vector<torch::Tensor> parameters,
-                                         Communicator& comm, Factory factory);
+  static std::unique_ptr<Impl> make_impl(std::vector<torch::Tensor> parameters, Communicator& comm,
+                                         Factory factory);
   // The unsharded optimizer holding every rank's `shards` state; `error` says why it would
   // lose some (then the result must not be used).
   std::unique_ptr<torch::optim::Optimizer> consolidate(const Impl& z,

@@ -38,7 +38,8 @@ bool stopped_during_start_up(ddp::ProcessGroup& group) {
   if (group.is_main()) {
     std::cout << "Stopped by " << stop.describe() << " during start-up, before training: nothing "
               << "to save\nExit status " << ddp::kStoppedExitCode << ": stopped early by "
-              << ddp::stop_signal_name(stop.signal()) << "; run the same command again" << std::endl;
+              << ddp::stop_signal_name(stop.signal()) << "; run the same command again"
+              << std::endl;
   }
   return true;
 }
@@ -110,7 +111,8 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
     if (!differ.empty() || !flag_error.empty()) {
       // Every rank stops here; rank 0 explains.
       if (group.is_main()) {
-        std::cerr << name << ": " << (differ.empty() ? flag_error + " (see --help)" : differ) << "\n";
+        std::cerr << name << ": " << (differ.empty() ? flag_error + " (see --help)" : differ)
+                  << "\n";
       }
       status = 2;
       return;
@@ -118,7 +120,9 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
     if (help) {
       if (group.is_main()) {
         std::cout << "Usage: " << (parallelism == Parallelism::DataParallel ? "mpirun -np N " : "")
-                  << name << " [options]\n" << program.description << "\n\n" << options << "\n";
+                  << name << " [options]\n"
+                  << program.description << "\n\n"
+                  << options << "\n";
       }
       return;
     }

@@ -46,7 +46,8 @@ void place_data(ddp::ProcessGroup& group, ddp::ImageDataset& train, ddp::ImageDa
   }
 }
 
-void check_batch_memory(ddp::ProcessGroup& group, const TrainingFlags& flags, torch::nn::Module& model,
+void check_batch_memory(ddp::ProcessGroup& group, const TrainingFlags& flags,
+                        torch::nn::Module& model,
                         const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                         const std::vector<int64_t>& sample_shape, int64_t train_size,
                         int64_t test_size) {

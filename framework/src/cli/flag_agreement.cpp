@@ -52,9 +52,10 @@ std::optional<std::string> value_text(const boost::any& value) {
     for (const auto& item : *v) joined += (joined.empty() ? "" : ",") + item;
     return joined;
   }
-  for (const auto& text : {integer_text<int64_t>(value), integer_text<int>(value),
-                           integer_text<long long>(value), integer_text<uint64_t>(value),
-                           integer_text<unsigned>(value), integer_text<unsigned long long>(value)}) {
+  for (const auto& text :
+       {integer_text<int64_t>(value), integer_text<int>(value), integer_text<long long>(value),
+        integer_text<uint64_t>(value), integer_text<unsigned>(value),
+        integer_text<unsigned long long>(value)}) {
     if (text) return text;
   }
   return std::nullopt;
@@ -105,12 +106,14 @@ std::string flags_fingerprint_text(const std::string& program, const po::variabl
         parsed.description ? parsed.description->find_nothrow(name, false) : nullptr;
     const bool valueless = option && option->semantic()->max_tokens() == 0 &&
                            !boost::any_cast<bool>(&variable.value());
-    std::optional<std::string> value = valueless ? std::string("given") : value_text(variable.value());
+    std::optional<std::string> value =
+        valueless ? std::string("given") : value_text(variable.value());
     if (!value) {
       for (const auto& given : parsed.options) {
         if (given.string_key != name) continue;
         std::string tokens;
-        for (const auto& token : given.original_tokens) tokens += (tokens.empty() ? "" : " ") + token;
+        for (const auto& token : given.original_tokens)
+          tokens += (tokens.empty() ? "" : " ") + token;
         value = tokens;
       }
     }

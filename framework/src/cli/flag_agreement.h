@@ -25,9 +25,9 @@
 namespace ddp::cli {
 
 // The fingerprint's text: "program=<program>" and then one "name=value" line per option of
-// `vm`, sorted by name ("given" for an option without a value, such as --help). A value of a type the text cannot print is taken from `parsed` (the
-// command line's tokens) when given there, else it is "(default)". Newlines in values are
-// written as "\n".
+// `vm`, sorted by name ("given" for an option without a value, such as --help). A value of a type
+// the text cannot print is taken from `parsed` (the command line's tokens) when given there, else
+// it is "(default)". Newlines in values are written as "\n".
 std::string flags_fingerprint_text(const std::string& program,
                                    const boost::program_options::variables_map& vm,
                                    const boost::program_options::parsed_options& parsed);

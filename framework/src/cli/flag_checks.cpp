@@ -25,9 +25,9 @@ void require_finite(const char* flag, double value, double least, bool least_all
 
 void require_float_range(const char* flag, double value) {
   if (std::fabs(value) <= std::numeric_limits<float>::max()) return;
-  throw std::invalid_argument(std::string(flag) + " must be at most " +
-                              short_text(std::numeric_limits<float>::max()) +
-                              ", the largest float the optimizer holds (got " + short_text(value) + ")");
+  throw std::invalid_argument(
+      std::string(flag) + " must be at most " + short_text(std::numeric_limits<float>::max()) +
+      ", the largest float the optimizer holds (got " + short_text(value) + ")");
 }
 
 }  // namespace ddp::cli

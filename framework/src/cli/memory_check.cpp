@@ -96,16 +96,16 @@ HostMemory host_memory_available(const std::string& root) {
   return memory;
 }
 
-uint64_t training_bytes_per_sample(torch::nn::Module& model,
-                                   const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-                                   const std::vector<int64_t>& sample_shape,
-                                   int64_t probe_samples) {
+uint64_t training_bytes_per_sample(
+    torch::nn::Module& model, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+    const std::vector<int64_t>& sample_shape, int64_t probe_samples) {
   if (probe_samples < 1) {
     throw std::invalid_argument("training_bytes_per_sample: probe_samples must be >= 1");
   }
   uint64_t pixels = 1;
   for (int64_t d : sample_shape) {
-    if (d < 1) throw std::invalid_argument("training_bytes_per_sample: sample_shape has a size < 1");
+    if (d < 1)
+      throw std::invalid_argument("training_bytes_per_sample: sample_shape has a size < 1");
     pixels *= static_cast<uint64_t>(d);
   }
   std::vector<int64_t> shape{probe_samples};
@@ -143,9 +143,9 @@ void require_batch_fits(const std::string& option, int64_t batch_size, uint64_t 
       static_cast<long double>(memory.available_bytes) /
       (static_cast<long double>(bytes_per_sample) * (ranks_on_node < 1 ? 1 : ranks_on_node)));
   std::ostringstream message;
-  message << option << " cannot fit in memory: a training step needs at least "
-          << human(shown) << " (" << ranks_on_node << " rank(s) on this node x " << batch_size
-          << " samples x " << human(bytes_per_sample)
+  message << option << " cannot fit in memory: a training step needs at least " << human(shown)
+          << " (" << ranks_on_node << " rank(s) on this node x " << batch_size << " samples x "
+          << human(bytes_per_sample)
           << ": the batch's pixels as uint8 and float32 plus what forward keeps for backward), but "
           << human(memory.available_bytes) << " is available (" << memory.source
           << "); at most about " << fits << " samples per rank fit";

@@ -35,10 +35,9 @@ HostMemory host_memory_available(const std::string& root = "");
 // one forward of `probe_samples` zero samples in eval mode (no dropout draw, no BatchNorm
 // statistics change, nothing communicated); the model's mode is restored. `model` must be on
 // the CPU.
-uint64_t training_bytes_per_sample(torch::nn::Module& model,
-                                   const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-                                   const std::vector<int64_t>& sample_shape,
-                                   int64_t probe_samples = 4);
+uint64_t training_bytes_per_sample(
+    torch::nn::Module& model, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+    const std::vector<int64_t>& sample_shape, int64_t probe_samples = 4);
 
 // Throws std::runtime_error when `ranks_on_node` ranks of `batch_size` samples of
 // `bytes_per_sample` each need more than `memory.available_bytes`. The message starts with

@@ -14,7 +14,7 @@ namespace ddp {
 // Collective (every rank gets the same answer).
 struct Disagreement {
   int rank;
-  std::string value;       // that rank's value
+  std::string value;  // that rank's value
   std::string rank0_value;
 };
 std::optional<Disagreement> find_disagreement(Communicator& comm, const std::string& mine);

@@ -9,36 +9,55 @@ namespace ddp::detail {
 
 const char* kind_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::AllReduce: return "all_reduce";
-    case CollectiveKind::Broadcast: return "broadcast";
-    case CollectiveKind::AllGather: return "all_gather";
-    case CollectiveKind::Barrier: return "barrier";
-    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllReduce:
+      return "all_reduce";
+    case CollectiveKind::Broadcast:
+      return "broadcast";
+    case CollectiveKind::AllGather:
+      return "all_gather";
+    case CollectiveKind::Barrier:
+      return "barrier";
+    case CollectiveKind::ReduceScatter:
+      return "reduce_scatter";
   }
   return "collective";
 }
 
 const char* dtype_name(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat: return "float32";
-    case torch::kDouble: return "float64";
-    case torch::kHalf: return "float16";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kInt: return "int32";
-    case torch::kLong: return "int64";
-    case torch::kShort: return "int16";
-    case torch::kByte: return "uint8";
-    case torch::kChar: return "int8";
-    default: return c10::toString(type);
+    case torch::kFloat:
+      return "float32";
+    case torch::kDouble:
+      return "float64";
+    case torch::kHalf:
+      return "float16";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kInt:
+      return "int32";
+    case torch::kLong:
+      return "int64";
+    case torch::kShort:
+      return "int16";
+    case torch::kByte:
+      return "uint8";
+    case torch::kChar:
+      return "int8";
+    default:
+      return c10::toString(type);
   }
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Max: return "max";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
   }
   return "?";
 }
@@ -73,7 +92,8 @@ Collective checked(const Rules& rules, CollectiveKind kind, const torch::Tensor&
   if (!rules.dtypes.empty() &&
       std::find(rules.dtypes.begin(), rules.dtypes.end(), type) == rules.dtypes.end()) {
     std::string supported;
-    for (torch::ScalarType t : rules.dtypes) supported += (supported.empty() ? "" : ", ") + std::string(dtype_name(t));
+    for (torch::ScalarType t : rules.dtypes)
+      supported += (supported.empty() ? "" : ", ") + std::string(dtype_name(t));
     fail(std::string("unsupported dtype ") + dtype_name(type) + " (" + supported + ")");
   }
   Collective call;
@@ -84,7 +104,8 @@ Collective checked(const Rules& rules, CollectiveKind kind, const torch::Tensor&
 }
 
 // The reduce op's rules for `tensor`'s dtype; `where` ends ": ".
-void check_op(const Rules& rules, const std::string& where, const torch::Tensor& tensor, ReduceOp op) {
+void check_op(const Rules& rules, const std::string& where, const torch::Tensor& tensor,
+              ReduceOp op) {
   if (op == ReduceOp::Avg && !tensor.is_floating_point()) {
     throw std::invalid_argument(where + "Avg needs a floating-point tensor, got " +
                                 dtype_name(tensor.scalar_type()));
@@ -97,8 +118,10 @@ void check_op(const Rules& rules, const std::string& where, const torch::Tensor&
 
 // `big` must hold `size` times the elements of `small`, of the same dtype, and not be `small`.
 void check_chunks(const Rules& rules, const char* name, const torch::Tensor& big,
-                  const char* big_name, const torch::Tensor& small, const char* small_name, int size) {
-  (void)checked(rules, CollectiveKind::AllGather, small, name);  // defined, contiguous, dtype, device
+                  const char* big_name, const torch::Tensor& small, const char* small_name,
+                  int size) {
+  (void)checked(rules, CollectiveKind::AllGather, small,
+                name);  // defined, contiguous, dtype, device
   const std::string where = rules.prefix + name + ": ";
   auto fail = [&](const std::string& what) { throw std::invalid_argument(where + what); };
   if (big.scalar_type() != small.scalar_type()) {
@@ -114,7 +137,8 @@ void check_chunks(const Rules& rules, const char* name, const torch::Tensor& big
          std::to_string(size) + " (ranks) x " + std::to_string(small.numel()) + " (" + small_name +
          "'s); pad it to a multiple of the ranks");
   }
-  if (big.numel() > 0 && big.data_ptr() == small.data_ptr()) fail("input and output are the same memory");
+  if (big.numel() > 0 && big.data_ptr() == small.data_ptr())
+    fail("input and output are the same memory");
 }
 
 }  // namespace
@@ -142,7 +166,8 @@ Collective Collective::all_gather_into(const Rules& rules, const torch::Tensor& 
   return call;
 }
 
-Collective Collective::broadcast(const Rules& rules, const torch::Tensor& tensor, int root, int size) {
+Collective Collective::broadcast(const Rules& rules, const torch::Tensor& tensor, int root,
+                                 int size) {
   Collective call = checked(rules, CollectiveKind::Broadcast, tensor);
   if (root < 0 || root >= size) {
     throw std::invalid_argument(rules.prefix + "broadcast: root " + std::to_string(root) +

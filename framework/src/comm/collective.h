@@ -26,7 +26,11 @@ namespace ddp::detail {
 
 // The numbers travel between ranks (fingerprints, the watchdog's answers): keep them.
 enum class CollectiveKind : int64_t {
-  AllReduce = 1, Broadcast = 2, AllGather = 3, Barrier = 4, ReduceScatter = 5
+  AllReduce = 1,
+  Broadcast = 2,
+  AllGather = 3,
+  Barrier = 4,
+  ReduceScatter = 5
 };
 
 const char* kind_name(CollectiveKind kind);  // "all_reduce", ...; "collective" for another number

@@ -71,8 +71,8 @@ void CollectiveCheck::check(int64_t ticket, int member, const Collective& call,
   mine[kRow - 1] = member;
   std::vector<Row> all(static_cast<size_t>(size_));
   MPI_Request request;
-  DDP_MPI_CHECK(MPI_Iallgather(mine.data(), kRow, MPI_INT64_T, all.data(), kRow, MPI_INT64_T,
-                               comm_, &request));
+  DDP_MPI_CHECK(MPI_Iallgather(mine.data(), kRow, MPI_INT64_T, all.data(), kRow, MPI_INT64_T, comm_,
+                               &request));
   wait(request);
   std::string message;
   {
@@ -93,7 +93,8 @@ std::string CollectiveCheck::mismatch(const std::vector<Row>& rows,
     one_communicator = one_communicator && rows[r][kRow - 1] == rows[0][kRow - 1];
   }
   auto call = [&](size_t r) {
-    return "rank " + std::to_string(r) + " called " + Collective::describe(fingerprint_of(rows[r])) +
+    return "rank " + std::to_string(r) + " called " +
+           Collective::describe(fingerprint_of(rows[r])) +
            (one_communicator ? "" : " on " + communicator(rows[r][kRow - 1], names));
   };
   for (size_t r = 1; r < rows.size(); ++r) {
@@ -109,7 +110,8 @@ std::string CollectiveCheck::mismatch(const std::vector<Row>& rows,
   }
   return "DDP_DEBUG=DETAIL: the ranks call collectives on different communicators of one process "
          "group (in another order, or one rank on one communicator while another waits on a "
-         "second): " + call(0) + " but " + others;
+         "second): " +
+         call(0) + " but " + others;
 }
 
 }  // namespace ddp::detail

@@ -77,8 +77,8 @@ class CollectiveCheck {
   int size_ = 1;
   std::mutex mutex_;
   std::condition_variable turn_changed_;
-  int64_t issued_ = 0;  // the last ticket taken
-  int64_t turn_ = 1;    // the ticket whose check may run
+  int64_t issued_ = 0;              // the last ticket taken
+  int64_t turn_ = 1;                // the ticket whose check may run
   std::vector<std::string> names_;  // of the members, in the order they joined
 };
 

@@ -43,7 +43,8 @@ SocketRingOptions ring_options(const CpuOptions& options, int rank, int size) {
 }  // namespace
 
 CpuOptions::Sockets parse_sockets(const std::string& name, const std::string& what) {
-  for (auto sockets : {CpuOptions::Sockets::Auto, CpuOptions::Sockets::Never, CpuOptions::Sockets::Always}) {
+  for (auto sockets :
+       {CpuOptions::Sockets::Auto, CpuOptions::Sockets::Never, CpuOptions::Sockets::Always}) {
     if (name == to_string(sockets)) return sockets;
   }
   throw std::invalid_argument(what + "='" + name + "': expected auto, never or always");
@@ -51,9 +52,12 @@ CpuOptions::Sockets parse_sockets(const std::string& name, const std::string& wh
 
 const char* to_string(CpuOptions::Sockets sockets) {
   switch (sockets) {
-    case CpuOptions::Sockets::Auto: return "auto";
-    case CpuOptions::Sockets::Never: return "never";
-    case CpuOptions::Sockets::Always: return "always";
+    case CpuOptions::Sockets::Auto:
+      return "auto";
+    case CpuOptions::Sockets::Never:
+      return "never";
+    case CpuOptions::Sockets::Always:
+      return "always";
   }
   return "?";
 }
@@ -102,8 +106,8 @@ std::unique_ptr<Work> SizeRoutedCommunicator::all_reduce_async(const torch::Tens
   return route(tensor).all_reduce_async(tensor, op);
 }
 
-void SizeRoutedCommunicator::reduce_scatter(const torch::Tensor& output,
-                                            const torch::Tensor& input, ReduceOp op) {
+void SizeRoutedCommunicator::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                                            ReduceOp op) {
   // Checked as MPI checks it, whichever path it takes (as all_reduce_async).
   (void)detail::Collective::reduce_scatter(detail::host_rules("MpiCommunicator::"), output, input,
                                            op, size());
@@ -112,8 +116,8 @@ void SizeRoutedCommunicator::reduce_scatter(const torch::Tensor& output,
 
 void SizeRoutedCommunicator::all_gather_into(const torch::Tensor& output,
                                              const torch::Tensor& input) {
-  (void)detail::Collective::all_gather_into(detail::host_rules("MpiCommunicator::"), output,
-                                            input, size());
+  (void)detail::Collective::all_gather_into(detail::host_rules("MpiCommunicator::"), output, input,
+                                            size());
   route(output).all_gather_into(output, input);
 }
 

@@ -98,7 +98,9 @@ class SizeRoutedCommunicator final : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
                                          ReduceOp op = ReduceOp::Sum) override;
-  void broadcast(const torch::Tensor& tensor, int root = 0) override { mpi_.broadcast(tensor, root); }
+  void broadcast(const torch::Tensor& tensor, int root = 0) override {
+    mpi_.broadcast(tensor, root);
+  }
   torch::Tensor all_gather(const torch::Tensor& tensor) override { return mpi_.all_gather(tensor); }
   // As all-reduces: on the ring when `input` (reduce_scatter) or `output` (all_gather_into) has
   // socket_bytes or more.

@@ -70,12 +70,12 @@ std::vector<int> host_of_each_rank(MPI_Comm comm, const std::vector<int>& host_s
   std::vector<int> hosts(static_cast<size_t>(size));
   if (!host_split.empty()) {
     const int total = std::accumulate(host_split.begin(), host_split.end(), 0);
-    const bool positive = std::all_of(host_split.begin(), host_split.end(), [](int n) { return n > 0; });
+    const bool positive =
+        std::all_of(host_split.begin(), host_split.end(), [](int n) { return n > 0; });
     if (!positive || total != size) {
-      throw std::invalid_argument(
-          "CpuOptions::host_split '" + join(host_split) +
-          "': expected ranks per host, each >= 1, adding up to the " + std::to_string(size) +
-          " ranks of the communicator");
+      throw std::invalid_argument("CpuOptions::host_split '" + join(host_split) +
+                                  "': expected ranks per host, each >= 1, adding up to the " +
+                                  std::to_string(size) + " ranks of the communicator");
     }
     int first = 0;
     for (int n : host_split) {
@@ -108,7 +108,7 @@ struct HierarchicalCommunicator::State {
   OwnedComm leaders;                    // one rank per host (MPI_COMM_NULL on the others)
   int host_size = 1, leaders_size = 1, hosts = 1;
   bool leader = false;
-  bool ring_wanted = false;             // the leaders' large all-reduces take the TCP ring
+  bool ring_wanted = false;  // the leaders' large all-reduces take the TCP ring
   std::size_t socket_bytes = 0, blocking_bytes = 0, max_message_bytes = 0;
   std::string interfaces;
   std::unique_ptr<detail::RingSockets> ring;  // the leaders' ring, connected by its first call
@@ -136,8 +136,9 @@ struct HierarchicalCommunicator::State {
       }
     }
     if (ring_broken) {
-      throw std::runtime_error("hierarchical all-reduce: an earlier all-reduce of the host "
-                               "leaders' TCP ring failed half way, so the ring is out of step");
+      throw std::runtime_error(
+          "hierarchical all-reduce: an earlier all-reduce of the host "
+          "leaders' TCP ring failed half way, so the ring is out of step");
     }
     ring_broken = true;  // until it completes
     ring->set_call("all_reduce");
@@ -176,9 +177,15 @@ struct HierarchicalCommunicator::State {
       transfer(in, r, /*send=*/false);
       switch (op) {
         case ReduceOp::Sum:
-        case ReduceOp::Avg: out.add_(in); break;  // 16-bit floats: in float, rounded per element
-        case ReduceOp::Min: torch::minimum_out(out, out, in); break;
-        case ReduceOp::Max: torch::maximum_out(out, out, in); break;
+        case ReduceOp::Avg:
+          out.add_(in);
+          break;  // 16-bit floats: in float, rounded per element
+        case ReduceOp::Min:
+          torch::minimum_out(out, out, in);
+          break;
+        case ReduceOp::Max:
+          torch::maximum_out(out, out, in);
+          break;
       }
     }
   }
@@ -206,7 +213,8 @@ struct HierarchicalCommunicator::State {
             return;
           }
           MPI_Request request;
-          DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm, &request));
+          DDP_MPI_CHECK(
+              MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm, &request));
           worker->wait(request);
         });
       }
@@ -230,7 +238,8 @@ HierarchicalCommunicator::HierarchicalCommunicator(MPI_Comm comm, CpuOptions opt
   state->worker = flat_.worker().get();
   state->leader = my_host == rank;  // a host is named by its lowest rank, its leader
   DDP_MPI_CHECK(MPI_Comm_split(comm, my_host, rank, &state->host.comm));
-  DDP_MPI_CHECK(MPI_Comm_split(comm, state->leader ? 0 : MPI_UNDEFINED, rank, &state->leaders.comm));
+  DDP_MPI_CHECK(
+      MPI_Comm_split(comm, state->leader ? 0 : MPI_UNDEFINED, rank, &state->leaders.comm));
   state->host_size = comm_size(state->host.comm);
   const std::vector<int> counts = ranks_per_host(hosts);
   state->hosts = static_cast<int>(counts.size());
@@ -251,10 +260,11 @@ HierarchicalCommunicator::HierarchicalCommunicator(MPI_Comm comm, CpuOptions opt
   // Once per process: what the CPU all-reduces now do.
   static std::atomic<bool> told{false};
   if (rank == 0 && !told.exchange(true)) {
-    const std::string note =
-        state_->hosts == 1 ? " (forced: with one host that is a reduce and a broadcast on it)"
-        : static_cast<int>(hosts.size()) == state_->hosts ? " (forced: with one rank per host that is the flat all-reduce)"
-        : "";
+    const std::string note = state_->hosts == 1
+                                 ? " (forced: with one host that is a reduce and a broadcast on it)"
+                             : static_cast<int>(hosts.size()) == state_->hosts
+                                 ? " (forced: with one rank per host that is the flat all-reduce)"
+                                 : "";
     std::fprintf(stderr,
                  "ddp: hierarchical all-reduce: %d host(s), ranks per host %s: reduce on each "
                  "host, all-reduce among the leaders over %s, broadcast on each host%s "

@@ -86,13 +86,17 @@ class HierarchicalCommunicator final : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
                                          ReduceOp op = ReduceOp::Sum) override;
-  void broadcast(const torch::Tensor& tensor, int root = 0) override { flat_.broadcast(tensor, root); }
-  torch::Tensor all_gather(const torch::Tensor& tensor) override { return flat_.all_gather(tensor); }
+  void broadcast(const torch::Tensor& tensor, int root = 0) override {
+    flat_.broadcast(tensor, root);
+  }
+  torch::Tensor all_gather(const torch::Tensor& tensor) override {
+    return flat_.all_gather(tensor);
+  }
   void barrier() override { flat_.barrier(); }
 
-  int hosts() const;             // the number of hosts (leaders)
-  bool leader() const;           // whether this rank is its host's leader
-  bool leaders_use_ring() const; // whether the leaders' large all-reduces take the TCP ring
+  int hosts() const;              // the number of hosts (leaders)
+  bool leader() const;            // whether this rank is its host's leader
+  bool leaders_use_ring() const;  // whether the leaders' large all-reduces take the TCP ring
 
   struct State;  // the host's and the leaders' communicators, the ring (worker thread only)
 

@@ -102,8 +102,8 @@ void Inquiry::answer_locked() {
   for (;;) {
     int asked = 0;
     MPI_Status status;
-    if (question_ == MPI_REQUEST_NULL ||
-        MPI_Test(&question_, &asked, &status) != MPI_SUCCESS || !asked) {
+    if (question_ == MPI_REQUEST_NULL || MPI_Test(&question_, &asked, &status) != MPI_SUCCESS ||
+        !asked) {
       return;
     }
     auto answer = std::make_unique<Answer>();

@@ -36,8 +36,8 @@ namespace ddp::detail {
 
 // A worker's call as another rank reports it.
 struct CallReport {
-  int member = 0;  // the worker's number in the Inquiry (1 for the first joined)
-  int64_t seq = 0;            // the last collective it entered (0: none yet)
+  int member = 0;   // the worker's number in the Inquiry (1 for the first joined)
+  int64_t seq = 0;  // the last collective it entered (0: none yet)
   bool in_collective = false;
   Collective::Fingerprint fingerprint{};  // of `seq` (Collective::describe(fingerprint))
 };
@@ -101,8 +101,8 @@ class Inquiry {
   };
   std::vector<Member> members_;
 
-  std::mutex ask_mutex_;      // one ask at a time: each takes the answers to its own question
-  int64_t questions_ = 0;     // under ask_mutex_: the number of the latest question
+  std::mutex ask_mutex_;   // one ask at a time: each takes the answers to its own question
+  int64_t questions_ = 0;  // under ask_mutex_: the number of the latest question
 
   // Under answer_mutex_: the posted receive for questions and the answers being sent.
   std::mutex answer_mutex_;

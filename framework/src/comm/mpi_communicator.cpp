@@ -85,7 +85,8 @@ void MpiCommunicator::all_gather_into(const torch::Tensor& output, const torch::
   gather(Collective::all_gather_into(rules_, output, input, size()), output, input);
 }
 
-void MpiCommunicator::gather(Collective call, const torch::Tensor& output, const torch::Tensor& input) {
+void MpiCommunicator::gather(Collective call, const torch::Tensor& output,
+                             const torch::Tensor& input) {
   if (input.numel() > INT_MAX) {
     throw std::invalid_argument("MpiCommunicator::" + std::string(detail::kind_name(call.kind)) +
                                 ": more than INT_MAX elements per rank");
@@ -107,7 +108,8 @@ void MpiCommunicator::reduce_scatter(const torch::Tensor& output, const torch::T
                                      ReduceOp op) {
   Collective call = Collective::reduce_scatter(rules_, output, input, op, size());
   if (output.numel() > INT_MAX) {
-    throw std::invalid_argument("MpiCommunicator::reduce_scatter: more than INT_MAX elements per rank");
+    throw std::invalid_argument(
+        "MpiCommunicator::reduce_scatter: more than INT_MAX elements per rank");
   }
   const torch::Tensor in = input.to(torch::kCPU), out = detail::on_host(output);
   const MPI_Datatype type = detail::mpi_type(in.scalar_type());
@@ -127,11 +129,14 @@ void MpiCommunicator::reduce_scatter(const torch::Tensor& output, const torch::T
 
 void MpiCommunicator::barrier() {
   detail::MpiWorker* worker = worker_.get();
-  worker_->submit(Collective::barrier(), [worker] {
-    MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ibarrier(worker->comm(), &request));
-    worker->wait(request);
-  })->wait();
+  worker_
+      ->submit(Collective::barrier(),
+               [worker] {
+                 MPI_Request request;
+                 DDP_MPI_CHECK(MPI_Ibarrier(worker->comm(), &request));
+                 worker->wait(request);
+               })
+      ->wait();
 }
 
 }  // namespace ddp

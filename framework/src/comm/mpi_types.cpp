@@ -16,7 +16,8 @@ template <typename T>
 void sum_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
   const T* a = static_cast<const T*>(in);
   T* b = static_cast<T*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+  for (int i = 0; i < *len; ++i)
+    b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 
 MPI_Op sum_op_16bit(torch::ScalarType type) {
@@ -39,12 +40,18 @@ MPI_Op sum_op_16bit(torch::ScalarType type) {
 MPI_Datatype mpi_type(torch::ScalarType type) {
   switch (type) {
     case torch::kHalf:
-    case torch::kBFloat16: return MPI_UINT16_T;
-    case torch::kFloat: return MPI_FLOAT;
-    case torch::kDouble: return MPI_DOUBLE;
-    case torch::kInt: return MPI_INT32_T;
-    case torch::kLong: return MPI_INT64_T;
-    case torch::kByte: return MPI_UINT8_T;
+    case torch::kBFloat16:
+      return MPI_UINT16_T;
+    case torch::kFloat:
+      return MPI_FLOAT;
+    case torch::kDouble:
+      return MPI_DOUBLE;
+    case torch::kInt:
+      return MPI_INT32_T;
+    case torch::kLong:
+      return MPI_INT64_T;
+    case torch::kByte:
+      return MPI_UINT8_T;
     default:
       throw std::logic_error(std::string("ddp: no MPI datatype for ") + c10::toString(type) +
                              " (the host rules should have refused it)");
@@ -55,9 +62,12 @@ MPI_Op mpi_op(ReduceOp op, torch::ScalarType type) {
   if (type == torch::kHalf || type == torch::kBFloat16) return sum_op_16bit(type);
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return MPI_SUM;
-    case ReduceOp::Min: return MPI_MIN;
-    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Avg:
+      return MPI_SUM;
+    case ReduceOp::Min:
+      return MPI_MIN;
+    case ReduceOp::Max:
+      return MPI_MAX;
   }
   throw std::invalid_argument("MpiCommunicator: unknown ReduceOp");
 }

@@ -28,9 +28,10 @@ template <typename Fn>
 void for_each_chunk(const torch::Tensor& t, std::size_t max_bytes, Fn fn) {
   const int64_t n = t.numel();
   const int64_t element_size = static_cast<int64_t>(t.element_size());
-  const int64_t per_call = max_bytes == 0
-      ? INT_MAX
-      : std::clamp<int64_t>(static_cast<int64_t>(max_bytes) / element_size, 1, INT_MAX);
+  const int64_t per_call =
+      max_bytes == 0
+          ? INT_MAX
+          : std::clamp<int64_t>(static_cast<int64_t>(max_bytes) / element_size, 1, INT_MAX);
   char* base = static_cast<char*>(t.data_ptr());
   for (int64_t offset = 0; offset < n; offset += per_call) {
     const int count = static_cast<int>(std::min<int64_t>(per_call, n - offset));

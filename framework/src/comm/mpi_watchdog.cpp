@@ -29,7 +29,9 @@ std::string join(const std::vector<std::string>& parts) {
 
 MpiWatchdog::MpiWatchdog(WatchdogOptions options, std::function<WorkerState()> state,
                          std::shared_ptr<Inquiry> inquiry, int member)
-    : options_(std::move(options)), state_(std::move(state)), inquiry_(std::move(inquiry)),
+    : options_(std::move(options)),
+      state_(std::move(state)),
+      inquiry_(std::move(inquiry)),
       member_(member) {
   thread_ = std::thread([this] { loop(); });
 }
@@ -57,7 +59,8 @@ void MpiWatchdog::loop() {
       const double since_stop = seconds_since_stop_signal();
       const double in_it = std::chrono::duration<double>(now - state.entered).count();
       const auto grace = static_cast<double>(options_.stop_grace.count());
-      if (grace > 0 && since_stop > grace && since_stop < in_it) timed_out(state, /*after_stop=*/true);
+      if (grace > 0 && since_stop > grace && since_stop < in_it)
+        timed_out(state, /*after_stop=*/true);
     }
     lock.lock();
   }
@@ -108,11 +111,12 @@ void MpiWatchdog::timed_out(const WorkerState& state, bool after_stop) {
                         (never_arrived.empty() ? std::string("none") : join(never_arrived));
   if (!waiting.empty()) message += "; waiting in it too: rank(s) " + join(waiting);
   if (!elsewhere.empty()) {
-    message += ". The ranks call different collectives: " + join(elsewhere) + ". " +
-               mismatch_cause();
+    message +=
+        ". The ranks call different collectives: " + join(elsewhere) + ". " + mismatch_cause();
   } else if (never_arrived.empty()) {
-    message += " (every rank is in it: the transfer itself hangs, e.g. a rank stopped in the "
-               "middle of it, or the network)";
+    message +=
+        " (every rank is in it: the transfer itself hangs, e.g. a rank stopped in the "
+        "middle of it, or the network)";
   }
   message += ". Ending the job.";
   if (options_.on_fatal_error) options_.on_fatal_error(message);

@@ -25,9 +25,9 @@ constexpr auto kDeadlockAnswerWait = std::chrono::milliseconds(200);
 constexpr auto kDeadlockSettle = std::chrono::seconds(1);
 
 struct MpiTask {
-  Collective call;             // seq set by submit()
-  int64_t ticket = 0;          // its place in the debug mode's check, set by submit()
-  std::function<void()> run;   // made on the worker thread
+  Collective call;            // seq set by submit()
+  int64_t ticket = 0;         // its place in the debug mode's check, set by submit()
+  std::function<void()> run;  // made on the worker thread
   std::mutex mutex;
   std::condition_variable finished;
   bool done = false;
@@ -104,7 +104,8 @@ MpiWorker::MpiWorker(MPI_Comm comm, WorkerOptions options) : options_(std::move(
     throw std::runtime_error(
         "MpiCommunicator: MPI provides thread level " + std::to_string(level) +
         ", but the communicator makes its MPI calls on a worker thread of its own and needs "
-        "MPI_THREAD_MULTIPLE (" + std::to_string(MPI_THREAD_MULTIPLE) +
+        "MPI_THREAD_MULTIPLE (" +
+        std::to_string(MPI_THREAD_MULTIPLE) +
         "): initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) (ddp::Runtime does), with an "
         "MPI built with thread support");
   }
@@ -123,8 +124,8 @@ MpiWorker::MpiWorker(MPI_Comm comm, WorkerOptions options) : options_(std::move(
   }
   inquiry_ = options_.inquiry ? options_.inquiry : std::make_shared<Inquiry>(comm_);
   inquiry_member_ = inquiry_->join(options_.name, [this] { return report(); });
-  watchdog_ = std::make_unique<MpiWatchdog>(options_, [this] { return state(); }, inquiry_,
-                                            inquiry_member_);
+  watchdog_ = std::make_unique<MpiWatchdog>(
+      options_, [this] { return state(); }, inquiry_, inquiry_member_);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -242,15 +243,16 @@ bool MpiWorker::check_deadlock(MPI_Request& request) const {
   std::string others;
   for (int r = 0; r < static_cast<int>(second.size()); ++r) {
     if (r == rank_) continue;
-    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
-              " is in " + describe_calls(*inquiry_, second[r]);
+    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " is in " +
+              describe_calls(*inquiry_, second[r]);
   }
   throw CollectivesDiffer(
       "rank " + std::to_string(rank_) + ": " + now.call->describe() + " on " +
-      inquiry_->name(inquiry_member_) + " cannot finish: the ranks call different collectives, "
+      inquiry_->name(inquiry_member_) +
+      " cannot finish: the ranks call different collectives, "
       "and none has moved on for " +
-      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - now.entered)
-                         .count()) +
+      std::to_string(
+          std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - now.entered).count()) +
       " s: " + others + ". " + mismatch_cause());
 }
 

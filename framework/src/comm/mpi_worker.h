@@ -151,7 +151,7 @@ class MpiWorker {
   std::shared_ptr<CollectiveCheck> check_;  // the debug mode's, null without it
   int member_ = 0;                          // this worker's number in check_
   std::shared_ptr<Inquiry> inquiry_;
-  int inquiry_member_ = 0;                  // this worker's number in inquiry_
+  int inquiry_member_ = 0;  // this worker's number in inquiry_
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
@@ -159,7 +159,7 @@ class MpiWorker {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<MpiTask>> queue_;  // submitted, not yet started; oldest first
-  int64_t submitted_ = 0;  // sequence number of the last collective submitted
+  int64_t submitted_ = 0;                       // sequence number of the last collective submitted
   bool stopping_ = false;
 
   mutable std::mutex state_mutex_;

@@ -26,14 +26,22 @@ constexpr auto kWatchdogPoll = std::chrono::milliseconds(100);
 
 ncclDataType_t nccl_type(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat: return ncclFloat32;
-    case torch::kDouble: return ncclFloat64;
-    case torch::kHalf: return ncclFloat16;
-    case torch::kBFloat16: return ncclBfloat16;
-    case torch::kInt: return ncclInt32;
-    case torch::kLong: return ncclInt64;
-    case torch::kByte: return ncclUint8;
-    case torch::kChar: return ncclInt8;
+    case torch::kFloat:
+      return ncclFloat32;
+    case torch::kDouble:
+      return ncclFloat64;
+    case torch::kHalf:
+      return ncclFloat16;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    case torch::kInt:
+      return ncclInt32;
+    case torch::kLong:
+      return ncclInt64;
+    case torch::kByte:
+      return ncclUint8;
+    case torch::kChar:
+      return ncclInt8;
     default:
       throw std::logic_error(std::string("ddp: no NCCL datatype for ") + c10::toString(type) +
                              " (NCCL's rules should have refused it)");
@@ -42,10 +50,14 @@ ncclDataType_t nccl_type(torch::ScalarType type) {
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Avg: return ncclAvg;  // floating point only: the rules checked it
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Min:
+      return ncclMin;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Avg:
+      return ncclAvg;  // floating point only: the rules checked it
   }
   throw std::invalid_argument("NcclCommunicator::all_reduce: unknown ReduceOp");
 }
@@ -81,8 +93,8 @@ void NcclCommunicator::StreamDeleter::operator()(cudaStream_t stream) const {
   cudaStreamDestroy(stream);
 }
 
-NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int rank, int size,
-                                   torch::Device device, NcclOptions options)
+NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int rank, int size, torch::Device device,
+                                   NcclOptions options)
     : device_(device), rank_(rank), size_(size), options_(std::move(options)) {
   rules_.prefix = "NcclCommunicator::";
   rules_.dtypes = {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16,
@@ -163,30 +175,27 @@ std::shared_ptr<NcclCommunicator::Pending> NcclCommunicator::enqueue(
   return pending;
 }
 
-std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const torch::Tensor& tensor,
-                                                         ReduceOp op) {
+std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const torch::Tensor& tensor, ReduceOp op) {
   detail::Collective call = detail::Collective::all_reduce(rules_, tensor, op);
   const ncclDataType_t type = nccl_type(tensor.scalar_type());
   const ncclRedOp_t nccl_reduce = nccl_op(op);
   void* data = tensor.data_ptr();
-  const auto pending =
-      enqueue(std::move(call), {tensor}, [&](cudaStream_t stream) {
-        return ncclAllReduce(data, data, tensor.numel(), type, nccl_reduce, comm_, stream);
-      });
+  const auto pending = enqueue(std::move(call), {tensor}, [&](cudaStream_t stream) {
+    return ncclAllReduce(data, data, tensor.numel(), type, nccl_reduce, comm_, stream);
+  });
   // The Work keeps the Pending alive (the watchdog drops its own reference once the collective
   // is done) but needs only its event.
-  return std::make_unique<NcclWork>(
-      std::shared_ptr<at::cuda::CUDAEvent>(pending, &pending->done), device_.index());
+  return std::make_unique<NcclWork>(std::shared_ptr<at::cuda::CUDAEvent>(pending, &pending->done),
+                                    device_.index());
 }
 
 void NcclCommunicator::broadcast(const torch::Tensor& tensor, int root) {
   detail::Collective call = detail::Collective::broadcast(rules_, tensor, root, size_);
   const ncclDataType_t type = nccl_type(tensor.scalar_type());
   void* data = tensor.data_ptr();
-  const auto pending =
-      enqueue(std::move(call), {tensor}, [&](cudaStream_t stream) {
-        return ncclBroadcast(data, data, tensor.numel(), type, root, comm_, stream);
-      });
+  const auto pending = enqueue(std::move(call), {tensor}, [&](cudaStream_t stream) {
+    return ncclBroadcast(data, data, tensor.numel(), type, root, comm_, stream);
+  });
   pending->done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
 }
 
@@ -196,11 +205,10 @@ torch::Tensor NcclCommunicator::all_gather(const torch::Tensor& tensor) {
   std::vector<int64_t> shape{size_};
   shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
   torch::Tensor gathered = torch::empty(shape, tensor.options());
-  const auto pending =
-      enqueue(std::move(call), {tensor, gathered}, [&](cudaStream_t stream) {
-        return ncclAllGather(tensor.data_ptr(), gathered.data_ptr(), tensor.numel(), type, comm_,
-                             stream);
-      });
+  const auto pending = enqueue(std::move(call), {tensor, gathered}, [&](cudaStream_t stream) {
+    return ncclAllGather(tensor.data_ptr(), gathered.data_ptr(), tensor.numel(), type, comm_,
+                         stream);
+  });
   pending->done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
   return gathered;
 }
@@ -211,8 +219,8 @@ void NcclCommunicator::reduce_scatter(const torch::Tensor& output, const torch::
   const ncclDataType_t type = nccl_type(input.scalar_type());
   const ncclRedOp_t nccl_reduce = nccl_op(op);
   const auto pending = enqueue(std::move(call), {input, output}, [&](cudaStream_t stream) {
-    return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
-                             nccl_reduce, comm_, stream);
+    return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type, nccl_reduce,
+                             comm_, stream);
   });
   pending->done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
 }

@@ -98,7 +98,8 @@ class NcclCommunicator final : public Communicator {
   };
 
   // Numbers `call` and queues it on the NCCL stream.
-  std::shared_ptr<Pending> enqueue(detail::Collective call, const std::vector<torch::Tensor>& tensors,
+  std::shared_ptr<Pending> enqueue(detail::Collective call,
+                                   const std::vector<torch::Tensor>& tensors,
                                    const std::function<ncclResult_t(cudaStream_t)>& launch);
   void watch();
   [[noreturn]] void fail(const std::string& why);

@@ -77,7 +77,8 @@ in_addr pick_address(const std::string& interfaces, bool single_host, int rank) 
   freeifaddrs(list);
 
   std::string seen;
-  for (const Interface& i : found) seen += (seen.empty() ? "" : ", ") + i.name + " " + ip_text(i.address);
+  for (const Interface& i : found)
+    seen += (seen.empty() ? "" : ", ") + i.name + " " + ip_text(i.address);
   if (!interfaces.empty()) {
     std::stringstream names(interfaces);
     std::string wanted;
@@ -88,15 +89,16 @@ in_addr pick_address(const std::string& interfaces, bool single_host, int rank) 
     }
     throw std::runtime_error("rank " + std::to_string(rank) + ": DDP_SOCKET_IFNAME='" + interfaces +
                              "' (CpuOptions::socket_interfaces): no such interface up with an "
-                             "IPv4 address on this host (it has: " + seen + ")");
+                             "IPv4 address on this host (it has: " +
+                             seen + ")");
   }
   for (const Interface& i : found) {
     if (!i.loopback && !container_bridge(i.name)) return i.address;
   }
   throw std::runtime_error("rank " + std::to_string(rank) +
                            ": socket ring: no network interface up with an IPv4 address other "
-                           "than loopback (this host has: " + seen +
-                           "); name one in DDP_SOCKET_IFNAME, or set DDP_MPI_SOCKETS=never");
+                           "than loopback (this host has: " +
+                           seen + "); name one in DDP_SOCKET_IFNAME, or set DDP_MPI_SOCKETS=never");
 }
 
 void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
@@ -109,7 +111,8 @@ void set_nodelay(int fd) {
 // Waits for `events` on `fd` until `deadline`; false when the deadline passed.
 bool wait_until(int fd, short events, Clock::time_point deadline) {
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd, events, 0};
     const int n = poll(&p, 1, static_cast<int>(left.count()));
@@ -202,7 +205,8 @@ RingSockets::RingSockets(MPI_Comm comm, const std::string& interfaces, bool sing
     if (all[2 * r + 1] == 0) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!silent.empty()) {
-    throw std::runtime_error(me + "rank(s) " + silent + " could not listen (their own errors say why)");
+    throw std::runtime_error(me + "rank(s) " + silent +
+                             " could not listen (their own errors say why)");
   }
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
 
@@ -216,7 +220,8 @@ RingSockets::RingSockets(MPI_Comm comm, const std::string& interfaces, bool sing
   peer.sin_addr.s_addr = static_cast<uint32_t>(all[2 * next]);
   peer.sin_port = htons(static_cast<uint16_t>(all[2 * next + 1]));
   set_nonblocking(next_fd);
-  if (connect(next_fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) != 0 && errno != EINPROGRESS) {
+  if (connect(next_fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) != 0 &&
+      errno != EINPROGRESS) {
     error = errno_text(errno);
   } else if (!wait_until(next_fd, POLLOUT, deadline)) {
     error = "no connection within " + std::to_string(kConnectTimeout.count()) + " s";
@@ -259,8 +264,8 @@ RingSockets::RingSockets(MPI_Comm comm, const std::string& interfaces, bool sing
 }
 
 void RingSockets::peer_failed(int peer, const std::string& what) const {
-  throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring " + call_ + ": " + what +
-                           " rank " + std::to_string(peer) + " (" + addresses_[peer] +
+  throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring " + call_ + ": " +
+                           what + " rank " + std::to_string(peer) + " (" + addresses_[peer] +
                            "): that rank has ended or lost the network");
 }
 
@@ -275,8 +280,8 @@ void RingSockets::exchange(const void* out, size_t send_bytes, void* in, size_t 
     // The thread sleeps here while the kernel moves the bytes (see the header).
     if (poll(p, 2, 1000) < 0) {
       if (errno == EINTR) continue;
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring: poll: " +
-                               errno_text(errno));
+      throw std::runtime_error("rank " + std::to_string(rank_) +
+                               ": socket ring: poll: " + errno_text(errno));
     }
     if (sent < send_bytes && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
       const ssize_t n = send(next_.get(), send_data + sent, send_bytes - sent, MSG_NOSIGNAL);

@@ -67,8 +67,8 @@ class RingSockets {
 
   int rank_ = 0;
   int size_ = 1;
-  Fd next_;  // connected to rank_ + 1: this rank sends on it
-  Fd prev_;  // accepted from rank_ - 1: this rank receives on it
+  Fd next_;                             // connected to rank_ + 1: this rank sends on it
+  Fd prev_;                             // accepted from rank_ - 1: this rank receives on it
   std::vector<std::string> addresses_;  // every rank's "a.b.c.d:port"
   std::string call_ = "all_reduce";
 };

@@ -12,8 +12,8 @@
 namespace ddp {
 
 using detail::Collective;
-using detail::RingSockets;
 using detail::ring_all_reduce;
+using detail::RingSockets;
 
 struct SocketRing::State {
   detail::MpiWorker* worker = nullptr;  // outlives the calls queued on it
@@ -35,8 +35,8 @@ struct SocketRing::State {
       if (on_connected) on_connected(sockets->address(sockets->rank()));
     }
     if (!broken_call.empty()) {
-      throw std::runtime_error("rank " + std::to_string(sockets->rank()) + ": socket ring " +
-                               name + ": an earlier " + broken_call +
+      throw std::runtime_error("rank " + std::to_string(sockets->rank()) + ": socket ring " + name +
+                               ": an earlier " + broken_call +
                                " failed half way, so the ring's connections are out of step");
     }
     broken_call = name;  // until it completes
@@ -81,9 +81,15 @@ void reduce_scatter_phase(RingSockets& ring, torch::Tensor& scratch, const Segme
     ring.exchange(out.data_ptr(), out.numel() * item, got.data_ptr(), got.numel() * item);
     switch (op) {
       case ReduceOp::Sum:
-      case ReduceOp::Avg: in.add_(got); break;
-      case ReduceOp::Min: torch::minimum_out(in, in, got); break;
-      case ReduceOp::Max: torch::maximum_out(in, in, got); break;
+      case ReduceOp::Avg:
+        in.add_(got);
+        break;
+      case ReduceOp::Min:
+        torch::minimum_out(in, in, got);
+        break;
+      case ReduceOp::Max:
+        torch::maximum_out(in, in, got);
+        break;
     }
   }
 }
@@ -124,7 +130,9 @@ void ring_broadcast(RingSockets& ring, const torch::Tensor& tensor, int root) {
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   const int64_t pieces = (bytes + kPiece - 1) / kPiece;
   char* data = static_cast<char*>(tensor.data_ptr());
-  auto length = [&](int64_t k) { return static_cast<size_t>(std::min(kPiece, bytes - k * kPiece)); };
+  auto length = [&](int64_t k) {
+    return static_cast<size_t>(std::min(kPiece, bytes - k * kPiece));
+  };
   for (int64_t k = 0; k <= pieces; ++k) {
     const int64_t out = rank == root ? k : k - 1;  // the piece sent now
     const int64_t in = rank == root ? -1 : k;      // the piece received now
@@ -155,8 +163,8 @@ bool SocketRing::connected() const { return state_->connected; }
 std::unique_ptr<Work> SocketRing::submit(Collective call, torch::Tensor target, torch::Tensor host,
                                          std::function<void(State&)> run) {
   return worker_->submit(
-      std::move(call), [state = state_, run = std::move(run)] { run(*state); },
-      std::move(target), std::move(host));
+      std::move(call), [state = state_, run = std::move(run)] { run(*state); }, std::move(target),
+      std::move(host));
 }
 
 std::unique_ptr<Work> SocketRing::all_reduce_async(const torch::Tensor& tensor, ReduceOp op) {
@@ -211,9 +219,8 @@ void SocketRing::reduce_scatter(const torch::Tensor& output, const torch::Tensor
   const torch::Tensor host = detail::on_host(output);
   const int rank = this->rank(), size = this->size();
   submit(std::move(call), output, host, [segment, host, op, rank, size](State& s) {
-    s.call("reduce_scatter", [&](RingSockets& ring) {
-      reduce_scatter_phase(ring, s.scratch, segment, op, 0);
-    });
+    s.call("reduce_scatter",
+           [&](RingSockets& ring) { reduce_scatter_phase(ring, s.scratch, segment, op, 0); });
     host.view({-1}).copy_(segment(rank));
     detail::finish_avg(host, op, size);
   })->wait();
@@ -224,7 +231,8 @@ void SocketRing::barrier() {
   // every rank has started.
   const torch::Tensor token = torch::zeros({size()}, torch::kByte);
   submit(Collective::barrier(), {}, {}, [token](State& s) {
-    s.call("barrier", [&](RingSockets& ring) { ring_all_reduce(ring, s.scratch, token, ReduceOp::Sum); });
+    s.call("barrier",
+           [&](RingSockets& ring) { ring_all_reduce(ring, s.scratch, token, ReduceOp::Sum); });
   })->wait();
 }
 

@@ -5,9 +5,10 @@
 //
 // Why it exists: Open MPI's TCP transport moves bytes only while a thread polls it inside an
 // MPI call, so its all-reduce crosses a link at the speed the polling thread gets a core, well
-// below what gloo's sockets reach with training on every core (docs/records/performance.md). Here the kernel moves the bytes while the thread sleeps in poll():
-// no core is spent waiting. It does not replace MPI where MPI has a faster transport than TCP
-// (shared memory on one host, InfiniBand): CpuOptions::sockets decides where it is used.
+// below what gloo's sockets reach with training on every core (docs/records/performance.md). Here
+// the kernel moves the bytes while the thread sleeps in poll(): no core is spent waiting. It does
+// not replace MPI where MPI has a faster transport than TCP (shared memory on one host,
+// InfiniBand): CpuOptions::sockets decides where it is used.
 //
 // The all-reduce is the ring of reduce-scatter then all-gather (as gloo's and NCCL's): the
 // tensor is cut into size() segments by element; in size()-1 steps each rank sends one segment

@@ -10,10 +10,10 @@ DataLoaderSampler::DataLoaderSampler(const DistributedSampler& sampler) : sample
 
 void DataLoaderSampler::reset(std::optional<size_t> new_size) {
   if (new_size && static_cast<int64_t>(*new_size) != sampler_->dataset_size()) {
-    throw std::invalid_argument(
-        "DataLoaderSampler: the data loader's data set has " + std::to_string(*new_size) +
-        " examples but the DistributedSampler was built for " +
-        std::to_string(sampler_->dataset_size()));
+    throw std::invalid_argument("DataLoaderSampler: the data loader's data set has " +
+                                std::to_string(*new_size) +
+                                " examples but the DistributedSampler was built for " +
+                                std::to_string(sampler_->dataset_size()));
   }
   indices_ = sampler_->indices();
   epoch_ = sampler_->epoch();
@@ -44,7 +44,8 @@ void DataLoaderSampler::load(torch::serialize::InputArchive& archive) {
   const int64_t saved_epoch = epoch.item<int64_t>();
   if (saved_epoch != sampler_->epoch()) {
     throw std::invalid_argument("DataLoaderSampler::load: saved at epoch " +
-                                std::to_string(saved_epoch) + " but the DistributedSampler is at epoch " +
+                                std::to_string(saved_epoch) +
+                                " but the DistributedSampler is at epoch " +
                                 std::to_string(sampler_->epoch()) + " (call set_epoch first)");
   }
   reset();

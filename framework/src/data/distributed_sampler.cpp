@@ -11,7 +11,8 @@
 namespace ddp {
 
 std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed) {
-  if (n < 0) throw std::invalid_argument("torch_randperm: n must be >= 0, got " + std::to_string(n));
+  if (n < 0)
+    throw std::invalid_argument("torch_randperm: n must be >= 0, got " + std::to_string(n));
   // torch's CPU generator is a standard mt19937 seeded with the low 32 bits of the seed.
   std::mt19937 engine(static_cast<uint32_t>(seed));
   std::vector<int64_t> r(static_cast<size_t>(n));
@@ -61,15 +62,17 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
 
 int64_t DistributedSampler::shard_size(int64_t n) const {
   // PyTorch's sizes: drop the tail so every rank gets the same count, or pad up to it.
-  if (drop_last_ && n % num_replicas_ != 0) return (n - num_replicas_ + num_replicas_ - 1) / num_replicas_;
+  if (drop_last_ && n % num_replicas_ != 0)
+    return (n - num_replicas_ + num_replicas_ - 1) / num_replicas_;
   return (n + num_replicas_ - 1) / num_replicas_;
 }
 
 void DistributedSampler::set_epoch(int64_t epoch, int64_t start) {
   if (start != 0 && (start < 0 || start >= dataset_size_)) {
-    throw std::invalid_argument("DistributedSampler::set_epoch: start must be >= 0 and less than "
-                                "the data set's size " + std::to_string(dataset_size_) + " (got " +
-                                std::to_string(start) + ")");
+    throw std::invalid_argument(
+        "DistributedSampler::set_epoch: start must be >= 0 and less than "
+        "the data set's size " +
+        std::to_string(dataset_size_) + " (got " + std::to_string(start) + ")");
   }
   epoch_ = epoch;
   start_ = start;
@@ -98,14 +101,15 @@ std::vector<int64_t> DistributedSampler::indices() const {
   }
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(num_samples_));
-  for (int64_t i = rank_; i < total; i += num_replicas_) mine.push_back(order[static_cast<size_t>(i)]);
+  for (int64_t i = rank_; i < total; i += num_replicas_)
+    mine.push_back(order[static_cast<size_t>(i)]);
   return mine;
 }
 
 std::vector<int64_t> evaluation_shard(int64_t dataset_size, int64_t num_replicas, int64_t rank) {
   if (num_replicas < 1 || rank < 0 || rank >= num_replicas) {
-    throw std::invalid_argument("evaluation_shard: rank " + std::to_string(rank) +
-                                " outside [0, " + std::to_string(num_replicas) + ")");
+    throw std::invalid_argument("evaluation_shard: rank " + std::to_string(rank) + " outside [0, " +
+                                std::to_string(num_replicas) + ")");
   }
   std::vector<int64_t> mine;
   for (int64_t i = rank; i < dataset_size; i += num_replicas) mine.push_back(i);

@@ -64,9 +64,12 @@ GlobalStatistics global_statistics(const torch::Tensor& input, Communicator& com
   stats.count = static_cast<int64_t>(packed[2 * channels].item<double>());
   if (stats.count <= 1) {
     // Every rank sees the same count, so every rank throws: none is left in a collective.
-    throw std::invalid_argument(
-        module + " (synchronised): expected more than 1 value per channel over all ranks when training, got " +
-        std::to_string(stats.count) + " (rank " + std::to_string(comm.rank()) + " input " + c10::str(input.sizes()) + ")");
+    throw std::invalid_argument(module +
+                                " (synchronised): expected more than 1 value per channel over all "
+                                "ranks when training, got " +
+                                std::to_string(stats.count) + " (rank " +
+                                std::to_string(comm.rank()) + " input " + c10::str(input.sizes()) +
+                                ")");
   }
   const double n = static_cast<double>(stats.count);
   stats.mean = packed.slice(0, 0, channels) / n;
@@ -118,13 +121,14 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       // every mean over all ranks.
       const torch::Tensor dy_scale = invstd * weight.to(torch::kDouble);
       const torch::Tensor xmu_scale = -dy_scale * invstd * invstd * mean_dy_xmu;
-      grad_input = torch::addcmul(per_channel(-dy_scale * mean_dy, input), dy, per_channel(dy_scale, input))
-                       .addcmul_(xmu, per_channel(xmu_scale, input));
+      grad_input =
+          torch::addcmul(per_channel(-dy_scale * mean_dy, input), dy, per_channel(dy_scale, input))
+              .addcmul_(xmu, per_channel(xmu_scale, input));
     }
     if (ctx->needs_input_grad(1)) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
     if (ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.scalar_type());
-    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    return {grad_input,      grad_weight,     grad_bias,      torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -134,9 +138,12 @@ std::string module_name(int64_t d) { return "ddp::BatchNorm" + std::to_string(d)
 // The ranks of input torch::nn::BatchNormXd accepts, as words for errors.
 std::string expected_input(int64_t d) {
   switch (d) {
-    case 1: return "2D input [batch, channels] or 3D input [batch, channels, length]";
-    case 2: return "4D input [batch, channels, height, width]";
-    default: return "5D input [batch, channels, depth, height, width]";
+    case 1:
+      return "2D input [batch, channels] or 3D input [batch, channels, length]";
+    case 2:
+      return "4D input [batch, channels, height, width]";
+    default:
+      return "5D input [batch, channels, depth, height, width]";
   }
 }
 
@@ -163,7 +170,8 @@ void BatchNormImpl<D>::reset() {
   if (options.track_running_stats()) {
     running_mean = this->register_buffer("running_mean", torch::zeros({c}));
     running_var = this->register_buffer("running_var", torch::ones({c}));
-    num_batches_tracked = this->register_buffer("num_batches_tracked", torch::tensor(0, torch::kLong));
+    num_batches_tracked =
+        this->register_buffer("num_batches_tracked", torch::tensor(0, torch::kLong));
   } else {
     running_mean = this->register_buffer("running_mean", torch::Tensor());
     running_var = this->register_buffer("running_var", torch::Tensor());
@@ -173,14 +181,15 @@ void BatchNormImpl<D>::reset() {
 
 template <int64_t D>
 void BatchNormImpl<D>::pretty_print(std::ostream& stream) const {
-  stream << std::boolalpha << this->name() << "(" << options.num_features() << ", eps=" << options.eps()
-         << ", momentum=";
+  stream << std::boolalpha << this->name() << "(" << options.num_features()
+         << ", eps=" << options.eps() << ", momentum=";
   if (options.momentum()) {
     stream << *options.momentum();
   } else {
     stream << "None";
   }
-  stream << ", affine=" << options.affine() << ", track_running_stats=" << options.track_running_stats()
+  stream << ", affine=" << options.affine()
+         << ", track_running_stats=" << options.track_running_stats()
          << ", synchronised=" << synchronised() << ")";
 }
 
@@ -192,8 +201,9 @@ void BatchNormImpl<D>::check_input(const torch::Tensor& input) const {
                                 std::to_string(input.dim()) + "D input " + c10::str(input.sizes()));
   }
   if (input.size(1) != options.num_features()) {
-    throw std::invalid_argument(this->name() + ": expected " + std::to_string(options.num_features()) +
-                                " channels (num_features) in dimension 1, got input " + c10::str(input.sizes()));
+    throw std::invalid_argument(
+        this->name() + ": expected " + std::to_string(options.num_features()) +
+        " channels (num_features) in dimension 1, got input " + c10::str(input.sizes()));
   }
 }
 
@@ -244,8 +254,10 @@ torch::Tensor BatchNormImpl<D>::forward_synchronised(const torch::Tensor& input)
   const torch::Tensor invstd = (stats.var + options.eps()).rsqrt();
   // Custom autograd functions reject undefined inputs: without affine parameters, the
   // identity ones (which need no gradient) stand in.
-  const torch::Tensor w = weight.defined() ? weight : torch::ones({options.num_features()}, input.options());
-  const torch::Tensor b = bias.defined() ? bias : torch::zeros({options.num_features()}, input.options());
+  const torch::Tensor w =
+      weight.defined() ? weight : torch::ones({options.num_features()}, input.options());
+  const torch::Tensor b =
+      bias.defined() ? bias : torch::zeros({options.num_features()}, input.options());
   return SyncBatchNormFunction::apply(input, w, b, stats.mean, invstd, stats.count, sync_comm_);
 }
 
@@ -287,20 +299,24 @@ int convert_sync_batchnorm(torch::nn::Module& module, std::shared_ptr<Communicat
   for (const auto& [name, m] : all) {
     const std::string replacement = torch_batch_norm(*m);
     if (!replacement.empty()) {
-      refused += (refused.empty() ? "" : ", ") + (name.empty() ? "the root module" : name) + " (" + replacement + ")";
+      refused += (refused.empty() ? "" : ", ") + (name.empty() ? "the root module" : name) + " (" +
+                 replacement + ")";
     }
   }
   if (!refused.empty()) {
     throw std::invalid_argument(
-        "convert_sync_batchnorm: torch::nn batch norm layers cannot be synchronised in place: " + refused +
-        "; build the model with the ddp layers named (<ddp/sync_batch_norm.h>: same options, parameters "
+        "convert_sync_batchnorm: torch::nn batch norm layers cannot be synchronised in place: " +
+        refused +
+        "; build the model with the ddp layers named (<ddp/sync_batch_norm.h>: same options, "
+        "parameters "
         "and buffers)");
   }
   // A module registered in two places is one layer.
   std::unordered_set<const torch::nn::Module*> converted;
   for (const auto& entry : all) {
     torch::nn::Module& m = *entry.second;
-    if (synchronise<1>(m, comm) || synchronise<2>(m, comm) || synchronise<3>(m, comm)) converted.insert(&m);
+    if (synchronise<1>(m, comm) || synchronise<2>(m, comm) || synchronise<3>(m, comm))
+      converted.insert(&m);
   }
   return static_cast<int>(converted.size());
 }

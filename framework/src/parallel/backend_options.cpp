@@ -29,19 +29,26 @@ CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::sec
   const Runtime* owner = &runtime;
   mpi.on_fatal_error = [owner](const std::string& message) { owner->abort(message); };
   if (const auto us = read_number(env, Setting::MpiSpin)) mpi.spin = std::chrono::microseconds(*us);
-  if (const auto us = read_number(env, Setting::MpiMaxSleep)) mpi.max_sleep = std::chrono::microseconds(*us);
-  if (const auto kib = read_number(env, Setting::MpiBlocking)) mpi.blocking_bytes = std::size_t(*kib) << 10;
-  if (const auto kib = read_number(env, Setting::MpiMessage)) mpi.max_message_bytes = std::size_t(*kib) << 10;
-  if (const auto mode = read_text(env, Setting::Sockets)) options.sockets = parse_sockets(*mode, setting_info(Setting::Sockets).name);
-  if (const auto kib = read_number(env, Setting::SocketThreshold)) options.socket_bytes = std::size_t(*kib) << 10;
-  if (const auto names = read_text(env, Setting::SocketInterfaces)) options.socket_interfaces = *names;
+  if (const auto us = read_number(env, Setting::MpiMaxSleep))
+    mpi.max_sleep = std::chrono::microseconds(*us);
+  if (const auto kib = read_number(env, Setting::MpiBlocking))
+    mpi.blocking_bytes = std::size_t(*kib) << 10;
+  if (const auto kib = read_number(env, Setting::MpiMessage))
+    mpi.max_message_bytes = std::size_t(*kib) << 10;
+  if (const auto mode = read_text(env, Setting::Sockets))
+    options.sockets = parse_sockets(*mode, setting_info(Setting::Sockets).name);
+  if (const auto kib = read_number(env, Setting::SocketThreshold))
+    options.socket_bytes = std::size_t(*kib) << 10;
+  if (const auto names = read_text(env, Setting::SocketInterfaces))
+    options.socket_interfaces = *names;
   options.host_split = testing::hooks().host_split;
   return options;
 }
 
-std::unique_ptr<Communicator> make_cpu_communicator(
-    const Runtime& runtime, const ProcessGroupOptions& group,
-    detail::GroupChecks& shared, const std::string& name) {
+std::unique_ptr<Communicator> make_cpu_communicator(const Runtime& runtime,
+                                                    const ProcessGroupOptions& group,
+                                                    detail::GroupChecks& shared,
+                                                    const std::string& name) {
   CpuOptions options = cpu_options_from_environment(runtime, group.timeout);
   options.hierarchical = group.hierarchical;
   options.mpi.name = name;

@@ -3,8 +3,7 @@
 namespace ddp {
 
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParameterSize>& params,
-                                                const std::vector<size_t>& order,
-                                                BucketCaps caps) {
+                                                const std::vector<size_t>& order, BucketCaps caps) {
   std::vector<std::vector<size_t>> buckets;
   std::vector<size_t> current;
   double current_bytes = 0;

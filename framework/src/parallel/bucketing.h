@@ -30,7 +30,6 @@ struct ParameterSize {
 // gradients after it would hold its all-reduce back until they exist (the seed CNN's fc1.weight
 // would wait for every convolution). Returns the buckets, each in `order`'s order.
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParameterSize>& params,
-                                                const std::vector<size_t>& order,
-                                                BucketCaps caps);
+                                                const std::vector<size_t>& order, BucketCaps caps);
 
 }  // namespace ddp

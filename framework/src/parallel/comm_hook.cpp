@@ -34,7 +34,9 @@ std::optional<Work::Span> BucketFuture::host_span() const {
 }
 
 CommHook::CommHook(Function function, std::shared_ptr<CommHookState> state, std::string description)
-    : function_(std::move(function)), state_(std::move(state)), description_(std::move(description)) {}
+    : function_(std::move(function)),
+      state_(std::move(state)),
+      description_(std::move(description)) {}
 
 CommHook allreduce_hook() {
   return CommHook(

@@ -13,9 +13,12 @@ Backend parse_backend(const std::string& name) {
 
 const char* backend_name(Backend backend) {
   switch (backend) {
-    case Backend::Auto: return "auto";
-    case Backend::Mpi: return "mpi";
-    case Backend::Nccl: return "nccl";
+    case Backend::Auto:
+      return "auto";
+    case Backend::Mpi:
+      return "mpi";
+    case Backend::Nccl:
+      return "nccl";
   }
   return "?";
 }
@@ -41,8 +44,7 @@ Backend resolve_backend(Backend requested, c10::Device params_device, c10::Devic
   }
   if (params_device != rank_device) {
     throw std::invalid_argument(option + "the parameters are on " + params_device.str() +
-                                " and this rank's NCCL communicator works on " +
-                                rank_device.str() +
+                                " and this rank's NCCL communicator works on " + rank_device.str() +
                                 " (Runtime::device()): move the model to runtime.device()");
   }
   return Backend::Nccl;

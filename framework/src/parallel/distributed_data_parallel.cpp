@@ -121,15 +121,17 @@ namespace {
 // dotted names ("fc1.weight" is parameter "weight" of child "fc1"): gradient hooks attach to the
 // tensors, so backward through the script's own forward reaches the Reducer.
 std::shared_ptr<torch::nn::Module> module_of(const torch::jit::Module& script) {
-  auto root = std::make_shared<torch::nn::Module>(script.type()->name() ? script.type()->name()->name() : "ScriptModule");
+  auto root = std::make_shared<torch::nn::Module>(
+      script.type()->name() ? script.type()->name()->name() : "ScriptModule");
   auto place = [&](const std::string& dotted) {
     torch::nn::Module* at = root.get();
     size_t start = 0;
     for (size_t dot; (dot = dotted.find('.', start)) != std::string::npos; start = dot + 1) {
       const std::string child = dotted.substr(start, dot - start);
       auto children = at->named_children();
-      at = children.contains(child) ? children[child].get()
-                                    : at->register_module(child, std::make_shared<torch::nn::Module>(child)).get();
+      at = children.contains(child)
+               ? children[child].get()
+               : at->register_module(child, std::make_shared<torch::nn::Module>(child)).get();
     }
     return std::make_pair(at, dotted.substr(start));
   };
@@ -146,7 +148,8 @@ std::shared_ptr<torch::nn::Module> module_of(const torch::jit::Module& script) {
 
 }  // namespace
 
-DistributedDataParallel::DistributedDataParallel(ProcessGroup& group, const torch::jit::Module& script,
+DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
+                                                 const torch::jit::Module& script,
                                                  DDPOptions options)
     : DistributedDataParallel(group, module_of(script), options, torch::nn::AnyModule()) {}
 
@@ -187,8 +190,8 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     names.push_back(p.key());
     params.push_back(p.value());
   }
-  reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params),
-                                       std::move(names), options_);
+  reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params), std::move(names),
+                                       options_);
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
@@ -214,7 +217,8 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
   if (!hook) throw std::invalid_argument(what + "the hook is empty");
   if (const torch::optim::Optimizer* optimizer = hook.steps_optimizer()) {
     if (options_.find_unused_parameters) {
-      throw std::invalid_argument(what + "a hook that steps the optimizer, not with "
+      throw std::invalid_argument(what +
+                                  "a hook that steps the optimizer, not with "
                                   "DDPOptions::find_unused_parameters (a parameter no rank used "
                                   "keeps its gradient, known only after the last bucket)");
     }
@@ -224,8 +228,11 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
     for (size_t g = 0; g < groups.size(); ++g) {
       for (size_t k = 0; k < groups[g].params().size(); ++k) {
         if (!mine.count(groups[g].params()[k].unsafeGetTensorImpl())) {
-          throw std::invalid_argument(what + "parameter " + std::to_string(k) + " of the "
-                                      "optimizer's param group " + std::to_string(g) + " is not a "
+          throw std::invalid_argument(what + "parameter " + std::to_string(k) +
+                                      " of the "
+                                      "optimizer's param group " +
+                                      std::to_string(g) +
+                                      " is not a "
                                       "parameter of the wrapped module, and no bucket would ever "
                                       "step it");
         }
@@ -263,14 +270,15 @@ std::string DistributedDataParallel::load_state(torch::serialize::InputArchive& 
   archive.read("comm_hook", saved_hook);
   archive.read("bucket_order", order);
   if (!saved_hook.isString() || order.scalar_type() != torch::kLong || order.dim() != 1) {
-    throw std::runtime_error("DistributedDataParallel::load_state: not a saved state of a "
-                             "DistributedDataParallel");
+    throw std::runtime_error(
+        "DistributedDataParallel::load_state: not a saved state of a "
+        "DistributedDataParallel");
   }
   if (!reducer_) return "";  // one rank: nothing is bucketed or reduced
   order = order.contiguous();
   if (order.numel() > 0) {
-    reducer_->restore_order(std::vector<size_t>(order.data_ptr<int64_t>(),
-                                                order.data_ptr<int64_t>() + order.numel()));
+    reducer_->restore_order(
+        std::vector<size_t>(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + order.numel()));
   }
   torch::serialize::InputArchive hook_archive;
   const bool saved_state = archive.try_read("comm_hook_state", hook_archive);
@@ -284,11 +292,13 @@ std::string DistributedDataParallel::load_state(torch::serialize::InputArchive& 
                  : "";
   }
   if (!saved_state) {
-    return "the comm hook " + now + " starts with a fresh state: the snapshot holds none (written "
+    return "the comm hook " + now +
+           " starts with a fresh state: the snapshot holds none (written "
            "by an older ddp)";
   }
   if (!same_rank) {
-    return "the comm hook " + now + " starts with a fresh state: its state is per rank (error "
+    return "the comm hook " + now +
+           " starts with a fresh state: its state is per rank (error "
            "feedback), and the snapshot was written by another number of ranks";
   }
   state->load(hook_archive);
@@ -305,7 +315,9 @@ void DistributedDataParallel::before_forward() {
         "DistributedDataParallel::forward: the wrapper holds a " + module_->name() +
         " as a plain torch::nn::Module pointer, whose forward() it cannot call (its type was not "
         "given, or its forward is overloaded or a template); build the wrapper from "
-        "std::shared_ptr<" + module_->name() + "> if it has one forward() method, or call the "
+        "std::shared_ptr<" +
+        module_->name() +
+        "> if it has one forward() method, or call the "
         "module yourself after model.prepare_forward()");
   }
   if (reducer_) reducer_->reattach_hooks();

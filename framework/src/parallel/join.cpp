@@ -52,7 +52,8 @@ DistributedDataParallel::JoinCount DistributedDataParallel::count_training(bool 
   if (f[w] != 0 && f[w] != count.training) {
     throw std::runtime_error(
         "DistributedDataParallel::Join: " + std::to_string(f[w]) + " of the " +
-        std::to_string(count.training) + " ranks still training synchronise this step's backward, "
+        std::to_string(count.training) +
+        " ranks still training synchronise this step's backward, "
         "the others are inside no_sync(): use no_sync() on every rank or none");
   }
   count.sync = f[w] != 0;

@@ -71,7 +71,8 @@ void check(const PowerSGDState& state) {
          std::to_string(state.matrix_approximation_rank) + ")");
   }
   if (!(state.min_compression_rate > 0)) {
-    fail("min_compression_rate must be > 0 (got " + std::to_string(state.min_compression_rate) + ")");
+    fail("min_compression_rate must be > 0 (got " + std::to_string(state.min_compression_rate) +
+         ")");
   }
   if ((state.use_error_feedback || state.warm_start) && state.start_powerSGD_iter <= 1) {
     fail("start_powerSGD_iter must be > 1 with use_error_feedback or warm_start (got " +
@@ -90,7 +91,7 @@ struct PendingBucket {
   torch::Tensor uncompressed_memory;
   torch::Tensor p_memory, q_memory;  // the state's, held: without warm_start it drops them
   std::vector<torch::Tensor> matrices, ps, qs;  // [1, n, m], [1, n, r], [1, m, r]
-  std::unique_ptr<Work> p_sum;  // the all-reduce of p_memory, started with the hook
+  std::unique_ptr<Work> p_sum;                  // the all-reduce of p_memory, started with the hook
 };
 
 // What a PowerSGD run keeps between steps (PowerSGDState's second half), for snapshots. Tensors
@@ -103,11 +104,13 @@ class SavedPowerSGD final : public CommHookState {
   void save(torch::serialize::OutputArchive& archive) const override {
     const PowerSGDState& s = *state_;
     archive.write("counters", torch::tensor({s.iter, s.total_numel_before_compression,
-                                             s.total_numel_after_compression}, torch::kLong));
+                                             s.total_numel_after_compression},
+                                            torch::kLong));
     std::ostringstream rng;
     rng << s.rng;  // the standard's text form of the engine's whole state
     const std::string text = rng.str();
-    archive.write("rng", torch::tensor(std::vector<uint8_t>(text.begin(), text.end()), torch::kByte));
+    archive.write("rng",
+                  torch::tensor(std::vector<uint8_t>(text.begin(), text.end()), torch::kByte));
     write_dict(archive, "error", s.error_dict);
     write_dict(archive, "p", s.p_memory_dict);
     write_dict(archive, "q", s.q_memory_dict);
@@ -123,9 +126,11 @@ class SavedPowerSGD final : public CommHookState {
       throw std::runtime_error("powersgd_hook: the saved state is not PowerSGD's");
     }
     rng = rng.contiguous();
-    std::istringstream text(std::string(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel()));
+    std::istringstream text(
+        std::string(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel()));
     std::mt19937 engine;
-    if (!(text >> engine)) throw std::runtime_error("powersgd_hook: the saved random generator is unreadable");
+    if (!(text >> engine))
+      throw std::runtime_error("powersgd_hook: the saved random generator is unreadable");
     s.iter = counters[0].item<int64_t>();
     s.total_numel_before_compression = counters[1].item<int64_t>();
     s.total_numel_after_compression = counters[2].item<int64_t>();

@@ -21,8 +21,9 @@ bool nccl_communicator_built() { return DDP_WITH_CUDA && DDP_WITH_NCCL; }
 ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options)
     : runtime_(runtime), options_(options), checks_(std::make_shared<detail::GroupChecks>()) {
   if (options.timeout.count() < 0) {
-    throw std::invalid_argument("ProcessGroupOptions::timeout must be >= 0 seconds (0: "
-                                "DDP_TIMEOUT_SECONDS, else 600)");
+    throw std::invalid_argument(
+        "ProcessGroupOptions::timeout must be >= 0 seconds (0: "
+        "DDP_TIMEOUT_SECONDS, else 600)");
   }
   // The phases outside collectives (WatchedPhase) wait as long as a collective may.
   set_phase_timeout(collective_timeout(options.timeout));
@@ -32,9 +33,7 @@ ProcessGroup::ProcessGroup(Runtime& runtime, ProcessGroupOptions options)
 
 ProcessGroup::~ProcessGroup() = default;
 
-bool ProcessGroup::has_gpu() const {
-  return nccl_communicator_built() && device().is_cuda();
-}
+bool ProcessGroup::has_gpu() const { return nccl_communicator_built() && device().is_cuda(); }
 
 Communicator& ProcessGroup::gpu() {
   if (gpu_) return *gpu_;
@@ -50,11 +49,11 @@ Communicator& ProcessGroup::gpu() {
   }
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
   const NcclOptions options = nccl_options_from_environment(runtime_, options_.timeout);
-  const auto phase = detail::setup_phase("creating the NCCL communicator (ncclCommInitRank)",
-                                         kSetupWhy);
-  gpu_ = std::make_shared<NcclCommunicator>(detail::RuntimeInternals::comm(runtime_),
-                                            runtime_.rank(), runtime_.world_size(),
-                                            runtime_.device(), options);
+  const auto phase =
+      detail::setup_phase("creating the NCCL communicator (ncclCommInitRank)", kSetupWhy);
+  gpu_ =
+      std::make_shared<NcclCommunicator>(detail::RuntimeInternals::comm(runtime_), runtime_.rank(),
+                                         runtime_.world_size(), runtime_.device(), options);
 #endif
   return *gpu_;
 }
@@ -63,9 +62,8 @@ std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
   if (!device.is_cuda()) return new_cpu_communicator("made by ProcessGroup::for_device(cpu)");
   const torch::Device mine = this->device();
   if (mine.is_cuda() && device.has_index() && device.index() != mine.index()) {
-    throw std::invalid_argument("ProcessGroup::for_device: rank " +
-                                std::to_string(rank()) + " computes on " + mine.str() +
-                                ", not " + device.str());
+    throw std::invalid_argument("ProcessGroup::for_device: rank " + std::to_string(rank()) +
+                                " computes on " + mine.str() + ", not " + device.str());
   }
   gpu();
   return gpu_;
@@ -73,8 +71,9 @@ std::shared_ptr<Communicator> ProcessGroup::for_device(torch::Device device) {
 
 std::unique_ptr<Communicator> ProcessGroup::new_cpu_communicator(const std::string& name) {
   // One Inquiry (and debug-mode check) for all of them, made with the first.
-  return make_cpu_communicator(runtime_, options_, *checks_,
-                               name.empty() ? "made by ProcessGroup::new_cpu_communicator()" : name);
+  return make_cpu_communicator(
+      runtime_, options_, *checks_,
+      name.empty() ? "made by ProcessGroup::new_cpu_communicator()" : name);
 }
 
 }  // namespace ddp

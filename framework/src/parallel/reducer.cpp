@@ -35,10 +35,11 @@ Reducer::Reducer(Communicator& data, Communicator& control, std::vector<torch::T
   // Written so that NaN fails too; infinity is refused as well (it would overflow the byte cap).
   auto positive = [](double mb) { return mb > 0 && std::isfinite(mb); };
   if (!positive(options_.bucket_cap_mb) || !positive(options_.first_bucket_mb)) {
-    throw std::invalid_argument("DistributedDataParallel: bucket sizes must be finite and > 0 MiB "
-                                "(DDPOptions::bucket_cap_mb, DDPOptions::first_bucket_mb; got cap " +
-                                std::to_string(options_.bucket_cap_mb) + ", first " +
-                                std::to_string(options_.first_bucket_mb) + ")");
+    throw std::invalid_argument(
+        "DistributedDataParallel: bucket sizes must be finite and > 0 MiB "
+        "(DDPOptions::bucket_cap_mb, DDPOptions::first_bucket_mb; got cap " +
+        std::to_string(options_.bucket_cap_mb) + ", first " +
+        std::to_string(options_.first_bucket_mb) + ")");
   }
   // Reverse registration order: roughly the order in which backward produces gradients.
   std::vector<size_t> order;
@@ -62,8 +63,8 @@ Reducer::~Reducer() {
 
 void Reducer::attach_hook(size_t param) {
   NodePtr accumulator = torch::autograd::impl::grad_accumulator(params_[param]);
-  const uintptr_t key = accumulator->add_post_hook(
-      std::make_unique<torch::autograd::utils::LambdaPostHook>(
+  const uintptr_t key =
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [this, param](const torch::autograd::variable_list& outputs,
                         const torch::autograd::variable_list& /*inputs*/) {
             on_gradient_ready(param);
@@ -110,7 +111,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       // detach(): a plain alias, not an autograd view, which zero_grad()'s detach_() would refuse
       // as a grad().
       Slot& slot = slots_[i];
-      slot.view = bucket.data.narrow(0, slot.offset, params_[i].numel()).view(params_[i].sizes()).detach();
+      slot.view =
+          bucket.data.narrow(0, slot.offset, params_[i].numel()).view(params_[i].sizes()).detach();
     }
     bucket.pending = members.size();
     bucket.params = std::move(members);
@@ -128,10 +130,12 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
 }
 
 void Reducer::set_comm_hook(CommHook hook) {
-  if (!hook) throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
+  if (!hook)
+    throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
   if (synced_once_) {
-    throw std::logic_error("DistributedDataParallel::register_comm_hook: called after the first "
-                           "synchronised backward pass; register the hook before training");
+    throw std::logic_error(
+        "DistributedDataParallel::register_comm_hook: called after the first "
+        "synchronised backward pass; register the hook before training");
   }
   hook_ = std::move(hook);
 }
@@ -159,21 +163,25 @@ void Reducer::rebuild_buckets() {
 
 void Reducer::restore_order(const std::vector<size_t>& order) {
   if (synced_once_) {
-    throw std::logic_error("DistributedDataParallel::load_state: after the first synchronised "
-                           "backward pass; load the state before training");
+    throw std::logic_error(
+        "DistributedDataParallel::load_state: after the first synchronised "
+        "backward pass; load the state before training");
   }
   std::vector<bool> listed(params_.size(), false);
   for (size_t k : order) {
     if (k >= params_.size() || slots_[k].bucket == kNoBucket || listed[k]) {
-      throw std::invalid_argument("DistributedDataParallel::load_state: the saved bucket order "
-                                  "does not fit this model's parameters");
+      throw std::invalid_argument(
+          "DistributedDataParallel::load_state: the saved bucket order "
+          "does not fit this model's parameters");
     }
     listed[k] = true;
   }
   for (size_t k = 0; k < params_.size(); ++k) {
     if (slots_[k].bucket != kNoBucket && !listed[k]) {
-      throw std::invalid_argument("DistributedDataParallel::load_state: the saved bucket order "
-                                  "lacks parameter " + names_[k]);
+      throw std::invalid_argument(
+          "DistributedDataParallel::load_state: the saved bucket order "
+          "lacks parameter " +
+          names_[k]);
     }
   }
   build_buckets(order);
@@ -185,7 +193,8 @@ void Reducer::restore_order(const std::vector<size_t>& order) {
 void Reducer::check_layout_across_ranks() {
   std::ostringstream layout;
   layout << "backend " << data_comm_.backend() << ", " << buckets_.size() << " buckets:";
-  for (const Bucket& b : buckets_) layout << " " << b.data.scalar_type() << "[" << b.data.numel() << "]";
+  for (const Bucket& b : buckets_)
+    layout << " " << b.data.scalar_type() << "[" << b.data.numel() << "]";
   require_agreement(control_comm_, "DistributedDataParallel: the bucket layout", layout.str(),
                     "Ranks would issue different collectives (bucket layouts differ): use the "
                     "same DDPOptions on every rank");
@@ -243,7 +252,8 @@ void Reducer::begin_backward() {
 }
 
 void Reducer::shadow_backward() {
-  if (in_backward_) throw std::logic_error("DistributedDataParallel: shadowing a step inside backward");
+  if (in_backward_)
+    throw std::logic_error("DistributedDataParallel: shadowing a step inside backward");
   start_pass();
   finish_backward(/*shadow=*/true);
 }
@@ -273,20 +283,22 @@ void Reducer::wait_for_buckets() {
     const torch::Tensor result = future.wait();
     const auto span = future.host_span();
     if (!result.is_same(bucket.data)) {
-      if (result.numel() != bucket.data.numel() || result.scalar_type() != bucket.data.scalar_type()) {
+      if (result.numel() != bucket.data.numel() ||
+          result.scalar_type() != bucket.data.scalar_type()) {
         throw std::runtime_error("DistributedDataParallel: the comm hook's result for bucket " +
                                  std::to_string(b) + " has " + std::to_string(result.numel()) +
-                                 " elements of " + std::string(c10::toString(result.scalar_type())) +
+                                 " elements of " +
+                                 std::string(c10::toString(result.scalar_type())) +
                                  ", the bucket " + std::to_string(bucket.data.numel()) + " of " +
                                  c10::toString(bucket.data.scalar_type()));
       }
       bucket.data.copy_(result.reshape(-1));
     }
     if (options_.timeline && span) {
-      options_.timeline->span("all-reduce bucket " + std::to_string(b) + " (" +
-                                  std::to_string(bucket.data.numel() * bucket.data.element_size() / 1024) +
-                                  " KiB)",
-                              "sync", span->start, span->end, Timeline::kCommThread);
+      options_.timeline->span(
+          "all-reduce bucket " + std::to_string(b) + " (" +
+              std::to_string(bucket.data.numel() * bucket.data.element_size() / 1024) + " KiB)",
+          "sync", span->start, span->end, Timeline::kCommThread);
     }
   }
 }
@@ -337,7 +349,8 @@ void Reducer::finish_backward(bool shadow) {
 
   // 3. Hand the averages to grad().
   int64_t bytes = 0;
-  for (const Bucket& b : buckets_) bytes += b.data.numel() * static_cast<int64_t>(b.data.element_size());
+  for (const Bucket& b : buckets_)
+    bytes += b.data.numel() * static_cast<int64_t>(b.data.element_size());
   sync_bytes_ += bytes;
   const torch::Tensor used_anywhere = used_by.to(torch::kLong).sum(0).gt(0);
   auto anywhere = used_anywhere.accessor<bool, 1>();
@@ -345,7 +358,8 @@ void Reducer::finish_backward(bool shadow) {
     if (slots_[i].bucket != kNoBucket && anywhere[static_cast<int64_t>(i)]) hand_average(i);
   }
   sync_seconds_ += seconds_since(start);  // with hook_then_optimizer, the steps' time too
-  if (options_.timeline) options_.timeline->span("wait for gradient sync", "sync", start, Clock::now());
+  if (options_.timeline)
+    options_.timeline->span("wait for gradient sync", "sync", start, Clock::now());
   if (rebuild_pending_) rebuild_buckets();
 
   // 4. Unused parameters: an error on every rank unless they were declared possible.
@@ -359,7 +373,8 @@ void Reducer::finish_backward(bool shadow) {
       if (!by_rank[r][i]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
     }
     if (ranks.empty()) continue;
-    if (count++ < 10) missing << (count > 1 ? ", " : "") << "'" << names_[i] << "' (rank " << ranks << ")";
+    if (count++ < 10)
+      missing << (count > 1 ? ", " : "") << "'" << names_[i] << "' (rank " << ranks << ")";
   }
   if (count > 0) {
     throw std::runtime_error(

@@ -143,15 +143,15 @@ class Reducer {
  private:
   struct Bucket {
     std::vector<size_t> params;
-    torch::Tensor data;   // flat gradients of `params`, in that order
-    size_t pending = 0;   // gradients not yet copied in during this backward
+    torch::Tensor data;                  // flat gradients of `params`, in that order
+    size_t pending = 0;                  // gradients not yet copied in during this backward
     std::optional<BucketFuture> future;  // the hook's, from its launch until finish_backward
   };
-  struct Slot {           // where a parameter's gradient lives
+  struct Slot {  // where a parameter's gradient lives
     size_t bucket = 0;
-    int64_t offset = 0;   // elements into the bucket
-    bool ready = false;   // copied in during this backward
-    torch::Tensor view;   // bucket data [offset, offset + numel), shaped like the parameter
+    int64_t offset = 0;  // elements into the bucket
+    bool ready = false;  // copied in during this backward
+    torch::Tensor view;  // bucket data [offset, offset + numel), shaped like the parameter
   };
 
   // Groups `order` (the indices of the parameters that require grad) into buckets_, in that
@@ -177,7 +177,7 @@ class Reducer {
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<Bucket> buckets_;
-  std::vector<Slot> slots_;          // per parameter; buckets_.size() for frozen ones
+  std::vector<Slot> slots_;  // per parameter; buckets_.size() for frozen ones
 
   // Hooks: the accumulators are held so autograd does not recreate them (and drop the hooks).
   // LibTorch's pointer to an autograd Node, whatever grad_accumulator returns: std::shared_ptr
@@ -195,15 +195,14 @@ class Reducer {
   CommHook hook_;
   bool sync_enabled_ = true;
   bool in_backward_ = false;
-  bool synced_once_ = false;         // a synchronised backward has begun (the hook is fixed)
-  bool rebuild_pending_ = false;     // until step 5 has run
-  std::vector<size_t> ready_order_;  // parameters in hook order, while rebuild_pending_
+  bool synced_once_ = false;           // a synchronised backward has begun (the hook is fixed)
+  bool rebuild_pending_ = false;       // until step 5 has run
+  std::vector<size_t> ready_order_;    // parameters in hook order, while rebuild_pending_
   std::vector<size_t> rebuilt_order_;  // the order of step 5, once it has run
   size_t next_to_launch_ = 0;
   int training_ranks_;
   double sync_seconds_ = 0;
   int64_t sync_bytes_ = 0;
-
 };
 
 }  // namespace ddp

@@ -71,8 +71,11 @@ void Timeline::write(const std::string& path) {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     for (const Impl::Event& e : impl_->events) {
-      nlohmann::json event = {{"name", e.name}, {"cat", e.category}, {"pid", rank},
-                              {"tid", static_cast<int>(e.lane)}, {"ts", rounded(e.start_us)}};
+      nlohmann::json event = {{"name", e.name},
+                              {"cat", e.category},
+                              {"pid", rank},
+                              {"tid", static_cast<int>(e.lane)},
+                              {"ts", rounded(e.start_us)}};
       if (e.duration_us >= 0) {
         event["ph"] = "X";
         event["dur"] = rounded(e.duration_us);
@@ -86,13 +89,25 @@ void Timeline::write(const std::string& path) {
   const std::vector<std::string> all = all_gather_strings(comm, mine.dump());
   if (rank != 0) return;
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"name", "timeline"}, {"ph", "M"}, {"pid", 0}, {"tid", 0}, {"args", nlohmann::json::object()}});
+  events.push_back({{"name", "timeline"},
+                    {"ph", "M"},
+                    {"pid", 0},
+                    {"tid", 0},
+                    {"args", nlohmann::json::object()}});
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", r},
                       {"args", {{"name", "rank " + std::to_string(r)}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 0},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", r},
+                      {"tid", 0},
                       {"args", {{"name", "training"}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 1},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", r},
+                      {"tid", 1},
                       {"args", {{"name", "communication"}}}});
     for (auto& event : nlohmann::json::parse(all[r])) events.push_back(std::move(event));
   }

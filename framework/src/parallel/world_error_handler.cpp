@@ -47,7 +47,8 @@ void world_error_handler(MPI_Comm* comm, int* code, ...) {
     char name[MPI_MAX_OBJECT_NAME] = "";
     int name_length = 0;
     MPI_Comm_get_name(*comm, name, &name_length);
-    message = "an MPI call on " + (name_length ? std::string(name, name_length) : "a communicator") +
+    message = "an MPI call on " +
+              (name_length ? std::string(name, name_length) : "a communicator") +
               " failed: " + error;
   }
   abort_job(rank, std::string(host, length), message, 1);

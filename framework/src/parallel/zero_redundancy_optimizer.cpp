@@ -112,7 +112,8 @@ struct ZeroRedundancyOptimizer::Impl {
   }
   // params[i] as a view of chunk `owner[i]` of `flat`, or of `mine`.
   torch::Tensor in_flat(size_t i) const {
-    return flat.slice(0, owner[i] * chunk + offset[i], owner[i] * chunk + offset[i] + params[i].numel())
+    return flat
+        .slice(0, owner[i] * chunk + offset[i], owner[i] * chunk + offset[i] + params[i].numel())
         .view(params[i].sizes());
   }
   torch::Tensor in_mine(size_t i) const {
@@ -246,8 +247,8 @@ std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::consolidate(
       full->state()[key(p)] = std::move(found->second);
     }
     if (error.empty() && !same_archive(loaded, bytes_of(*rebuilt))) {
-      error = std::string(kWhere) + "::save: the optimizer of rank " +
-              std::to_string(r) + "'s shard (" + c10::demangle(typeid(*shard).name()) +
+      error = std::string(kWhere) + "::save: the optimizer of rank " + std::to_string(r) +
+              "'s shard (" + c10::demangle(typeid(*shard).name()) +
               ") saves state that its state() does not hold, so the shards cannot be put "
               "together into one optimizer's state and a snapshot would lose it: keep every "
               "parameter's state in torch::optim::Optimizer::state(), as torch::optim's "

@@ -169,8 +169,8 @@ std::string launch_error(const LaunchInfo& launch, int mpi_world_size) {
   }
   if (launch.launcher == Launcher::Singleton && launch.torch_world_size > 1) {
     const int n = launch.torch_world_size;
-    return "RANK=" + std::to_string(std::max(launch.torch_rank, 0)) + " and WORLD_SIZE=" +
-           std::to_string(n) +
+    return "RANK=" + std::to_string(std::max(launch.torch_rank, 0)) +
+           " and WORLD_SIZE=" + std::to_string(n) +
            " are set (torchrun's variables), but no MPI launcher started this process, so it "
            "would train alone: ddp's ranks are MPI processes, torchrun cannot start them. Start " +
            std::to_string(n) + " ranks with `mpirun -np " + std::to_string(n) +
@@ -208,14 +208,16 @@ std::string gpu_rank_mismatch(int gpus, int ranks_on_node, const std::string& no
                         plural(ranks_on_node, "rank") + ", and ddp runs one rank per GPU: ";
   if (ranks_on_node < gpus) {
     message += "each rank uses one GPU, so " + plural(gpus - ranks_on_node, "GPU") +
-               (gpus - ranks_on_node == 1 ? " sits" : " sit") + " idle. To use all " + std::to_string(gpus) + ", start one task per GPU";
+               (gpus - ranks_on_node == 1 ? " sits" : " sit") + " idle. To use all " +
+               std::to_string(gpus) + ", start one task per GPU";
   } else {
     message += "ranks would share GPUs. Start one task per GPU";
   }
   message += ": `srun --ntasks-per-node=" + std::to_string(gpus) +
              "` (Slurm starts one task per node unless told), `mpirun -np <GPUs of the job> "
-             "--npernode " + std::to_string(gpus) + "` or `ddprun -H host:" +
-             std::to_string(gpus) + ",...`; or request as many GPUs as ranks per node";
+             "--npernode " +
+             std::to_string(gpus) + "` or `ddprun -H host:" + std::to_string(gpus) +
+             ",...`; or request as many GPUs as ranks per node";
   if (!cuda_usable) message += " (no CUDA device is usable here: the ranks train on the CPU)";
   return message;
 }
@@ -241,7 +243,7 @@ ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_
   const int sharing = std::max(ranks_sharing_mask, 1);
   choice.threads = std::max(cpus / sharing, 1);
   choice.reason = plural(cpus, "CPU") + (sharing == 1 ? " in this rank's cpuset"
-                                                       : " shared by " + plural(sharing, "rank"));
+                                                      : " shared by " + plural(sharing, "rank"));
   return choice;
 }
 
@@ -288,23 +290,23 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
   if (min_threads == max_threads) {
     out << plural(min_threads, "thread") << " per rank (" << rank0_threads.reason << ")";
   } else {
-    out << min_threads << "-" << max_threads << " threads per rank (rank 0: "
-        << rank0_threads.reason << ")";
+    out << min_threads << "-" << max_threads
+        << " threads per rank (rank 0: " << rank0_threads.reason << ")";
   }
   return out.str();
 }
 
-torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size, bool own_gpu) {
+torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank, int local_size,
+                            bool own_gpu) {
   if (!use_cuda || visible_cuda_devices <= 0) return torch::Device(torch::kCPU);
   if (own_gpu) return torch::Device(torch::kCUDA, 0);
   const std::string gpus = std::to_string(visible_cuda_devices);
   if (local_size > visible_cuda_devices) {
     throw std::runtime_error(
         std::to_string(local_size) + " ranks on this node but only " + gpus +
-        " visible CUDA device(s), and NCCL cannot run two ranks on one GPU: start at most " +
-        gpus + " rank(s) per node (`srun --ntasks-per-node=" + gpus + "`, `mpirun --npernode " +
-        gpus + "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or "
+        " visible CUDA device(s), and NCCL cannot run two ranks on one GPU: start at most " + gpus +
+        " rank(s) per node (`srun --ntasks-per-node=" + gpus + "`, `mpirun --npernode " + gpus +
+        "`), give each rank a GPU of its own (`srun --gpus-per-task=1`), or "
         "set RuntimeOptions::use_cuda to false to train on the CPU");
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));

@@ -123,8 +123,8 @@ std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>&
 //   visible GPUs (NCCL cannot run two ranks on one GPU).
 // Fewer ranks than GPUs is not an error: each rank still uses one, and rank 0 says so
 // (gpu_rank_mismatch above).
-torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank,
-                            int local_size, bool own_gpu = false);
+torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank, int local_size,
+                            bool own_gpu = false);
 
 // Whether every rank of a node has a GPU of its own, from each rank's id (UUID) of the one GPU
 // it sees, "" when it sees none or several: all ids present and no two equal.

@@ -163,14 +163,17 @@ constexpr const char* kPhaseTimeoutSource =
 
 namespace detail {
 
-void set_phase_identity(int rank, const std::string& host) { PhaseWatchdog::get().set_identity(rank, host); }
+void set_phase_identity(int rank, const std::string& host) {
+  PhaseWatchdog::get().set_identity(rank, host);
+}
 
 void set_phase_mpi_ready(bool ready) { PhaseWatchdog::get().mpi_ready = ready; }
 
 uint64_t enter_phase(const std::string& what, const std::string& why, std::chrono::seconds timeout,
                      const std::string& limit, std::chrono::seconds slack) {
   const uint64_t id = PhaseWatchdog::get().enter(Phase{what, why, limit, timeout, slack, {}, 0, 0});
-  if (const auto& entered = testing::hooks().entered_phase) entered(PhaseWatchdog::get().rank(), what);
+  if (const auto& entered = testing::hooks().entered_phase)
+    entered(PhaseWatchdog::get().rank(), what);
   return id;
 }
 
@@ -182,7 +185,8 @@ ScopedPhase startup_phase(const std::string& what, const std::string& why,
     return ScopedPhase(what, why, timeout, "RuntimeOptions::startup_timeout, --timeout",
                        std::chrono::seconds(0));
   }
-  return ScopedPhase(what, why, std::chrono::seconds(startup_timeout_seconds(current_environment())),
+  return ScopedPhase(what, why,
+                     std::chrono::seconds(startup_timeout_seconds(current_environment())),
                      "DDP_STARTUP_TIMEOUT_SECONDS", std::chrono::seconds(0));
 }
 

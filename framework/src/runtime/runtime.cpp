@@ -128,8 +128,8 @@ std::vector<std::string> gpu_ids_on_node(const Runtime& runtime, MPI_Comm node_c
 #endif
   const int width = static_cast<int>(mine.size());
   std::vector<char> all(mine.size() * runtime.local_size());
-  DDP_MPI_CHECK(MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR,
-                              node_comm));
+  DDP_MPI_CHECK(
+      MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR, node_comm));
   std::vector<std::string> ids;
   for (int r = 0; r < runtime.local_size(); ++r) ids.emplace_back(all.data() + r * mine.size());
   return ids;
@@ -153,9 +153,10 @@ Runtime::Runtime(RuntimeOptions options)
 void Runtime::start(int* argc, char*** argv, RuntimeOptions options) {
   if (options.startup_timeout.count() < 0) {
     // Before MPI: every rank throws the same, none waits for another.
-    throw std::invalid_argument("RuntimeOptions::startup_timeout must be >= 0 seconds (0: "
-                                "DDP_STARTUP_TIMEOUT_SECONDS, else 600), got " +
-                                std::to_string(options.startup_timeout.count()));
+    throw std::invalid_argument(
+        "RuntimeOptions::startup_timeout must be >= 0 seconds (0: "
+        "DDP_STARTUP_TIMEOUT_SECONDS, else 600), got " +
+        std::to_string(options.startup_timeout.count()));
   }
   impl_->launch = check_launch_before_mpi_init();
   detail::set_phase_identity(impl_->launch.rank, impl_->launch.slurm_node);
@@ -195,8 +196,7 @@ void Runtime::init_topology(RuntimeOptions options) {
   // Ranks that share memory are on one node: that is what "local" means, whatever the
   // launcher's environment variables say.
   MPI_Comm node_comm;
-  DDP_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
-                                    &node_comm));
+  DDP_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm));
   DDP_MPI_CHECK(MPI_Comm_rank(node_comm, &local_rank_));
   DDP_MPI_CHECK(MPI_Comm_size(node_comm, &local_size_));
 
@@ -248,8 +248,12 @@ void Runtime::report_job(const RuntimeOptions& options) const {
     char node[64];
   };
   const LaunchInfo& launch = impl_->launch;
-  Place mine{node_rank_, local_size_, device_.is_cuda() ? 1 : 0, impl_->threads.threads,
-             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_), {}};
+  Place mine{node_rank_,
+             local_size_,
+             device_.is_cuda() ? 1 : 0,
+             impl_->threads.threads,
+             gpus_to_pair(current_environment(), visible_gpus_, local_size_, own_gpu_),
+             {}};
   const std::string node = launch.slurm_node.empty() ? hostname_ : launch.slurm_node;
   std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
   std::vector<Place> all(rank_ == 0 ? world_size_ : 0);
@@ -280,8 +284,9 @@ Runtime::~Runtime() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   if (std::uncaught_exceptions() > uncaught_at_construction_) {
-    abort("an exception is unwinding past ddp::Runtime; ending the job (catch it, or use "
-          "ddp::run_or_abort to print it first)");
+    abort(
+        "an exception is unwinding past ddp::Runtime; ending the job (catch it, or use "
+        "ddp::run_or_abort to print it first)");
   }
   if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
   if (owns_mpi_) {
@@ -297,9 +302,9 @@ Runtime::~Runtime() {
 
 std::string Runtime::summary() const {
   std::ostringstream out;
-  out << "rank " << rank_ << "/" << world_size_ << " local " << local_rank_ << "/"
-      << local_size_ << " node " << node_rank_ << "/" << num_nodes_ << " host " << hostname_
-      << " device " << device_;
+  out << "rank " << rank_ << "/" << world_size_ << " local " << local_rank_ << "/" << local_size_
+      << " node " << node_rank_ << "/" << num_nodes_ << " host " << hostname_ << " device "
+      << device_;
   return out.str();
 }
 
@@ -310,7 +315,8 @@ void Runtime::abort(const std::string& message, int exit_code) const {
 void detail::abort_job(int rank, const std::string& host, const std::string& message,
                        int exit_code) {
   // One write, so other ranks' output cannot land inside the line.
-  const std::string line = "ddp: rank " + std::to_string(rank) + " (" + host + "): " + message + "\n";
+  const std::string line =
+      "ddp: rank " + std::to_string(rank) + " (" + host + "): " + message + "\n";
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, exit_code);

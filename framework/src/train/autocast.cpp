@@ -9,9 +9,12 @@ namespace ddp {
 
 std::string amp_mode_name(AmpMode mode) {
   switch (mode) {
-    case AmpMode::Off: return "off";
-    case AmpMode::Bf16: return "bf16";
-    case AmpMode::Fp16: return "fp16";
+    case AmpMode::Off:
+      return "off";
+    case AmpMode::Bf16:
+      return "bf16";
+    case AmpMode::Fp16:
+      return "fp16";
   }
   return "?";
 }

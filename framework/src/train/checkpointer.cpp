@@ -62,13 +62,13 @@ std::string describe_optimizer(const torch::optim::Optimizer& optimizer) {
   return text;
 }
 
-
 }  // namespace
 
 Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                            TrainingExtras extras)
-    : Checkpointer(group, SnapshotParts{{{"", &model}}, {{"", &optimizer}}}, std::move(options), extras) {}
+    : Checkpointer(group, SnapshotParts{{{"", &model}}, {{"", &optimizer}}}, std::move(options),
+                   extras) {}
 
 Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, CheckpointerOptions options,
                            TrainingExtras extras)
@@ -91,7 +91,8 @@ Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, Checkpointe
                                           " but dir is empty: there is nowhere to write");
   }
   if (!(o.every_seconds >= 0) || !std::isfinite(o.every_seconds)) {
-    throw option_error("every_seconds", "must be finite and >= 0 (got " + std::to_string(o.every_seconds) + ")");
+    throw option_error("every_seconds",
+                       "must be finite and >= 0 (got " + std::to_string(o.every_seconds) + ")");
   }
   if (o.every_seconds > 0 && o.dir.empty()) {
     throw option_error("every_seconds", "is " + std::to_string(o.every_seconds) +
@@ -111,7 +112,8 @@ Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, Checkpointe
     // could be another live job's.
     detail::DirectoryLockResult taken = detail::DirectoryLock::take(o.dir);
     lock_ = std::move(taken.lock);
-    if (!taken.unsupported.empty()) std::fprintf(stderr, "Warning: %s\n", taken.unsupported.c_str());
+    if (!taken.unsupported.empty())
+      std::fprintf(stderr, "Warning: %s\n", taken.unsupported.c_str());
     if (!taken.previous_holder.empty()) {
       std::printf("Took over %s, left by a job that is gone (%s)\n", lock_->path().c_str(),
                   taken.previous_holder.c_str());
@@ -129,11 +131,10 @@ Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, Checkpointe
 Checkpointer::Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
                            torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                            TrainingExtras extras)
-    : Checkpointer(group, model.module(), optimizer, std::move(options),
-                   [&] {
-                     extras.ddp = &model;
-                     return extras;
-                   }()) {}
+    : Checkpointer(group, model.module(), optimizer, std::move(options), [&] {
+        extras.ddp = &model;
+        return extras;
+      }()) {}
 
 Settings Checkpointer::settings() const {
   Settings all = optimizer_settings_;
@@ -144,21 +145,23 @@ Settings Checkpointer::settings() const {
 
 void Checkpointer::say_changed_settings(const TrainingProgress& saved) const {
   if (!group_.is_main()) return;
-  const char* cost = "the run goes on, but no longer on the trajectory the snapshot's run would "
-                     "have followed";
+  const char* cost =
+      "the run goes on, but no longer on the trajectory the snapshot's run would "
+      "have followed";
   if (saved.world_size == group_.size() && saved.batch_size > 0 && options_.batch_size > 0 &&
       saved.batch_size != options_.batch_size) {
-    std::printf("Warning: the per-rank batch size is %lld, the snapshot's run had %lld: every "
-                "sample is still trained once, but %s\n",
-                static_cast<long long>(options_.batch_size), static_cast<long long>(saved.batch_size),
-                cost);
+    std::printf(
+        "Warning: the per-rank batch size is %lld, the snapshot's run had %lld: every "
+        "sample is still trained once, but %s\n",
+        static_cast<long long>(options_.batch_size), static_cast<long long>(saved.batch_size),
+        cost);
   }
   for (const auto& [name, value] : settings()) {
     const auto found = std::find_if(saved.settings.begin(), saved.settings.end(),
                                     [&](const auto& entry) { return entry.first == name; });
     if (found == saved.settings.end() || found->second == value) continue;
-    std::printf("Warning: the %s is %s, the snapshot's run had %s: %s\n", name.c_str(), value.c_str(),
-                found->second.c_str(), cost);
+    std::printf("Warning: the %s is %s, the snapshot's run had %s: %s\n", name.c_str(),
+                value.c_str(), found->second.c_str(), cost);
   }
 }
 
@@ -208,12 +211,12 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
         const std::string name = it->path().filename().string();
         files += name != detail::kLockFileName && name != detail::kReachedFileName;
       }
-      const std::string what =
-          created_dir_ ? "the folder did not exist (created now)"
-          : files == 0 ? "the folder is empty"
-                       : "none of its " + std::to_string(files) + " file(s) is a snapshot_epoch*.pt";
-      std::printf("No snapshot in %s: %s; training starts from scratch at epoch 1\n",
-                  o.dir.c_str(), what.c_str());
+      const std::string what = created_dir_ ? "the folder did not exist (created now)"
+                               : files == 0 ? "the folder is empty"
+                                            : "none of its " + std::to_string(files) +
+                                                  " file(s) is a snapshot_epoch*.pt";
+      std::printf("No snapshot in %s: %s; training starts from scratch at epoch 1\n", o.dir.c_str(),
+                  what.c_str());
       std::fflush(stdout);
     }
     return start;
@@ -225,7 +228,8 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
       p = load_snapshot(path, comm, parts_, scheduler, &start.rank_state, extras_);
     } catch (const std::runtime_error& e) {
       if (!(latest && o.fallback) || i + 1 == candidates.size()) throw;
-      if (group_.is_main()) std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
+      if (group_.is_main())
+        std::fprintf(stderr, "Warning: %s; trying the previous snapshot\n", e.what());
       continue;
     }
     start.position = TrainingPosition{p.epoch + 1, p.batches_done, p.global_step, p.samples_done};
@@ -251,24 +255,27 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
         if (!lost.empty()) std::printf("%s\n", lost.c_str());
       }
       if (p.world_size != group_.size() && p.batches_done > 0) {
-        std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the rest "
-                    "of epoch %lld (from sample %lld of its order) is re-sharded over the %d "
-                    "ranks; each rank's random generators and epoch metrics so far are not "
-                    "restored (they are per rank), so epoch %lld's metrics cover only its rest\n",
-                    p.world_size, group_.size(), static_cast<long long>(p.epoch + 1),
-                    static_cast<long long>(p.samples_done), group_.size(),
-                    static_cast<long long>(p.epoch + 1));
+        std::printf(
+            "Warning: the snapshot was written by %d rank(s), this run has %d: the rest "
+            "of epoch %lld (from sample %lld of its order) is re-sharded over the %d "
+            "ranks; each rank's random generators and epoch metrics so far are not "
+            "restored (they are per rank), so epoch %lld's metrics cover only its rest\n",
+            p.world_size, group_.size(), static_cast<long long>(p.epoch + 1),
+            static_cast<long long>(p.samples_done), group_.size(),
+            static_cast<long long>(p.epoch + 1));
       } else if (p.world_size != group_.size()) {
-        std::printf("Warning: the snapshot was written by %d rank(s), this run has %d: the data "
-                    "order differs from an uninterrupted run, and each rank's random generators "
-                    "are not restored (they are per rank)\n",
-                    p.world_size, group_.size());
+        std::printf(
+            "Warning: the snapshot was written by %d rank(s), this run has %d: the data "
+            "order differs from an uninterrupted run, and each rank's random generators "
+            "are not restored (they are per rank)\n",
+            p.world_size, group_.size());
       }
       say_changed_settings(p);
       if (p.seed != o.seed) {
-        std::printf("Warning: continuing with the snapshot's seed %lld (not %lld) so the data "
-                    "order continues as it was\n",
-                    static_cast<long long>(p.seed), static_cast<long long>(o.seed));
+        std::printf(
+            "Warning: continuing with the snapshot's seed %lld (not %lld) so the data "
+            "order continues as it was\n",
+            static_cast<long long>(p.seed), static_cast<long long>(o.seed));
       }
       std::fflush(stdout);
     }
@@ -295,9 +302,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   const std::string path = snapshot_path(options_.dir, at.epoch, at.batch);
   refuse_nonfinite(path, at.epoch, at.step);
   create_directory();
-  timed(false, [&] {
-    save_snapshot(path, group_.cpu(), parts_, progress, rank_state, extras_);
-  });
+  timed(false, [&] { save_snapshot(path, group_.cpu(), parts_, progress, rank_state, extras_); });
   if (group_.is_main()) remove_older_step_snapshots(path);
   last_step_ = at.step;
   return path;
@@ -315,9 +320,7 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   // samples_done 0: the next epoch starts at its beginning.
   const TrainingProgress progress = progress_at(epoch, 0, step, 0);
   const std::string path = snapshot_path(o.dir, epoch);
-  timed(true, [&] {
-    save_snapshot(path, group_.cpu(), parts_, progress, {}, extras_);
-  });
+  timed(true, [&] { save_snapshot(path, group_.cpu(), parts_, progress, {}, extras_); });
   last_step_ = step;
   if (!group_.is_main()) return;
   remove_older_step_snapshots(path);
@@ -361,7 +364,8 @@ void Checkpointer::refuse_nonfinite(const std::string& path, int64_t epoch, int6
   std::string tensor;
   for (size_t i = 0; i < parts_.modules.size() && tensor.empty(); ++i) {
     tensor = first_nonfinite_tensor(*parts_.modules[i].second);
-    if (!tensor.empty() && !parts_.modules[i].first.empty()) tensor = parts_.modules[i].first + "'s " + tensor;
+    if (!tensor.empty() && !parts_.modules[i].first.empty())
+      tensor = parts_.modules[i].first + "'s " + tensor;
   }
   if (tensor.empty()) return;
   throw TrainingDiverged("Checkpointer: refusing to write " + path + " at step " +
@@ -376,8 +380,8 @@ void Checkpointer::create_directory() const {
   std::error_code error;
   std::filesystem::create_directories(options_.dir, error);
   if (error) {
-    throw std::runtime_error(options_.dir + ": cannot create the checkpoint directory: " +
-                             error.message());
+    throw std::runtime_error(options_.dir +
+                             ": cannot create the checkpoint directory: " + error.message());
   }
 }
 

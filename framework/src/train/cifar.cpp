@@ -105,10 +105,9 @@ void write_cifar10_file(const std::string& path, const torch::Tensor& images,
   }
   const int64_t count = images.size(0);
   if (labels.scalar_type() != torch::kLong || labels.dim() != 1 || labels.size(0) != count) {
-    throw std::invalid_argument(where + "labels must be int64 [" + std::to_string(count) +
-                                "] to match the images, got " +
-                                std::string(c10::toString(labels.scalar_type())) + " " +
-                                shape_of(labels));
+    throw std::invalid_argument(
+        where + "labels must be int64 [" + std::to_string(count) + "] to match the images, got " +
+        std::string(c10::toString(labels.scalar_type())) + " " + shape_of(labels));
   }
   if (count == 0) throw std::invalid_argument(where + "no images (the reader refuses empty files)");
   const torch::Tensor cpu_labels = labels.cpu();

@@ -27,8 +27,8 @@ void check_cifar_labels(const uint8_t* records, int64_t count, const std::string
   for (int64_t i = 0; i < count; ++i) {
     const int label = records[i * kCifarRecord];
     if (label >= kCifarClasses) {
-      fail(path, "record " + std::to_string(i) + " has label " + std::to_string(label) +
-                     " outside 0..9");
+      fail(path,
+           "record " + std::to_string(i) + " has label " + std::to_string(label) + " outside 0..9");
     }
   }
 }

@@ -14,8 +14,10 @@ ClassificationTask::ClassificationTask(const ImageDataset& train, const ImageDat
                                        Forward forward, Augment augment)
     : train_(train), test_(test), forward_(std::move(forward)), augment_(std::move(augment)) {
   // An empty set would train (or evaluate) nothing and report "0/0 (0%)" as if all were well.
-  if (train_.size() == 0) throw std::invalid_argument("ClassificationTask: the training set is empty");
-  if (test_ && test_->size() == 0) throw std::invalid_argument("ClassificationTask: the test set is empty");
+  if (train_.size() == 0)
+    throw std::invalid_argument("ClassificationTask: the training set is empty");
+  if (test_ && test_->size() == 0)
+    throw std::invalid_argument("ClassificationTask: the test set is empty");
   if (!forward_) throw std::invalid_argument("ClassificationTask: the forward function is empty");
 }
 
@@ -44,13 +46,13 @@ StepOutput ClassificationTask::evaluate(Batch& batch) {
   const torch::Tensor log_probs = forward_(batch.inputs);
   StepOutput out;
   // Per-sample losses summed in double: the total does not depend on how samples are batched.
-  out.loss_sum =
-      torch::nll_loss(log_probs, batch.targets, {}, torch::Reduction::None).to(torch::kDouble).sum();
+  out.loss_sum = torch::nll_loss(log_probs, batch.targets, {}, torch::Reduction::None)
+                     .to(torch::kDouble)
+                     .sum();
   out.samples = batch.targets.size(0);
   out.sums.push_back(log_probs.argmax(1).eq(batch.targets).sum());
   return out;
 }
-
 
 namespace {
 
@@ -81,7 +83,8 @@ std::string ClassificationFormat::log_line(const ProgressLine& l) const {
   return text;
 }
 
-std::string ClassificationFormat::epoch_lines(const EpochResult& r, const std::string& ranks) const {
+std::string ClassificationFormat::epoch_lines(const EpochResult& r,
+                                              const std::string& ranks) const {
   std::string text;
   char line[160];
   if (r.test_loss) {
@@ -91,7 +94,8 @@ std::string ClassificationFormat::epoch_lines(const EpochResult& r, const std::s
       if (m.name != "accuracy") continue;
       // The metric is the count of correct predictions.
       std::snprintf(line, sizeof line, ", Accuracy: %lld/%lld (%.0f%%)",
-                    static_cast<long long>(m.sum), static_cast<long long>(m.samples), 100.0 * m.mean());
+                    static_cast<long long>(m.sum), static_cast<long long>(m.samples),
+                    100.0 * m.mean());
       text += line;
     }
     text += other_metrics(r.test_metrics) + "\n";
@@ -104,7 +108,8 @@ std::string ClassificationFormat::epoch_lines(const EpochResult& r, const std::s
   return text + "\n" + timing_line(r, ranks) + "\n\n";
 }
 
-std::string ClassificationFormat::metric_heading(const std::string& set, const Metric& metric) const {
+std::string ClassificationFormat::metric_heading(const std::string& set,
+                                                 const Metric& metric) const {
   return is_accuracy(set, metric) ? "test acc" : ReportFormat::metric_heading(set, metric);
 }
 

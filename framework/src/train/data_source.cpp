@@ -9,9 +9,11 @@ BatchRangeSampler::BatchRangeSampler(const DistributedSampler& sampler, int64_t 
                                      int64_t first, int64_t end)
     : indices_(sampler) {
   if (batch_size < 1 || first < 0 || end < first) {
-    throw std::invalid_argument("BatchRangeSampler: needs batch_size >= 1 and 0 <= first <= end (got "
-                                "batch_size " + std::to_string(batch_size) + ", batches " +
-                                std::to_string(first) + " to " + std::to_string(end) + ")");
+    throw std::invalid_argument(
+        "BatchRangeSampler: needs batch_size >= 1 and 0 <= first <= end (got "
+        "batch_size " +
+        std::to_string(batch_size) + ", batches " + std::to_string(first) + " to " +
+        std::to_string(end) + ")");
   }
   batch_size_ = static_cast<size_t>(batch_size);
   begin_ = static_cast<size_t>(first) * batch_size_;
@@ -26,7 +28,8 @@ void BatchRangeSampler::reset(std::optional<size_t> new_size) {
 std::optional<std::vector<size_t>> BatchRangeSampler::next(size_t batch_size) {
   if (batch_size != batch_size_) {
     throw std::invalid_argument("BatchRangeSampler: the data loader asks for batches of " +
-                                std::to_string(batch_size) + " but the range was cut in batches of " +
+                                std::to_string(batch_size) +
+                                " but the range was cut in batches of " +
                                 std::to_string(batch_size_) + "; use the same batch size");
   }
   const size_t at = indices_.position();
@@ -34,7 +37,9 @@ std::optional<std::vector<size_t>> BatchRangeSampler::next(size_t batch_size) {
   return indices_.next(std::min(batch_size, end_ - at));
 }
 
-void BatchRangeSampler::save(torch::serialize::OutputArchive& archive) const { indices_.save(archive); }
+void BatchRangeSampler::save(torch::serialize::OutputArchive& archive) const {
+  indices_.save(archive);
+}
 
 void BatchRangeSampler::load(torch::serialize::InputArchive& archive) { indices_.load(archive); }
 

@@ -36,8 +36,9 @@ struct LockFile {
   LockFile& operator=(const LockFile&) = delete;
 };
 
-// This process's held locks, by the directory's device and inode (one directory, however named). Every change
-// happens under the mutex, so a release (remove, close) never overlaps a take of the same file.
+// This process's held locks, by the directory's device and inode (one directory, however named).
+// Every change happens under the mutex, so a release (remove, close) never overlaps a take of the
+// same file.
 std::mutex registry_mutex;
 std::map<std::pair<dev_t, ino_t>, std::unique_ptr<LockFile>>& registry() {
   static std::map<std::pair<dev_t, ino_t>, std::unique_ptr<LockFile>> held;
@@ -104,7 +105,8 @@ DirectoryLockResult DirectoryLock::take(const std::string& dir) {
     struct stat info;
     if (::fstat(file->fd, &info) != 0) fail(path, "cannot stat the lock file", errno);
     if (!S_ISREG(info.st_mode)) {
-      throw std::runtime_error(path + ": the checkpoint directory's lock file is not a regular file");
+      throw std::runtime_error(path +
+                               ": the checkpoint directory's lock file is not a regular file");
     }
     int rc;
     do {
@@ -118,7 +120,8 @@ DirectoryLockResult DirectoryLock::take(const std::string& dir) {
                              "another job from using this checkpoint directory at the same time";
         return result;
       }
-      if (error != EWOULDBLOCK) fail(path, "cannot lock the checkpoint directory's lock file", error);
+      if (error != EWOULDBLOCK)
+        fail(path, "cannot lock the checkpoint directory's lock file", error);
       // The holder writes its line right after locking: give it a moment.
       std::string holder = read_holder(file->fd);
       for (int wait = 0; holder.empty() && wait < 5; ++wait) {
@@ -133,13 +136,14 @@ DirectoryLockResult DirectoryLock::take(const std::string& dir) {
     struct stat now;
     if (::stat(path.c_str(), &now) != 0 || now.st_dev != info.st_dev || now.st_ino != info.st_ino) {
       if (attempt < 100) continue;
-      throw std::runtime_error(path + ": the lock file keeps being replaced while this job takes it");
+      throw std::runtime_error(path +
+                               ": the lock file keeps being replaced while this job takes it");
     }
     result.previous_holder = read_holder(file->fd);
     const char* job = std::getenv("SLURM_JOB_ID");
-    const std::string line =
-        lock_holder_line(host_name(), static_cast<long>(::getpid()), std::time(nullptr),
-                         job ? job : "") + "\n";
+    const std::string line = lock_holder_line(host_name(), static_cast<long>(::getpid()),
+                                              std::time(nullptr), job ? job : "") +
+                             "\n";
     if (::ftruncate(file->fd, 0) != 0) fail(path, "cannot write the lock file", errno);
     const ssize_t wrote = ::pwrite(file->fd, line.data(), line.size(), 0);
     if (wrote != static_cast<ssize_t>(line.size())) {

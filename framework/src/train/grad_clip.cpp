@@ -37,8 +37,9 @@ double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_n
   const torch::Tensor total = torch::linalg_vector_norm(torch::stack(norms), norm_type);
   const double total_value = total.item<double>();
   if (error_if_nonfinite && !std::isfinite(total_value)) {
-    throw std::runtime_error("clip_grad_norm: the total norm of order " + std::to_string(norm_type) +
-                             " of the gradients is " + std::to_string(total_value) +
+    throw std::runtime_error("clip_grad_norm: the total norm of order " +
+                             std::to_string(norm_type) + " of the gradients is " +
+                             std::to_string(total_value) +
                              ", so they cannot be clipped (a NaN or infinite gradient)");
   }
   // As PyTorch's _clip_grads_with_norm_: multiplied even when the factor is 1, so a NaN total

@@ -49,8 +49,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) return;
   PerOptimizer& state = per_optimizer_[&optimizer];
   if (state.stage == Stage::Unscaled) {
-    throw std::logic_error("GradScaler::unscale_: already called on this optimizer since the last "
-                           "update()");
+    throw std::logic_error(
+        "GradScaler::unscale_: already called on this optimizer since the last "
+        "update()");
   }
   if (state.stage == Stage::Stepped) {
     throw std::logic_error("GradScaler::unscale_: called after step(); call update() first");
@@ -78,7 +79,8 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     torch::NoGradGuard no_grad;
     for (auto& [key, grads] : groups) {
       const torch::Device device = grads.front().device();
-      torch::Tensor local_found = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+      torch::Tensor local_found =
+          torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
       at::_amp_foreach_non_finite_check_and_unscale_(grads, local_found, inv_scale.to(device));
       found_inf += local_found.to(found_inf.device());
     }
@@ -100,8 +102,9 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
   PerOptimizer& state = per_optimizer_[&optimizer];
   if (state.stage == Stage::Stepped) {
-    throw std::logic_error("GradScaler::step: already called on this optimizer since the last "
-                           "update()");
+    throw std::logic_error(
+        "GradScaler::step: already called on this optimizer since the last "
+        "update()");
   }
   if (state.stage == Stage::Ready) unscale_(optimizer);
   const bool stepped = state.found_inf.item<float>() == 0.0f;
@@ -126,9 +129,7 @@ void GradScaler::update() {
   per_optimizer_.clear();
 }
 
-double GradScaler::get_scale() const {
-  return options_.enabled ? scale_.item<double>() : 1.0;
-}
+double GradScaler::get_scale() const { return options_.enabled ? scale_.item<double>() : 1.0; }
 
 int64_t GradScaler::growth_tracker() const { return growth_tracker_.item<int64_t>(); }
 

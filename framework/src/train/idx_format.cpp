@@ -32,8 +32,8 @@ size_t idx_header_bytes(const uint8_t* bytes, size_t size, const std::string& pa
   return 4 + 4 * static_cast<size_t>(bytes[3]);
 }
 
-IdxHeader parse_idx_header(const uint8_t* bytes, size_t size, uint64_t file_bytes,
-                           bool compressed, const std::string& path) {
+IdxHeader parse_idx_header(const uint8_t* bytes, size_t size, uint64_t file_bytes, bool compressed,
+                           const std::string& path) {
   IdxHeader header;
   header.header_bytes = idx_header_bytes(bytes, size, path);
   if (size < header.header_bytes) {
@@ -77,9 +77,8 @@ IdxHeader parse_idx_header(const uint8_t* bytes, size_t size, uint64_t file_byte
                      " after its " + std::to_string(header.header_bytes) + "-byte header");
     }
     if (count < after_header) {
-      fail(path, "trailing bytes: " + promise + ", the file has " +
-                     std::to_string(after_header) + " after its " +
-                     std::to_string(header.header_bytes) + "-byte header");
+      fail(path, "trailing bytes: " + promise + ", the file has " + std::to_string(after_header) +
+                     " after its " + std::to_string(header.header_bytes) + "-byte header");
     }
   }
   header.data_bytes = count;

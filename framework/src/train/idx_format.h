@@ -18,8 +18,8 @@ inline constexpr uint64_t kMaxDeflateRatio = 1032;
 
 struct IdxHeader {
   std::vector<int64_t> shape;
-  uint64_t data_bytes = 0;    // the product of `shape`, one byte per element
-  size_t header_bytes = 0;    // 4 + 4 * dimensions
+  uint64_t data_bytes = 0;  // the product of `shape`, one byte per element
+  size_t header_bytes = 0;  // 4 + 4 * dimensions
 };
 
 // The header's length given its first 4 bytes (`size` >= 4): 4 + 4 * dimensions. Throws
@@ -32,7 +32,7 @@ size_t idx_header_bytes(const uint8_t* bytes, size_t size, const std::string& pa
 // the bytes after the header of a plain file, at most kMaxDeflateRatio times a gzip file's
 // size. The element count is computed without overflow. Throws std::runtime_error naming `path`
 // and the fault.
-IdxHeader parse_idx_header(const uint8_t* bytes, size_t size, uint64_t file_bytes,
-                           bool compressed, const std::string& path);
+IdxHeader parse_idx_header(const uint8_t* bytes, size_t size, uint64_t file_bytes, bool compressed,
+                           const std::string& path);
 
 }  // namespace ddp

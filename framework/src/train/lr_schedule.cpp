@@ -9,9 +9,12 @@ namespace ddp {
 
 std::string lr_decay_name(LRDecay decay) {
   switch (decay) {
-    case LRDecay::Constant: return "constant";
-    case LRDecay::Cosine: return "cosine";
-    case LRDecay::Step: return "step";
+    case LRDecay::Constant:
+      return "constant";
+    case LRDecay::Cosine:
+      return "cosine";
+    case LRDecay::Step:
+      return "step";
   }
   return "?";
 }
@@ -20,7 +23,8 @@ LRDecay parse_lr_decay(const std::string& text) {
   if (text == "constant") return LRDecay::Constant;
   if (text == "cosine") return LRDecay::Cosine;
   if (text == "step") return LRDecay::Step;
-  throw std::invalid_argument("learning-rate decay '" + text + "': expected constant, cosine or step");
+  throw std::invalid_argument("learning-rate decay '" + text +
+                              "': expected constant, cosine or step");
 }
 
 namespace {
@@ -28,7 +32,8 @@ namespace {
 void require(bool ok, const std::string& option, const std::string& rule, double got) {
   if (ok) return;
   std::string value = std::to_string(got);
-  if (got == std::floor(got) && std::isfinite(got)) value = std::to_string(static_cast<long long>(got));
+  if (got == std::floor(got) && std::isfinite(got))
+    value = std::to_string(static_cast<long long>(got));
   throw std::invalid_argument("LRScheduleOptions::" + option + " must be " + rule + " (got " +
                               value + ")");
 }
@@ -51,13 +56,15 @@ LRSchedule::LRSchedule(torch::optim::Optimizer& optimizer, LRScheduleOptions opt
     require(o.step_size >= 1, "step_size", ">= 1", static_cast<double>(o.step_size));
     require(std::isfinite(o.gamma) && o.gamma >= 0, "gamma", "finite and >= 0", o.gamma);
   }
-  require(o.reference_batch >= 0, "reference_batch", ">= 0", static_cast<double>(o.reference_batch));
+  require(o.reference_batch >= 0, "reference_batch", ">= 0",
+          static_cast<double>(o.reference_batch));
   if (o.reference_batch > 0) {
     require(o.global_batch >= 1, "global_batch", ">= 1 when reference_batch is set",
             static_cast<double>(o.global_batch));
   }
   for (const auto& group : optimizer_.param_groups()) {
-    base_lrs_.push_back(scale_lr_with_batch(group.options().get_lr(), o.global_batch, o.reference_batch));
+    base_lrs_.push_back(
+        scale_lr_with_batch(group.options().get_lr(), o.global_batch, o.reference_batch));
   }
   apply();
 }
@@ -74,11 +81,13 @@ std::vector<double> LRSchedule::lrs_at(int64_t t) const {
     } else {
       const int64_t u = t - o.warmup_steps;
       switch (o.decay) {
-        case LRDecay::Constant: break;
+        case LRDecay::Constant:
+          break;
         case LRDecay::Cosine:
           lr = o.min_lr + (base - o.min_lr) *
                               (1.0 + std::cos(pi * static_cast<double>(u) /
-                                              static_cast<double>(o.decay_steps))) / 2.0;
+                                              static_cast<double>(o.decay_steps))) /
+                              2.0;
           break;
         case LRDecay::Step:
           lr = base * std::pow(o.gamma, static_cast<double>(u / o.step_size));
@@ -125,16 +134,19 @@ void LRSchedule::load(torch::serialize::InputArchive& archive) {
 
 double scale_lr_with_batch(double lr, int64_t global_batch, int64_t reference_batch) {
   if (reference_batch < 0) {
-    throw std::invalid_argument("scale_lr_with_batch: reference_batch must be >= 0 (0: no scaling), got " +
-                                std::to_string(reference_batch));
+    throw std::invalid_argument(
+        "scale_lr_with_batch: reference_batch must be >= 0 (0: no scaling), got " +
+        std::to_string(reference_batch));
   }
   if (!std::isfinite(lr)) {
-    throw std::invalid_argument("scale_lr_with_batch: lr must be finite, got " + std::to_string(lr));
+    throw std::invalid_argument("scale_lr_with_batch: lr must be finite, got " +
+                                std::to_string(lr));
   }
   if (reference_batch == 0) return lr;
   if (global_batch < 1) {
-    throw std::invalid_argument("scale_lr_with_batch: global_batch must be >= 1 when reference_batch is set, got " +
-                                std::to_string(global_batch));
+    throw std::invalid_argument(
+        "scale_lr_with_batch: global_batch must be >= 1 when reference_batch is set, got " +
+        std::to_string(global_batch));
   }
   return lr * static_cast<double>(global_batch) / static_cast<double>(reference_batch);
 }
@@ -142,17 +154,18 @@ double scale_lr_with_batch(double lr, int64_t global_batch, int64_t reference_ba
 void scale_lr_with_batch(torch::optim::Optimizer& optimizer, int64_t global_batch,
                          int64_t reference_batch) {
   for (auto& group : optimizer.param_groups()) {
-    group.options().set_lr(scale_lr_with_batch(group.options().get_lr(), global_batch, reference_batch));
+    group.options().set_lr(
+        scale_lr_with_batch(group.options().get_lr(), global_batch, reference_batch));
   }
 }
 
 int64_t global_batch_size(int64_t batch_size, int64_t ranks, int64_t accumulate) {
-  for (const auto& [name, value] : {std::make_pair("batch_size", batch_size),
-                                    std::make_pair("ranks", ranks),
-                                    std::make_pair("accumulate", accumulate)}) {
+  for (const auto& [name, value] :
+       {std::make_pair("batch_size", batch_size), std::make_pair("ranks", ranks),
+        std::make_pair("accumulate", accumulate)}) {
     if (value < 1) {
-      throw std::invalid_argument(std::string("global_batch_size: ") + name + " must be >= 1, got " +
-                                  std::to_string(value));
+      throw std::invalid_argument(std::string("global_batch_size: ") + name +
+                                  " must be >= 1, got " + std::to_string(value));
     }
   }
   return batch_size * ranks * accumulate;

@@ -25,11 +25,12 @@ EpochMeter::EpochMeter(std::vector<std::string> metrics, torch::Device device)
   for (size_t i = 0; i < names_.size(); ++i) sums_.push_back(zero_on(device));
 }
 
-void EpochMeter::add(const torch::Tensor& loss, int64_t samples, const std::vector<torch::Tensor>& sums) {
+void EpochMeter::add(const torch::Tensor& loss, int64_t samples,
+                     const std::vector<torch::Tensor>& sums) {
   if (!loss.defined() || loss.numel() != 1) {
-    throw std::invalid_argument("EpochMeter::add: the loss must be a scalar (got " +
-                                std::string(loss.defined() ? std::to_string(loss.numel()) + " elements"
-                                                           : "none") + ")");
+    throw std::invalid_argument(
+        "EpochMeter::add: the loss must be a scalar (got " +
+        std::string(loss.defined() ? std::to_string(loss.numel()) + " elements" : "none") + ")");
   }
   if (sums.size() != sums_.size()) {
     throw std::invalid_argument("EpochMeter::add: " + std::to_string(sums.size()) +
@@ -43,7 +44,8 @@ void EpochMeter::add(const torch::Tensor& loss, int64_t samples, const std::vect
     }
   }
   // On the device: no host synchronisation per step.
-  loss_sum_ += loss.detach().reshape({}).to(loss_sum_.device(), torch::kDouble) * static_cast<double>(samples);
+  loss_sum_ += loss.detach().reshape({}).to(loss_sum_.device(), torch::kDouble) *
+               static_cast<double>(samples);
   for (size_t i = 0; i < sums.size(); ++i) {
     sums_[i] += sums[i].detach().reshape({}).to(sums_[i].device(), torch::kDouble);
   }
@@ -51,9 +53,12 @@ void EpochMeter::add(const torch::Tensor& loss, int64_t samples, const std::vect
 }
 
 torch::Tensor EpochMeter::state(double sync_seconds) const {
-  std::vector<double> values{loss_sum_.item<double>(), static_cast<double>(samples_),
-                             restored_seconds_ + seconds_since(start_), phases_.data,
-                             phases_.forward_backward, phases_.sync + sync_seconds,
+  std::vector<double> values{loss_sum_.item<double>(),
+                             static_cast<double>(samples_),
+                             restored_seconds_ + seconds_since(start_),
+                             phases_.data,
+                             phases_.forward_backward,
+                             phases_.sync + sync_seconds,
                              phases_.optimizer};
   for (const torch::Tensor& s : sums_) values.push_back(s.item<double>());
   return torch::tensor(values, torch::kDouble);
@@ -62,11 +67,11 @@ torch::Tensor EpochMeter::state(double sync_seconds) const {
 void EpochMeter::restore(const torch::Tensor& state) {
   const int64_t expected = kFixed + static_cast<int64_t>(names_.size());
   if (!state.defined() || state.dim() != 1 || state.numel() != expected) {
-    throw std::runtime_error(
-        "EpochMeter: the saved epoch in progress has " +
-        std::to_string(state.defined() ? state.numel() : 0) + " sums, but this one needs " +
-        std::to_string(expected) + " (7 and one per metric: " + std::to_string(names_.size()) +
-        "): was it written by another task?");
+    throw std::runtime_error("EpochMeter: the saved epoch in progress has " +
+                             std::to_string(state.defined() ? state.numel() : 0) +
+                             " sums, but this one needs " + std::to_string(expected) +
+                             " (7 and one per metric: " + std::to_string(names_.size()) +
+                             "): was it written by another task?");
   }
   const torch::Tensor v = state.to(torch::kCPU, torch::kDouble).contiguous();
   const auto a = v.accessor<double, 1>();
@@ -81,12 +86,17 @@ EpochResult EpochMeter::reduce(Communicator& comm, int64_t epoch, double sync_se
   PhaseTimes local = phases_;
   local.sync += sync_seconds;
   local.forward_backward -= local.sync;  // the sync ran inside backward
-  std::vector<double> values{loss_sum_.item<double>(), static_cast<double>(samples_), local.data,
-                             local.forward_backward, local.sync, local.optimizer};
+  std::vector<double> values{loss_sum_.item<double>(),
+                             static_cast<double>(samples_),
+                             local.data,
+                             local.forward_backward,
+                             local.sync,
+                             local.optimizer};
   for (const torch::Tensor& s : sums_) values.push_back(s.item<double>());
   torch::Tensor sums = torch::tensor(values, torch::kDouble);
   comm.all_reduce(sums, ReduceOp::Sum);
-  torch::Tensor slowest = torch::tensor({restored_seconds_ + seconds_since(start_)}, torch::kDouble);
+  torch::Tensor slowest =
+      torch::tensor({restored_seconds_ + seconds_since(start_)}, torch::kDouble);
   comm.all_reduce(slowest, ReduceOp::Max);
 
   const auto s = sums.accessor<double, 1>();

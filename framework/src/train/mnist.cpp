@@ -80,13 +80,13 @@ torch::Tensor read_idx(const std::string& requested) {
   }
   if (!S_ISREG(info.st_mode)) {
     ::close(fd);
-    fail(path, S_ISDIR(info.st_mode) ? "not a regular file: it is a directory"
-                                     : "not a regular file");
+    fail(path,
+         S_ISDIR(info.st_mode) ? "not a regular file: it is a directory" : "not a regular file");
   }
   const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
   unsigned char gzip_magic[2] = {0, 0};
-  const bool compressed = ::pread(fd, gzip_magic, 2, 0) == 2 && gzip_magic[0] == 0x1f &&
-                          gzip_magic[1] == 0x8b;
+  const bool compressed =
+      ::pread(fd, gzip_magic, 2, 0) == 2 && gzip_magic[0] == 0x1f && gzip_magic[1] == 0x8b;
   // gzread reads plain files unchanged, so one path serves .gz and raw IDX.
   GzFile file(gzdopen(fd, "rb"));
   if (!file) {

@@ -86,20 +86,21 @@ double eta_seconds(double elapsed, int64_t done, int64_t total) {
   return elapsed / static_cast<double>(done) * static_cast<double>(total - done);
 }
 
-std::string format_progress_bar(int64_t epoch, int64_t done, int64_t total,
-                                double samples_per_sec, double loss, double elapsed, int width) {
+std::string format_progress_bar(int64_t epoch, int64_t done, int64_t total, double samples_per_sec,
+                                double loss, double elapsed, int width) {
   const int digits = static_cast<int>(std::to_string(total).size());
   const double fraction = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 0;
   char head[96], tail[160];
-  std::snprintf(head, sizeof head, "Epoch %lld [%*lld/%lld %3.0f%%] ", static_cast<long long>(epoch),
-                digits, static_cast<long long>(done), static_cast<long long>(total),
-                100.0 * fraction);
+  std::snprintf(head, sizeof head, "Epoch %lld [%*lld/%lld %3.0f%%] ",
+                static_cast<long long>(epoch), digits, static_cast<long long>(done),
+                static_cast<long long>(total), 100.0 * fraction);
   char loss_text[32] = "-";
   if (loss >= 0) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
   std::snprintf(tail, sizeof tail, " %.0f samples/s loss %s %s<%s", samples_per_sec, loss_text,
                 format_duration(elapsed).c_str(),
                 format_duration(eta_seconds(elapsed, done, total)).c_str());
-  const int room = width - static_cast<int>(std::string(head).size() + std::string(tail).size()) - 2;
+  const int room =
+      width - static_cast<int>(std::string(head).size() + std::string(tail).size()) - 2;
   std::string bar;
   if (room >= 5) {
     const int cells = room > 30 ? 30 : room;

@@ -47,10 +47,9 @@ std::optional<Reached> read_reached(const std::string& dir) {
   std::FILE* file = std::fopen(path_in(dir).c_str(), "r");
   if (file == nullptr) return std::nullopt;
   Reached r;
-  const int got = std::fscanf(file,
-                              "epoch %" SCNd64 " batch %" SCNd64 " step %" SCNd64
-                              " samples-per-step %" SCNd64,
-                              &r.epoch, &r.batch, &r.step, &r.samples_per_step);
+  const int got = std::fscanf(
+      file, "epoch %" SCNd64 " batch %" SCNd64 " step %" SCNd64 " samples-per-step %" SCNd64,
+      &r.epoch, &r.batch, &r.step, &r.samples_per_step);
   std::fclose(file);
   if (got != 4) return std::nullopt;
   return r;
@@ -60,8 +59,8 @@ std::string lost_work_line(const Reached& r, int64_t snapshot_step) {
   if (r.step <= snapshot_step) return "";
   const int64_t steps = r.step - snapshot_step;
   std::string line = "The previous run had reached step " + std::to_string(r.step) + " (epoch " +
-                     std::to_string(r.epoch) + ", batch " + std::to_string(r.batch) + "): " +
-                     std::to_string(steps) + " step(s)";
+                     std::to_string(r.epoch) + ", batch " + std::to_string(r.batch) +
+                     "): " + std::to_string(steps) + " step(s)";
   if (r.samples_per_step > 0) {
     line += " (" + std::to_string(steps * r.samples_per_step) + " samples)";
   }

@@ -18,10 +18,10 @@ namespace ddp::detail {
 inline constexpr const char* kReachedFileName = ".ddp.reached";
 
 struct Reached {
-  int64_t epoch = 0;            // the epoch in progress, 1-based
-  int64_t batch = 0;            // its batches trained
-  int64_t step = 0;             // optimizer steps taken in all
-  int64_t samples_per_step = 0; // over all ranks (0: not known)
+  int64_t epoch = 0;             // the epoch in progress, 1-based
+  int64_t batch = 0;             // its batches trained
+  int64_t step = 0;              // optimizer steps taken in all
+  int64_t samples_per_step = 0;  // over all ranks (0: not known)
 };
 
 // The record of one directory, open for writing while the Checkpointer lives.

@@ -55,7 +55,8 @@ std::string join_ranks(const std::vector<int>& ranks) {
 // 256 MiB, where it could exhaust memory instead of reporting.
 constexpr int64_t kMaxGatheredElements = int64_t{32} << 20;
 
-// Why a buffer may differ in a correct run: check_replicas_in_sync(model) right after a step meets it.
+// Why a buffer may differ in a correct run: check_replicas_in_sync(model) right after a step meets
+// it.
 constexpr const char* kBufferHint =
     "; a buffer (BatchNorm's running statistics) is each rank's own after a training forward, as "
     "in PyTorch, until DistributedDataParallel::prepare_forward() (or the wrapper's next training "
@@ -70,7 +71,8 @@ constexpr const char* kBufferHint =
   std::ostringstream msg;
   msg << prefix << labels[0] << " differs from rank 0 on rank(s) " << join_ranks(differing);
   bool same_layout = true;
-  for (int r : differing) same_layout = same_layout && labels[r] == labels[0] && layouts[r] == layouts[0];
+  for (int r : differing)
+    same_layout = same_layout && labels[r] == labels[0] && layouts[r] == layouts[0];
   if (!same_layout) {
     msg << " (rank 0: " << labels[0] << " " << layouts[0];
     for (int r : differing) msg << "; rank " << r << ": " << labels[r] << " " << layouts[r];
@@ -141,13 +143,13 @@ bool compare_tensors(const torch::Tensor& a, const torch::Tensor& b, TensorDiffe
   // Element by element on the raw bytes: values that compare equal but differ in bits count.
   const torch::Tensor x = host_bytes(a), y = host_bytes(b);
   const int64_t n = x.numel(), width = static_cast<int64_t>(x.element_size());
-  const int64_t differing =
-      n == 0 ? 0
-             : torch::from_blob(x.data_ptr(), {n, width}, torch::kByte)
-                   .ne(torch::from_blob(y.data_ptr(), {n, width}, torch::kByte))
-                   .any(1)
-                   .sum()
-                   .item<int64_t>();
+  const int64_t differing = n == 0
+                                ? 0
+                                : torch::from_blob(x.data_ptr(), {n, width}, torch::kByte)
+                                      .ne(torch::from_blob(y.data_ptr(), {n, width}, torch::kByte))
+                                      .any(1)
+                                      .sum()
+                                      .item<int64_t>();
   if (differing == 0) return false;
   d.max_abs_diff = max_abs_difference(x, y);
   std::ostringstream text;
@@ -175,9 +177,11 @@ void check_replicas_in_sync(const torch::nn::Module& module, Communicator& comm,
                             const std::string& context) {
   const std::string prefix = "replicas differ" + (context.empty() ? "" : " " + context) + ": ";
   std::vector<Entry> entries;
-  for (const auto& p : module.named_parameters()) entries.push_back({"parameter '" + p.key() + "'", p.value()});
+  for (const auto& p : module.named_parameters())
+    entries.push_back({"parameter '" + p.key() + "'", p.value()});
   const int64_t parameters = static_cast<int64_t>(entries.size());
-  for (const auto& b : module.named_buffers()) entries.push_back({"buffer '" + b.key() + "'", b.value()});
+  for (const auto& b : module.named_buffers())
+    entries.push_back({"buffer '" + b.key() + "'", b.value()});
   const int64_t buffers = static_cast<int64_t>(entries.size()) - parameters;
 
   // Counts first: hash vectors of different lengths cannot be gathered.
@@ -238,6 +242,5 @@ std::vector<TensorDifference> compare_state_files(const std::string& a, const st
   }
   return differences;
 }
-
 
 }  // namespace ddp

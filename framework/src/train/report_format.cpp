@@ -55,7 +55,8 @@ std::string ReportFormat::metric_heading(const std::string& set, const Metric& m
   return std::string(name.size() < 10 ? 10 - name.size() : 0, ' ') + name;
 }
 
-std::string ReportFormat::metric_cell(const std::string& /*set*/, const Metric& metric, int width) const {
+std::string ReportFormat::metric_cell(const std::string& /*set*/, const Metric& metric,
+                                      int width) const {
   char text[64];
   std::snprintf(text, sizeof text, "%*.6g", width, metric.mean());
   return text;
@@ -97,7 +98,8 @@ std::string ReportFormat::summary_table(const std::vector<EpochResult>& epochs) 
   table += "  time (s)  samples/s    sync\n";
   char text[96];
   for (const EpochResult& e : epochs) {
-    std::snprintf(text, sizeof text, "%5lld  %10.4f", static_cast<long long>(e.epoch), e.train_loss);
+    std::snprintf(text, sizeof text, "%5lld  %10.4f", static_cast<long long>(e.epoch),
+                  e.train_loss);
     table += text;
     for (size_t i = 0; i < train_heads.size(); ++i) {
       const Metric m = i < e.train_metrics.size() ? e.train_metrics[i] : Metric{};
@@ -123,7 +125,8 @@ std::string ReportFormat::snapshot_line(const SnapshotCost& c, double run_second
   std::snprintf(text, sizeof text,
                 "Snapshots: %lld written (%lld inside epochs, %lld at epoch ends), %.2f s in all, "
                 "mean %.1f ms, max %.1f ms",
-                static_cast<long long>(c.written), static_cast<long long>(c.written - c.at_epoch_end),
+                static_cast<long long>(c.written),
+                static_cast<long long>(c.written - c.at_epoch_end),
                 static_cast<long long>(c.at_epoch_end), c.seconds, 1e3 * c.mean_seconds(),
                 1e3 * c.max_seconds);
   std::string line = text;

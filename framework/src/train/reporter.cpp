@@ -31,9 +31,7 @@ Reporter::Reporter(ProcessGroup& group, ReporterOptions options)
 
 Reporter::~Reporter() = default;
 
-std::string Reporter::ranks() const {
-  return std::to_string(group_.size()) + " rank(s)";
-}
+std::string Reporter::ranks() const { return std::to_string(group_.size()) + " rank(s)"; }
 
 namespace {
 
@@ -43,7 +41,8 @@ namespace {
 bool kept_at_resume(const nlohmann::json& json, const ResumePoint& start) {
   if (!json.is_object()) return false;
   const auto after = [&json](const char* key, int64_t reached) {
-    return json.contains(key) && json[key].is_number_integer() && json[key].get<int64_t>() > reached;
+    return json.contains(key) && json[key].is_number_integer() &&
+           json[key].get<int64_t>() > reached;
   };
   if (json.contains("kind") && json["kind"] == "step") return !after("step", start.position.step);
   return !after("epoch", start.epochs_done());
@@ -72,7 +71,8 @@ void Reporter::start_run(const ResumePoint& start) {
     std::string kept, line;
     bool dropped = false;
     while (std::getline(in, line)) {
-      if (!kept_at_resume(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false), start)) {
+      if (!kept_at_resume(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false),
+                          start)) {
         dropped = true;
         continue;
       }
@@ -135,9 +135,9 @@ void Reporter::batch_done(int64_t b, const torch::Tensor& loss, int64_t samples,
       line.epoch = plan_.epoch;
       line.seen = b * plan_.batch_size * group_.size();
       line.dataset_size = plan_.dataset_size;
-      line.percent = plan_.batches_per_epoch > 0
-                         ? 100.0 * static_cast<double>(b) / static_cast<double>(plan_.batches_per_epoch)
-                         : 0.0;
+      line.percent = plan_.batches_per_epoch > 0 ? 100.0 * static_cast<double>(b) /
+                                                       static_cast<double>(plan_.batches_per_epoch)
+                                                 : 0.0;
       line.loss = shown_loss_;
       line.eta_seconds = eta_seconds(seconds_since(started_), b + 1 - plan_.first_batch,
                                      plan_.batches - plan_.first_batch);
@@ -198,12 +198,13 @@ void Reporter::stopped(const StopAgreement& stop, const TrainingPosition& at,
                             " (step " + std::to_string(at.step) + ")";
   // From the signal to the check (on the rank that got it), then the snapshot.
   if (snapshot.empty()) {
-    std::printf("%s; nothing saved: no checkpoint directory (CheckpointerOptions::dir is empty) "
-                "(%.2f s after the signal)\n",
-                where.c_str(), stop.seconds_since_signal());
+    std::printf(
+        "%s; nothing saved: no checkpoint directory (CheckpointerOptions::dir is empty) "
+        "(%.2f s after the signal)\n",
+        where.c_str(), stop.seconds_since_signal());
   } else {
-    std::printf("%s: wrote %s %.2f s after the signal; resume from it to continue\n",
-                where.c_str(), snapshot.c_str(), stop.seconds_since_signal());
+    std::printf("%s: wrote %s %.2f s after the signal; resume from it to continue\n", where.c_str(),
+                snapshot.c_str(), stop.seconds_since_signal());
   }
   std::fflush(stdout);
 }
@@ -212,8 +213,8 @@ void Reporter::write_step_record(int64_t b, double loss, const double* phases,
                                  const StepScalars& scalars) {
   const double seconds = seconds_since(recorded_);
   const int64_t step = scalars.step >= 0 ? scalars.step : counted_step_;
-  nlohmann::ordered_json line = {{"kind", "step"}, {"epoch", plan_.epoch}, {"batch", b},
-                                 {"step", step}, {"loss", loss}};
+  nlohmann::ordered_json line = {
+      {"kind", "step"}, {"epoch", plan_.epoch}, {"batch", b}, {"step", step}, {"loss", loss}};
   if (scalars.lr) line["lr"] = *scalars.lr;
   if (scalars.grad_norm) line["grad_norm"] = *scalars.grad_norm;
   line["samples_per_sec"] =
@@ -242,7 +243,8 @@ void Reporter::write_step_record(int64_t b, double loss, const double* phases,
     write_error_ = e.what();
     metrics_.close();
     tensorboard_.reset();
-    std::fprintf(stderr, "ddp: %s; training goes on to the epoch's end, and stops there\n", e.what());
+    std::fprintf(stderr, "ddp: %s; training goes on to the epoch's end, and stops there\n",
+                 e.what());
     std::fflush(stderr);
   }
 }
@@ -280,7 +282,8 @@ void Reporter::write_metrics(const EpochResult& r) {
   if (tensorboard_) {
     std::vector<std::pair<std::string, double>> values;
     for (const auto& [key, value] : line.items()) {
-      if (value.is_number() && key != "epoch") values.emplace_back("epoch/" + key, value.get<double>());
+      if (value.is_number() && key != "epoch")
+        values.emplace_back("epoch/" + key, value.get<double>());
     }
     tensorboard_->scalars(r.epoch, values);
   }

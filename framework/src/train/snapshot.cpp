@@ -128,14 +128,16 @@ std::string broadcast_file(const std::string& path, Communicator& comm) {
     }
   }
   const std::string& payload = error.empty() ? bytes : error;
-  torch::Tensor header = torch::tensor({error.empty() ? int64_t{1} : int64_t{0},
-                                        static_cast<int64_t>(payload.size())}, torch::kLong);
+  torch::Tensor header =
+      torch::tensor({error.empty() ? int64_t{1} : int64_t{0}, static_cast<int64_t>(payload.size())},
+                    torch::kLong);
   comm.broadcast(header, 0);
   const bool ok = header[0].item<int64_t>() == 1;
   torch::Tensor data = torch::empty({header[1].item<int64_t>()}, torch::kByte);
   if (comm.rank() == 0) std::memcpy(data.data_ptr(), payload.data(), payload.size());
   if (data.numel() > 0) comm.broadcast(data, 0);
-  std::string received(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
+  std::string received(static_cast<const char*>(data.data_ptr()),
+                       static_cast<size_t>(data.numel()));
   if (!ok) {
     // The header checks already name the file.
     if (received.compare(0, path.size() + 2, path + ": ") == 0) throw std::runtime_error(received);
@@ -163,11 +165,13 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
   const std::string prefix = "snapshot_epoch", suffix = ".pt";
   while (const dirent* entry = readdir(d.get())) {
     const std::string name = entry->d_name;
-    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+    if (name.size() <= prefix.size() + suffix.size() ||
+        name.compare(0, prefix.size(), prefix) != 0 ||
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
-    const std::string middle = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    const std::string middle =
+        name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
     const size_t batch_at = middle.find("_batch");
     const std::string epoch = middle.substr(0, batch_at);
     const std::string batch = batch_at == std::string::npos ? "" : middle.substr(batch_at + 6);
@@ -182,13 +186,15 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
             : std::pair<int64_t, int64_t>(std::stoll(epoch) - 1, std::stoll(batch));
     found.emplace_back(position, dir + "/" + name);
   }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> paths;
   for (const auto& f : found) paths.push_back(f.second);
   return paths;
 }
 
-static SnapshotParts one_model(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer) {
+static SnapshotParts one_model(const torch::nn::Module& model,
+                               const torch::optim::Optimizer& optimizer) {
   // Saving only reads them.
   return SnapshotParts{{{"", const_cast<torch::nn::Module*>(&model)}},
                        {{"", const_cast<torch::optim::Optimizer*>(&optimizer)}}};
@@ -214,20 +220,22 @@ void save_snapshot(const std::string& path, Communicator& comm, const SnapshotPa
 }
 
 void detail::save_snapshot_with(const std::string& path, Communicator& comm,
-                                const SnapshotParts& parts, const TrainingProgress& progress, const RankState& rank_state,
-                                const TrainingExtras& extras,
+                                const SnapshotParts& parts, const TrainingProgress& progress,
+                                const RankState& rank_state, const TrainingExtras& extras,
                                 const torch::Tensor& cuda_generator_state) {
   const torch::Tensor generators = comm.all_gather(default_generator_state());
   const torch::Tensor cuda_generators = gather_cuda_generator_states(comm, cuda_generator_state);
   // Every rank hands in the same kinds (the same code runs everywhere), so every rank takes part
   // in the same gathers.
-  const torch::Tensor rank_generators =
-      rank_state.generator.defined() ? comm.all_gather(rank_state.generator.contiguous()) : torch::Tensor();
+  const torch::Tensor rank_generators = rank_state.generator.defined()
+                                            ? comm.all_gather(rank_state.generator.contiguous())
+                                            : torch::Tensor();
   const torch::Tensor rank_values =
       rank_state.values.defined()
           ? comm.all_gather(rank_state.values.to(torch::kDouble).contiguous())
           : torch::Tensor();
-  const GatheredStates ddp_states = extras.ddp ? gather_ddp_states(comm, *extras.ddp) : GatheredStates{};
+  const GatheredStates ddp_states =
+      extras.ddp ? gather_ddp_states(comm, *extras.ddp) : GatheredStates{};
   // On every rank: an optimizer whose state is sharded (ZeroRedundancyOptimizer) gathers it to
   // rank 0 in save(), collectively. The archive holds references, not copies, until written.
   torch::serialize::OutputArchive optimizer_archive;
@@ -242,15 +250,17 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
   archive.write("model_description", c10::IValue(detail::describe_parts(parts)));
   archive.write("optimizer_type", c10::IValue(detail::optimizer_types(parts)));
   // Values 6 and 7 (batch size, samples done) came later: readers take what is there.
-  archive.write("progress", torch::tensor({progress.epoch, progress.global_step, progress.seed,
-                                           static_cast<int64_t>(progress.world_size),
-                                           progress.batches_done, progress.batch_size,
-                                           progress.samples_done},
-                                          torch::kLong));
+  archive.write("progress",
+                torch::tensor({progress.epoch, progress.global_step, progress.seed,
+                               static_cast<int64_t>(progress.world_size), progress.batches_done,
+                               progress.batch_size, progress.samples_done},
+                              torch::kLong));
   archive.write("cpu_generator_states", generators);
   // Empty tensors stand for "none": an archive has no optional entries.
-  archive.write("rank_generator_states", rank_generators.defined() ? rank_generators : torch::empty({0}, torch::kByte));
-  archive.write("rank_values", rank_values.defined() ? rank_values : torch::empty({0}, torch::kDouble));
+  archive.write("rank_generator_states",
+                rank_generators.defined() ? rank_generators : torch::empty({0}, torch::kByte));
+  archive.write("rank_values",
+                rank_values.defined() ? rank_values : torch::empty({0}, torch::kDouble));
   // Only when the ranks compute on CUDA: files from CPU runs (and from before the entry) lack it.
   if (cuda_generators.defined()) archive.write("cuda_generator_states", cuda_generators);
   // Entries only when the run has them (load_snapshot checks both ways).
@@ -291,14 +301,14 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
   return load_snapshot(path, comm, one_model(model, optimizer), scheduler, rank_state, extras);
 }
 
-TrainingProgress load_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
-                               torch::optim::LRScheduler* scheduler, RankState* rank_state,
-                               const TrainingExtras& extras) {
+TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
+                               const SnapshotParts& parts, torch::optim::LRScheduler* scheduler,
+                               RankState* rank_state, const TrainingExtras& extras) {
   check_snapshot_parts(parts, "load_snapshot");
   const torch::nn::Module& model = *parts.modules[0].second;
   detail::SavedCudaGenerator saved;
-  const TrainingProgress progress = detail::load_snapshot_with(
-      path, comm, parts, scheduler, rank_state, extras, saved);
+  const TrainingProgress progress =
+      detail::load_snapshot_with(path, comm, parts, scheduler, rank_state, extras, saved);
   const auto device = cuda_device_of(model);
   if (device && saved.state.defined()) {
     at::Generator generator = cuda_generator(*device);
@@ -335,7 +345,8 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
     return std::runtime_error(path + ": " + why);
   };
   // Rank 0 checked the header before reading; every rank checks the bytes it received.
-  const SnapshotHeader header = parse_snapshot_header(bytes.data(), bytes.size(), bytes.size(), path);
+  const SnapshotHeader header =
+      parse_snapshot_header(bytes.data(), bytes.size(), bytes.size(), path);
   const char* payload = bytes.data() + kSnapshotHeaderBytes;
   const size_t size = bytes.size() - kSnapshotHeaderBytes;
   check_snapshot_payload(header, payload, size, path);
@@ -370,8 +381,10 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   }
   // Values of the right type and shape before they are used: an archive with a valid checksum
   // may still come from elsewhere.
-  if (!description.isString() || !optimizer_type.isString() || (has_settings && !settings.isString())) {
-    throw fail("unreadable snapshot: model_description, optimizer_type or settings is not a string");
+  if (!description.isString() || !optimizer_type.isString() ||
+      (has_settings && !settings.isString())) {
+    throw fail(
+        "unreadable snapshot: model_description, optimizer_type or settings is not a string");
   }
   if (progress_values.scalar_type() != torch::kLong || progress_values.dim() != 1) {
     throw fail("unreadable snapshot: progress is not a 1-dimensional int64 tensor");
@@ -382,25 +395,31 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   if (generators.dim() != 2 || generators.scalar_type() != torch::kByte || generators.size(0) < 1) {
     throw fail("unreadable snapshot: cpu_generator_states is not uint8 rows, one per rank");
   }
-  const std::string difference = first_difference(detail::describe_parts(parts), description.toStringRef());
+  const std::string difference =
+      first_difference(detail::describe_parts(parts), description.toStringRef());
   if (!difference.empty()) throw fail("written for a different model: " + difference);
   const std::string optimizers = detail::optimizer_types(parts);
   if (optimizer_type.toStringRef() != optimizers) {
-    throw fail("written for optimizer " + optimizer_type.toStringRef() + ", this run uses " + optimizers);
+    throw fail("written for optimizer " + optimizer_type.toStringRef() + ", this run uses " +
+               optimizers);
   }
 
   auto check_extra = [&](bool in_file, bool in_run, const std::string& what) {
     if (in_file && !in_run) {
-      throw fail("holds the state of a " + what + ", which this run does not use (resume with the "
+      throw fail("holds the state of a " + what +
+                 ", which this run does not use (resume with the "
                  "same training options)");
     }
     if (!in_file && in_run) {
-      throw fail("holds no state of a " + what + ", which this run uses: it was written by a "
+      throw fail("holds no state of a " + what +
+                 ", which this run uses: it was written by a "
                  "run without one (resume with the same training options)");
     }
   };
-  check_extra(has_schedule, extras.lr_schedule != nullptr, "per-step learning-rate schedule (LRSchedule)");
-  check_extra(has_scaler, extras.grad_scaler != nullptr, "loss scaler (GradScaler, fp16 mixed precision)");
+  check_extra(has_schedule, extras.lr_schedule != nullptr,
+              "per-step learning-rate schedule (LRSchedule)");
+  check_extra(has_scaler, extras.grad_scaler != nullptr,
+              "loss scaler (GradScaler, fp16 mixed precision)");
 
   TrainingProgress progress;
   progress.epoch = progress_values[0].item<int64_t>();
@@ -412,7 +431,8 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
     progress.batch_size = progress_values[5].item<int64_t>();
     progress.samples_done = progress_values[6].item<int64_t>();
   }
-  if (progress.batches_done > 0 && progress.world_size != comm.size() && progress.samples_done < 0) {
+  if (progress.batches_done > 0 && progress.world_size != comm.size() &&
+      progress.samples_done < 0) {
     throw fail("taken inside epoch " + std::to_string(progress.epoch + 1) + " (after " +
                std::to_string(progress.batches_done) + " batches) by " +
                std::to_string(progress.world_size) + " rank(s); this run has " +
@@ -423,17 +443,20 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   if (has_settings) progress.settings = decode_settings(settings.toStringRef());
   // Checked before anything is restored: the rows are indexed by rank below.
   if (progress.world_size == comm.size() && generators.size(0) != comm.size()) {
-    throw fail("unreadable snapshot: cpu_generator_states has " + std::to_string(generators.size(0)) +
-               " rows for the " + std::to_string(comm.size()) + " ranks that wrote it");
+    throw fail("unreadable snapshot: cpu_generator_states has " +
+               std::to_string(generators.size(0)) + " rows for the " + std::to_string(comm.size()) +
+               " ranks that wrote it");
   }
   if (has_ddp && !well_formed(ddp_states, progress.world_size)) {
     throw fail("unreadable snapshot: ddp_states is not uint8 rows, one for each of the " +
                std::to_string(progress.world_size) + " ranks that wrote it");
   }
-  if (cuda.in_file && (cuda_generators.dim() != 2 || cuda_generators.scalar_type() != torch::kByte ||
-                       cuda_generators.size(0) != progress.world_size)) {
-    throw fail("unreadable snapshot: cuda_generator_states is not uint8 rows, one for each of the " +
-               std::to_string(progress.world_size) + " ranks that wrote it");
+  if (cuda.in_file &&
+      (cuda_generators.dim() != 2 || cuda_generators.scalar_type() != torch::kByte ||
+       cuda_generators.size(0) != progress.world_size)) {
+    throw fail(
+        "unreadable snapshot: cuda_generator_states is not uint8 rows, one for each of the " +
+        std::to_string(progress.world_size) + " ranks that wrote it");
   }
   try {
     detail::read_parts(model_archive, optimizer_archive, parts, scheduler, progress.epoch);

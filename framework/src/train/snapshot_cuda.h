@@ -18,9 +18,8 @@ struct SavedCudaGenerator {
 // save_snapshot, with `cuda_generator_state` (uint8; undefined: this rank computes on the CPU) as
 // this rank's. Collective; every rank must hand in a state of the same size, or none.
 void save_snapshot_with(const std::string& path, Communicator& comm, const SnapshotParts& parts,
-                        const TrainingProgress& progress,
-                        const RankState& rank_state, const TrainingExtras& extras,
-                        const torch::Tensor& cuda_generator_state);
+                        const TrainingProgress& progress, const RankState& rank_state,
+                        const TrainingExtras& extras, const torch::Tensor& cuda_generator_state);
 
 // load_snapshot without touching any CUDA generator: this rank's saved state goes to `cuda`.
 TrainingProgress load_snapshot_with(const std::string& path, Communicator& comm,

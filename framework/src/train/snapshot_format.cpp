@@ -25,15 +25,17 @@ SnapshotHeader parse_snapshot_header(const char* bytes, size_t size, uint64_t fi
                                      const std::string& path) {
   if (size >= sizeof kSnapshotMagicV1 &&
       std::memcmp(bytes, kSnapshotMagicV1, sizeof kSnapshotMagicV1) == 0) {
-    fail(path, "a snapshot of format 1 (DDPSNAP1, FNV-1a checksum), written by an older ddp; "
-               "this one reads format 3 (DDPSNAP3, XXH64, with the position inside an epoch): "
-               "start the run afresh, or resume with the ddp that wrote it");
+    fail(path,
+         "a snapshot of format 1 (DDPSNAP1, FNV-1a checksum), written by an older ddp; "
+         "this one reads format 3 (DDPSNAP3, XXH64, with the position inside an epoch): "
+         "start the run afresh, or resume with the ddp that wrote it");
   }
   if (size >= sizeof kSnapshotMagicV2 &&
       std::memcmp(bytes, kSnapshotMagicV2, sizeof kSnapshotMagicV2) == 0) {
-    fail(path, "a snapshot of format 2 (DDPSNAP2, epoch ends only), written by an older ddp; "
-               "this one reads format 3 (DDPSNAP3, with the position inside an epoch): start the "
-               "run afresh, or resume with the ddp that wrote it");
+    fail(path,
+         "a snapshot of format 2 (DDPSNAP2, epoch ends only), written by an older ddp; "
+         "this one reads format 3 (DDPSNAP3, with the position inside an epoch): start the "
+         "run afresh, or resume with the ddp that wrote it");
   }
   // "DDPSNAP" and a later digit: a format this build does not know, written by a newer ddp. Said
   // so, with both versions, rather than "not a snapshot": the file is fine, the reader is old.
@@ -41,10 +43,11 @@ SnapshotHeader parse_snapshot_header(const char* bytes, size_t size, uint64_t fi
   const char version = size >= sizeof kSnapshotMagic ? bytes[kPrefix] : '\0';
   if (size >= sizeof kSnapshotMagic && std::memcmp(bytes, kSnapshotMagic, kPrefix) == 0 &&
       version > kSnapshotMagic[kPrefix] && version <= '9') {
-    fail(path, std::string("a snapshot of format ") + version + " (DDPSNAP" + version +
-                   "), written by a newer ddp; this build reads format " + kSnapshotMagic[kPrefix] +
-                   " (DDPSNAP" + kSnapshotMagic[kPrefix] +
-                   "): resume with the ddp that wrote it (or a newer one), or start the run afresh");
+    fail(path,
+         std::string("a snapshot of format ") + version + " (DDPSNAP" + version +
+             "), written by a newer ddp; this build reads format " + kSnapshotMagic[kPrefix] +
+             " (DDPSNAP" + kSnapshotMagic[kPrefix] +
+             "): resume with the ddp that wrote it (or a newer one), or start the run afresh");
   }
   if (size < kSnapshotHeaderBytes || file_bytes < kSnapshotHeaderBytes ||
       std::memcmp(bytes, kSnapshotMagic, sizeof kSnapshotMagic) != 0) {
@@ -80,10 +83,12 @@ void check_snapshot_progress(const int64_t* values, size_t count, const std::str
                    std::to_string(values[3]) + ")");
   }
   // Later values, when present: batches done, the per-rank batch size, the samples done.
-  if ((count > 4 && values[4] < 0) || (count > 5 && values[5] < 0) || (count > 6 && values[6] < -1)) {
-    fail(path, "unreadable snapshot: impossible progress (batches done " + std::to_string(values[4]) +
-                   (count > 5 ? ", batch size " + std::to_string(values[5]) : std::string()) +
-                   (count > 6 ? ", samples done " + std::to_string(values[6]) : std::string()) + ")");
+  if ((count > 4 && values[4] < 0) || (count > 5 && values[5] < 0) ||
+      (count > 6 && values[6] < -1)) {
+    fail(path,
+         "unreadable snapshot: impossible progress (batches done " + std::to_string(values[4]) +
+             (count > 5 ? ", batch size " + std::to_string(values[5]) : std::string()) +
+             (count > 6 ? ", samples done " + std::to_string(values[6]) : std::string()) + ")");
   }
 }
 

@@ -35,12 +35,14 @@ void check_names(const Named& named, const char* kind, const std::string& who, b
   if (named.empty()) throw std::invalid_argument(who + ": no " + kind);
   for (size_t i = 0; i < named.size(); ++i) {
     const std::string& name = named[i].first;
-    if (named[i].second == nullptr) throw std::invalid_argument(who + ": the " + kind + " \"" + name + "\" is null");
+    if (named[i].second == nullptr)
+      throw std::invalid_argument(who + ": the " + kind + " \"" + name + "\" is null");
     if (one) continue;
     const bool valid = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
       return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
     });
-    const bool unique = std::none_of(named.begin(), named.begin() + i, [&](const auto& n) { return n.first == name; });
+    const bool unique = std::none_of(named.begin(), named.begin() + i,
+                                     [&](const auto& n) { return n.first == name; });
     if (!valid || !unique) {
       throw std::invalid_argument(who + ": the " + kind + " name \"" + name + "\" must be " +
                                   (valid ? "unique" : "made of letters, digits and '_'") +
@@ -68,7 +70,8 @@ namespace ddp::detail {
 std::string describe_parts(const SnapshotParts& parts) {
   std::string text;
   for (const auto& [name, module] : parts.modules) {
-    for (const auto& line : describe_tensors(*module)) text += (name.empty() ? "" : name + ": ") + line + "\n";
+    for (const auto& line : describe_tensors(*module))
+      text += (name.empty() ? "" : name + ": ") + line + "\n";
   }
   return text;
 }
@@ -133,7 +136,8 @@ GatheredStates gather_ddp_states(Communicator& comm, const DistributedDataParall
   // Lengths first, so every row can be padded to the longest for one all_gather.
   GatheredStates gathered;
   gathered.lengths =
-      comm.all_gather(torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)).reshape({-1});
+      comm.all_gather(torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong))
+          .reshape({-1});
   const int64_t longest = gathered.lengths.max().item<int64_t>();
   torch::Tensor row = torch::zeros({longest}, torch::kByte);
   std::memcpy(row.data_ptr(), mine.data(), mine.size());
@@ -163,7 +167,8 @@ std::string restore_ddp_state(DistributedDataParallel& ddp, const GatheredStates
 
 std::string encode_settings(const Settings& settings) {
   std::string text;
-  for (const auto& [name, value] : settings) text += flattened(name) + "\t" + flattened(value) + "\n";
+  for (const auto& [name, value] : settings)
+    text += flattened(name) + "\t" + flattened(value) + "\n";
   return text;
 }
 

@@ -13,9 +13,10 @@ namespace {
 int64_t checked_every(int64_t every, const Checkpointer& checkpointer) {
   if (every == 0 && checkpointer.options().every_seconds > 0) {
     // The ranks agree on a timed snapshot at the stop check.
-    throw std::invalid_argument("CheckpointerOptions::every_seconds needs stop checks "
-                                "(StepBoundary's stop_check_every > 0): the ranks agree on a "
-                                "timed snapshot there");
+    throw std::invalid_argument(
+        "CheckpointerOptions::every_seconds needs stop checks "
+        "(StepBoundary's stop_check_every > 0): the ranks agree on a "
+        "timed snapshot there");
   }
   return every;  // StopAgreement refuses a negative one
 }
@@ -34,7 +35,8 @@ const ResumePoint& StepBoundary::resume(torch::optim::LRScheduler* scheduler) {
   return resume_;
 }
 
-EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler, int64_t batch_size) {
+EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler,
+                                     int64_t batch_size) {
   epoch_ = EpochStart{};
   batch_size_ = batch_size;
   position_ = TrainingPosition{epoch, 0, position_.step, 0};
@@ -50,7 +52,8 @@ EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler,
   epoch_.rank_state = std::exchange(resume_.rank_state, RankState{});
   const bool moved = resume_.world_size != group_.size() ||
                      (resume_.batch_size > 0 && resume_.batch_size != batch_size);
-  if (!moved || samples < 0) {  // each rank continues its own shard (load_snapshot refused the rest)
+  if (!moved ||
+      samples < 0) {  // each rank continues its own shard (load_snapshot refused the rest)
     sampler.set_epoch(epoch);
     epoch_.first_batch = batch;
     return epoch_;
@@ -58,11 +61,10 @@ EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler,
   // The rest of the epoch's order, re-sharded over this run's ranks, counted on from the
   // snapshot's batch.
   if (samples >= sampler.dataset_size()) {
-    throw std::runtime_error(resume_.path + ": records " + std::to_string(samples) +
-                             " samples of epoch " + std::to_string(epoch) +
-                             " trained, but the training set has " +
-                             std::to_string(sampler.dataset_size()) +
-                             ": resume with the training set that wrote it");
+    throw std::runtime_error(
+        resume_.path + ": records " + std::to_string(samples) + " samples of epoch " +
+        std::to_string(epoch) + " trained, but the training set has " +
+        std::to_string(sampler.dataset_size()) + ": resume with the training set that wrote it");
   }
   sampler.set_epoch(epoch, samples);
   epoch_.first_batch = epoch_.sampler_offset = batch;
@@ -70,9 +72,11 @@ EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler,
   return epoch_;
 }
 
-bool StepBoundary::at_step(int64_t batch, int64_t step, const std::function<RankState()>& rank_state,
+bool StepBoundary::at_step(int64_t batch, int64_t step,
+                           const std::function<RankState()>& rank_state,
                            int64_t nonfinite_loss_step) {
-  const int64_t samples = epoch_.sampler_start + epoch_.sampler_batch(batch) * batch_size_ * group_.size();
+  const int64_t samples =
+      epoch_.sampler_start + epoch_.sampler_batch(batch) * batch_size_ * group_.size();
   position_ = TrainingPosition{position_.epoch, batch, step, samples};
   snapshot_.clear();
   // The non-finite loss: the highest rank and, negated so that Max finds it, the earliest step.

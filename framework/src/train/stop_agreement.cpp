@@ -12,7 +12,8 @@ namespace ddp {
 
 StopAgreement::StopAgreement(ProcessGroup& group, int64_t every) : group_(group), every_(every) {
   if (every < 0) {
-    throw std::invalid_argument("StopAgreement: every must be >= 0 (got " + std::to_string(every) + ")");
+    throw std::invalid_argument("StopAgreement: every must be >= 0 (got " + std::to_string(every) +
+                                ")");
   }
   if (every > 0) handlers_.emplace();
 }

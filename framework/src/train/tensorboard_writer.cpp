@@ -73,15 +73,17 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
     throw std::runtime_error(dir + ": cannot create the TensorBoard folder: " + error.message());
   }
   const double now = unix_seconds();
-  const std::string base = (std::filesystem::path(dir) / ("events.out.tfevents." +
-                            std::to_string(static_cast<int64_t>(now)) + "." + host_name())).string();
+  const std::string base =
+      (std::filesystem::path(dir) /
+       ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host_name()))
+          .string();
   // O_EXCL: never append to (or truncate) another run's file of the same second.
   for (int n = 0; fd_ < 0; ++n) {
     path_ = n == 0 ? base : base + "." + std::to_string(n);
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ < 0 && (errno != EEXIST || n >= 100)) {
-      throw std::runtime_error(path_ + ": cannot open the TensorBoard event file for writing: " +
-                               std::strerror(errno));
+      throw std::runtime_error(
+          path_ + ": cannot open the TensorBoard event file for writing: " + std::strerror(errno));
     }
   }
   tensorboard::Event event;
@@ -102,14 +104,15 @@ void TensorBoardWriter::write(const std::string& event) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int reason = n < 0 ? errno : ENOSPC;
-      throw std::runtime_error(path_ + ": cannot write the TensorBoard event file: " +
-                               std::strerror(reason));
+      throw std::runtime_error(
+          path_ + ": cannot write the TensorBoard event file: " + std::strerror(reason));
     }
     done += static_cast<size_t>(n);
   }
 }
 
-void TensorBoardWriter::scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+void TensorBoardWriter::scalars(int64_t step,
+                                const std::vector<std::pair<std::string, double>>& values) {
   tensorboard::Event event;
   event.set_wall_time(unix_seconds());
   event.set_step(step);

@@ -34,7 +34,8 @@ void at_least(const char* option, int64_t value, int64_t least) {
 
 // Checks the options that are the Trainer's own (the parts check theirs), before any part is
 // built.
-TrainerOptions checked(TrainerOptions options, const ProcessGroup& group, const DistributedDataParallel* ddp) {
+TrainerOptions checked(TrainerOptions options, const ProcessGroup& group,
+                       const DistributedDataParallel* ddp) {
   at_least("batch_size", options.batch_size, 1);
   at_least("test_batch_size", options.test_batch_size, 1);
   at_least("limit_train_batches", options.limit_train_batches, 0);
@@ -70,7 +71,8 @@ std::vector<int64_t> samples_of_batch(const std::vector<int64_t>& order, int64_t
                                       int64_t batch_size) {
   const int64_t n = static_cast<int64_t>(order.size());
   begin = std::min(n, begin);
-  return std::vector<int64_t>(order.begin() + begin, order.begin() + std::min(n, begin + batch_size));
+  return std::vector<int64_t>(order.begin() + begin,
+                              order.begin() + std::min(n, begin + batch_size));
 }
 
 bool valid_metric_name(const std::string& name) {
@@ -151,25 +153,28 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
       scaler_(options_.amp == AmpMode::Fp16
                   ? std::optional<GradScaler>(std::in_place, &group.cpu(), options_.grad_scaler)
                   : std::nullopt),
-      boundary_(group,
-                Checkpointer(group, model, optimizer, options_.checkpoint,
-                             TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr, ddp}),
-                options_.stop_check_every),
+      boundary_(
+          group,
+          Checkpointer(group, model, optimizer, options_.checkpoint,
+                       TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr, ddp}),
+          options_.stop_check_every),
       reporter_(group, options_.report),
       source_(task.train_source_any()),
-      sampler_(std::max<int64_t>(task.train_size(), 0), group.size(), group.rank(), options_.shuffle,
-               options_.seed) {
+      sampler_(std::max<int64_t>(task.train_size(), 0), group.size(), group.rank(),
+               options_.shuffle, options_.seed) {
   check_metric_names(task);
   backward_steps_ = ddp_ && ddp_->backward_steps_optimizer();
   if (!backward_steps_) return;
   if (ddp_->backward_steps_optimizer() != &optimizer_) {
-    throw std::invalid_argument("Trainer: the wrapper's comm hook steps another optimizer than the "
-                                "Trainer's: compose hook_then_optimizer() with this optimizer");
+    throw std::invalid_argument(
+        "Trainer: the wrapper's comm hook steps another optimizer than the "
+        "Trainer's: compose hook_then_optimizer() with this optimizer");
   }
   const char* needs_every_gradient = options_.clip_grad_norm > 0 ? "clip_grad_norm"
                                      : scaler_ ? "amp Fp16 (the GradScaler's unscale and inf check)"
-                                     : options_.on_nonfinite == OnNonFinite::Skip ? "on_nonfinite Skip"
-                                                                                  : nullptr;
+                                     : options_.on_nonfinite == OnNonFinite::Skip
+                                         ? "on_nonfinite Skip"
+                                         : nullptr;
   if (needs_every_gradient) {
     throw std::invalid_argument(std::string("TrainerOptions::") + needs_every_gradient +
                                 " needs every gradient before the optimizer step, but backward "
@@ -196,10 +201,12 @@ double Trainer::sync_seconds() const { return ddp_ ? ddp_->sync_seconds() : 0.0;
 
 std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler* scheduler) {
   // An empty set would train nothing and report "0/0 (0%)" as if all were well.
-  if (task_.train_size() <= 0) throw std::invalid_argument("Trainer::fit: the training set is empty");
+  if (task_.train_size() <= 0)
+    throw std::invalid_argument("Trainer::fit: the training set is empty");
   if (scheduler && options_.lr_schedule) {
-    throw std::invalid_argument("Trainer::fit: a per-epoch scheduler and TrainerOptions::lr_schedule "
-                                "would both set the learning rate; use one");
+    throw std::invalid_argument(
+        "Trainer::fit: a per-epoch scheduler and TrainerOptions::lr_schedule "
+        "would both set the learning rate; use one");
   }
   stop_snapshot_.clear();
   const auto started = Clock::now();
@@ -209,8 +216,8 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
   if (start.seed != options_.seed) {
     // The snapshot's data order continues (the Checkpointer warned).
     options_.seed = start.seed;
-    sampler_ = DistributedSampler(task_.train_size(), group_.size(), group_.rank(), options_.shuffle,
-                                  options_.seed);
+    sampler_ = DistributedSampler(task_.train_size(), group_.size(), group_.rank(),
+                                  options_.shuffle, options_.seed);
   }
   reporter_.start_run(start);
   std::vector<EpochResult> results;
@@ -227,8 +234,10 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
     // would say so, but the epoch ends here. One read of the model per epoch.
     const std::string tensor = first_nonfinite_tensor(model_);
     if (!tensor.empty()) {
-      diverged("the model's " + tensor + " is not finite after the epoch's last update (its "
-               "gradients were finite: the update overflowed)", global_step_, epoch);
+      diverged("the model's " + tensor +
+                   " is not finite after the epoch's last update (its "
+                   "gradients were finite: the update overflowed)",
+               global_step_, epoch);
     }
     if (task_.test_size() > 0) {
       const Evaluation eval = evaluate();
@@ -260,10 +269,11 @@ void Trainer::keep_global_batch() {
   if (global % ranks != 0) throw GlobalBatchNotDivisible(start.batch_size, start.world_size, ranks);
   const int64_t batch_size = global / ranks;
   if (batch_size != options_.batch_size && group_.is_main()) {
-    std::printf("Keeping the snapshot's global batch of %lld (%lld per rank x %d ranks): %lld per "
-                "rank on %d ranks (TrainerOptions::keep_global_batch)\n",
-                static_cast<long long>(global), static_cast<long long>(start.batch_size),
-                start.world_size, static_cast<long long>(batch_size), ranks);
+    std::printf(
+        "Keeping the snapshot's global batch of %lld (%lld per rank x %d ranks): %lld per "
+        "rank on %d ranks (TrainerOptions::keep_global_batch)\n",
+        static_cast<long long>(global), static_cast<long long>(start.batch_size), start.world_size,
+        static_cast<long long>(batch_size), ranks);
     std::fflush(stdout);
   }
   options_.batch_size = batch_size;
@@ -305,7 +315,8 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
                       samples_of_batch(order, epoch_.sampler_batch(b) * options_.batch_size,
                                        options_.batch_size));
     }
-    reporter_.batch_done(b, out.loss, out.samples, batch_scalars(before, sync_before, meter.phases()));
+    reporter_.batch_done(b, out.loss, out.samples,
+                         batch_scalars(before, sync_before, meter.phases()));
   }
   reporter_.end_epoch();
   EpochResult result = meter.reduce(group_.cpu(), epoch, sync_seconds() - sync_at_start);
@@ -322,9 +333,9 @@ StepScalars Trainer::batch_scalars(const PhaseTimes& before, double sync_before,
   // The batch's phases as the epoch counts them: the sync, timed inside backward, moved out of
   // forward_backward into its own phase (EpochMeter::reduce does the same for the epoch).
   const double sync = sync_seconds() - sync_before;
-  scalars.phases = PhaseTimes{after.data - before.data,
-                              after.forward_backward - before.forward_backward - sync, sync,
-                              after.optimizer - before.optimizer};
+  scalars.phases =
+      PhaseTimes{after.data - before.data, after.forward_backward - before.forward_backward - sync,
+                 sync, after.optimizer - before.optimizer};
   return scalars;
 }
 
@@ -348,9 +359,12 @@ bool Trainer::stop_at(int64_t b, at::Generator& generator, const EpochMeter& met
   bool stopping = false;
   try {
     // Only here (a snapshot) does the step read this epoch's sums from the device.
-    stopping = boundary_.at_step(b, global_step_, [&] {
-      return RankState{generator.get_state(), meter.state(sync_seconds() - sync_at_start)};
-    }, nonfinite_loss_step_);
+    stopping = boundary_.at_step(
+        b, global_step_,
+        [&] {
+          return RankState{generator.get_state(), meter.state(sync_seconds() - sync_at_start)};
+        },
+        nonfinite_loss_step_);
   } catch (const TrainingDiverged& e) {  // a loss that was not finite, agreed
     diverged(e.what(), e.step(), e.epoch());
   }

@@ -31,8 +31,9 @@ void check_sums(const StepOutput& out, size_t metrics, const char* method, const
   }
   for (size_t i = 0; i < out.sums.size(); ++i) {
     if (!out.sums[i].defined() || out.sums[i].numel() != 1) {
-      throw std::runtime_error("Trainer: the task's " + std::string(method) + " returned metric sum " +
-                               std::to_string(i) + " that is not a scalar tensor");
+      throw std::runtime_error("Trainer: the task's " + std::string(method) +
+                               " returned metric sum " + std::to_string(i) +
+                               " that is not a scalar tensor");
     }
   }
 }
@@ -69,7 +70,8 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
   });
   if (group_start) {
     // Gradients that are views into DDP's buckets are zeroed in place: reset, they would be
-    // allocated again by backward and copied into the buckets (DDPOptions::gradient_as_bucket_view).
+    // allocated again by backward and copied into the buckets
+    // (DDPOptions::gradient_as_bucket_view).
     const bool set_to_none = !(ddp_ && ddp_->options().gradient_as_bucket_view);
     phase("zero_grad", phases.optimizer, [&] { optimizer_.zero_grad(set_to_none); });
   }
@@ -79,8 +81,9 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
   if (group_start && check > 0 && global_step_ % check == 0) {
     // Here, after the buffer broadcast and before forward, healthy replicas are identical.
     // A diagnostic: its time counts in no phase.
-    check_replicas_in_sync(model_, group_.cpu(), "at step " + std::to_string(global_step_) +
-                                                     " (epoch " + std::to_string(epoch) + ")");
+    check_replicas_in_sync(
+        model_, group_.cpu(),
+        "at step " + std::to_string(global_step_) + " (epoch " + std::to_string(epoch) + ")");
   }
   StepOutput out;
   phase("forward", phases.forward_backward, [&] {
@@ -94,8 +97,9 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
   if (!out.loss.defined() || out.loss.numel() != 1) {
     throw std::runtime_error(
         "Trainer: the task's loss() returned " +
-        std::string(out.loss.defined() ? "a loss of " + std::to_string(out.loss.numel()) + " elements"
-                                       : "no loss") +
+        std::string(out.loss.defined()
+                        ? "a loss of " + std::to_string(out.loss.numel()) + " elements"
+                        : "no loss") +
         " (step " + std::to_string(global_step_) + "); it must be the batch's mean, a scalar");
   }
   check_sums(out, meter.metrics().size(), "loss()", "train_metrics");
@@ -136,7 +140,8 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
       if (!losses_finite) nonfinite_loss_step_ = global_step_;
     }
     pending_.clear();
-    if (const auto& after_step = testing::hooks().after_step) after_step(global_step_, group_.rank());
+    if (const auto& after_step = testing::hooks().after_step)
+      after_step(global_step_, group_.rank());
   }
   out.loss = loss.detach();
   return out;
@@ -170,12 +175,13 @@ bool Trainer::optimizer_step(int64_t epoch) {
     ++skipped_total_;
     reporter_.end_epoch();  // ends a progress bar's line
     if (group_.is_main()) {
-      std::printf("Skipped step %lld (epoch %lld): %s; %lld in a row (at most %lld), "
-                  "%lld in this run\n",
-                  static_cast<long long>(step), static_cast<long long>(epoch), what.c_str(),
-                  static_cast<long long>(skipped_in_a_row_),
-                  static_cast<long long>(options_.max_skipped_steps),
-                  static_cast<long long>(skipped_total_));
+      std::printf(
+          "Skipped step %lld (epoch %lld): %s; %lld in a row (at most %lld), "
+          "%lld in this run\n",
+          static_cast<long long>(step), static_cast<long long>(epoch), what.c_str(),
+          static_cast<long long>(skipped_in_a_row_),
+          static_cast<long long>(options_.max_skipped_steps),
+          static_cast<long long>(skipped_total_));
       std::fflush(stdout);
     }
     if (options_.lr_schedule) options_.lr_schedule->step();  // counts steps, as with GradScaler
@@ -208,7 +214,8 @@ Evaluation Trainer::evaluate() {
   model_.eval();
   torch::NoGradGuard no_grad;
   const std::vector<std::string> names = task_.test_metrics();
-  const std::vector<int64_t> shard = evaluation_shard(task_.test_size(), group_.size(), group_.rank());
+  const std::vector<int64_t> shard =
+      evaluation_shard(task_.test_size(), group_.size(), group_.rank());
   const int64_t n = static_cast<int64_t>(shard.size());
   const auto doubles = torch::TensorOptions().dtype(torch::kDouble).device(device);
   torch::Tensor loss_sum = torch::zeros({}, doubles);
@@ -224,7 +231,8 @@ Evaluation Trainer::evaluate() {
         std::vector<int64_t>(shard.begin() + begin, shard.begin() + end), device);
     const StepOutput out = task_.evaluate_any(batch);
     if (!out.loss_sum.defined() && !out.loss.defined()) {
-      throw std::runtime_error("Trainer: the task's evaluate() returned neither a loss nor a loss sum");
+      throw std::runtime_error(
+          "Trainer: the task's evaluate() returned neither a loss nor a loss sum");
     }
     check_sums(out, names.size(), "evaluate()", "test_metrics");
     loss_sum += out.loss_sum.defined()

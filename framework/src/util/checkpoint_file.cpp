@@ -67,7 +67,8 @@ std::string temporary_path(const std::string& path) {
 void commit(const std::string& path, const std::string& tmp) {
   try {
     fsync_path(tmp, O_RDONLY);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot rename " + tmp + " onto it");
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      fail(path, "cannot rename " + tmp + " onto it");
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
@@ -75,7 +76,8 @@ void commit(const std::string& path, const std::string& tmp) {
   fsync_path(parent_dir(path), O_RDONLY | O_DIRECTORY);  // make the rename itself durable
 }
 
-const char* const kKept = " (the temporary file is removed; the previous file, if any, is unchanged)";
+const char* const kKept =
+    " (the temporary file is removed; the previous file, if any, is unchanged)";
 
 }  // namespace
 
@@ -110,8 +112,8 @@ void write_atomically(const std::string& path, const void* data, std::size_t siz
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
     ::unlink(tmp.c_str());
-    throw std::runtime_error(path + ": cannot rename " + tmp + " onto it: " +
-                             std::strerror(error) + kKept);
+    throw std::runtime_error(path + ": cannot rename " + tmp + " onto it: " + std::strerror(error) +
+                             kKept);
   }
   fsync_path(parent_dir(path), O_RDONLY | O_DIRECTORY);  // make the rename itself durable
 }
@@ -141,7 +143,8 @@ void check_writable_directory(const std::string& dir, const std::string& what) {
   std::filesystem::create_directories(dir, error);
   if (error) throw std::runtime_error(dir + ": cannot create the " + what + ": " + error.message());
   // Named like our temporary files, so that a probe left by a killed run is removed as stale.
-  const std::string probe = dir + "/.write_probe" + kTmp + host_name() + "." + std::to_string(::getpid());
+  const std::string probe =
+      dir + "/.write_probe" + kTmp + host_name() + "." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(dir, "the " + what + " is not writable (cannot create a file in it)");
   const ssize_t n = ::write(fd, "x", 1);
@@ -149,8 +152,11 @@ void check_writable_directory(const std::string& dir, const std::string& what) {
   const int rc = ::close(fd);
   const int close_error = errno;
   ::unlink(probe.c_str());
-  if (n != 1) fail(dir, "the " + what + " is not writable (cannot write a file in it)", n < 0 ? write_error : EIO);
-  if (rc != 0) fail(dir, "the " + what + " is not writable (cannot close a file in it)", close_error);
+  if (n != 1)
+    fail(dir, "the " + what + " is not writable (cannot write a file in it)",
+         n < 0 ? write_error : EIO);
+  if (rc != 0)
+    fail(dir, "the " + what + " is not writable (cannot close a file in it)", close_error);
 }
 
 std::vector<std::string> remove_stale_temporaries(const std::string& dir) {

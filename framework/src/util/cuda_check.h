@@ -11,8 +11,7 @@
 
 namespace ddp::detail {
 
-inline void cuda_check(cudaError_t code, const char* call, const char* file, int line,
-                       int rank) {
+inline void cuda_check(cudaError_t code, const char* call, const char* file, int line, int rank) {
   if (code == cudaSuccess) return;
   throw std::runtime_error(rank_and_host(rank) + ": " + file + ":" + std::to_string(line) + ": " +
                            call + " failed: " + cudaGetErrorName(code) + ": " +

@@ -14,9 +14,7 @@
 
 namespace ddp::detail {
 
-void set_current_cuda_device(int index, int rank) {
-  DDP_CUDA_CHECK(cudaSetDevice(index), rank);
-}
+void set_current_cuda_device(int index, int rank) { DDP_CUDA_CHECK(cudaSetDevice(index), rank); }
 
 std::string cuda_device_uuid(int index, int rank) {
   cudaDeviceProp properties{};

@@ -121,7 +121,8 @@ std::optional<std::string> read_text(const Environment& env, Setting setting) {
   if (value.empty()) return std::nullopt;
   if (info.kind == Kind::Choice) {
     const std::string choices = std::string("|") + info.choices + "|";
-    if (value.find('|') != std::string::npos || choices.find("|" + value + "|") == std::string::npos) {
+    if (value.find('|') != std::string::npos ||
+        choices.find("|" + value + "|") == std::string::npos) {
       bad_value(info, value);
     }
   }

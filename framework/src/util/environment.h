@@ -51,10 +51,10 @@ struct SettingInfo {
   Setting setting;
   const char* name;
   Kind kind;
-  long max;             // Number only
-  const char* choices;  // Choice only
+  long max;              // Number only
+  const char* choices;   // Choice only
   const char* expected;  // Choice only: the choices as an error message says them
-  const char* meaning;  // what it sets (the option it fills, whose comment gives its default)
+  const char* meaning;   // what it sets (the option it fills, whose comment gives its default)
 };
 
 // The row of `setting`.

@@ -34,8 +34,7 @@ inline void mpi_check(int code, const char* call, const char* file, int line) {
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   throw std::runtime_error("rank " + std::to_string(rank) + ": " + file + ":" +
-                           std::to_string(line) + ": " + call + " failed: " +
-                           mpi_error_text(code));
+                           std::to_string(line) + ": " + call + " failed: " + mpi_error_text(code));
 }
 
 }  // namespace ddp::detail

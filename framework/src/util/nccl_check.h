@@ -11,8 +11,7 @@
 
 namespace ddp::detail {
 
-inline void nccl_check(ncclResult_t code, const char* call, const char* file, int line,
-                       int rank) {
+inline void nccl_check(ncclResult_t code, const char* call, const char* file, int line, int rank) {
   if (code == ncclSuccess) return;
   std::string message = rank_and_host(rank) + ": " + file + ":" + std::to_string(line) + ": " +
                         call + " failed: " + ncclGetErrorString(code);

@@ -116,9 +116,12 @@ void mark_stopping() { stopping = 1; }
 
 const char* stop_signal_name(int signal) {
   switch (signal) {
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
     default: {
       static thread_local char text[24];
       std::snprintf(text, sizeof text, "signal %d", signal);

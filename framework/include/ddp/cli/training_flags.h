@@ -33,10 +33,10 @@ struct TrainingFlags {
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
-  bool keep_global_batch = false;  // --keep-global-batch (TrainerOptions::keep_global_batch)
-  bool deterministic = false;      // --deterministic (use_deterministic_kernels)
+  bool keep_global_batch = false;        // --keep-global-batch (TrainerOptions::keep_global_batch)
+  bool deterministic = false;            // --deterministic (use_deterministic_kernels)
   bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
-  bool overlap_step = false;  // --overlap-step (make_ddp composes hook_then_optimizer)
+  bool overlap_step = false;             // --overlap-step (make_ddp composes hook_then_optimizer)
   std::string data_dir, metrics_file, timeline, backend, checkpoint_dir, resume;
   std::string tensorboard;  // --tensorboard DIR (ReporterOptions::tensorboard_dir)
   std::string progress;
@@ -47,8 +47,8 @@ struct TrainingFlags {
   std::string amp, schedule;
   std::string on_nonfinite = "stop";  // --on-nonfinite: stop or skip (ddp::OnNonFinite)
   int64_t max_skipped_steps = 10;
-  std::optional<double> timeout;  // --timeout, when given
-  std::string hierarchical = "auto";  // --hierarchical: auto, on or off
+  std::optional<double> timeout;                   // --timeout, when given
+  std::string hierarchical = "auto";               // --hierarchical: auto, on or off
   std::optional<double> checkpoint_every_seconds;  // --checkpoint-every-seconds, when given
   // --comm-hook: allreduce, fp16, bf16 or powersgd (with --powersgd-rank, --powersgd-start-iter).
   std::string comm_hook = "allreduce";
@@ -61,8 +61,8 @@ struct TrainingDefaults {
   int64_t epochs;
   double lr;
   std::string data_dir;
-  std::string data_help;   // what --data-dir holds
-  std::string model_file;  // what --save-model writes
+  std::string data_help;          // what --data-dir holds
+  std::string model_file;         // what --save-model writes
   std::string schedule = "step";  // --schedule's default: cosine or step
 };
 
@@ -74,9 +74,10 @@ void add_training_flags(boost::program_options::options_description& options, Tr
 
 // Throws std::invalid_argument naming the flag when a value is out of range: sizes and counts
 // below their least value, --lr and the bucket sizes not finite and > 0, --lr and
-// --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite, --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume, --timeout
-// not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0 or
-// without --checkpoint-dir, an unknown --comm-hook, --powersgd-rank < 1, --powersgd-start-iter
+// --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite,
+// --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume,
+// --timeout not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0
+// or without --checkpoint-dir, an unknown --comm-hook, --powersgd-rank < 1, --powersgd-start-iter
 // < 2, a --hierarchical other than auto, on or off, --overlap-step with --clip-grad-norm, --amp
 // fp16 or --on-nonfinite skip (they need every gradient before the step). ddp::cli::run calls it
 // right after parsing.
@@ -93,7 +94,8 @@ void use_deterministic_kernels();
 ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags);
 
 // The RuntimeOptions of --no-cuda and --timeout, which bounds MPI start-up too
-// (RuntimeOptions::startup_timeout; without it DDP_STARTUP_TIMEOUT_SECONDS, else 600 s). ddp::cli::run parses the flags before it makes the Runtime, for this.
+// (RuntimeOptions::startup_timeout; without it DDP_STARTUP_TIMEOUT_SECONDS, else 600 s).
+// ddp::cli::run parses the flags before it makes the Runtime, for this.
 ddp::RuntimeOptions runtime_options(const TrainingFlags& flags);
 
 // Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
@@ -108,12 +110,9 @@ ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline)
 // `optimizer` (hook_then_optimizer: the program's optimizer must update each parameter from its
 // own gradient and state, as SGD, Adam and ddp::Adadelta do); null for a SingleProcess program.
 // Collective.
-std::unique_ptr<ddp::DistributedDataParallel> make_ddp(ddp::ProcessGroup& group,
-                                                       std::shared_ptr<torch::nn::Module> model,
-                                                       const TrainingFlags& flags,
-                                                       Parallelism parallelism,
-                                                       ddp::Timeline* timeline,
-                                                       torch::optim::Optimizer& optimizer);
+std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
+    ddp::ProcessGroup& group, std::shared_ptr<torch::nn::Module> model, const TrainingFlags& flags,
+    Parallelism parallelism, ddp::Timeline* timeline, torch::optim::Optimizer& optimizer);
 
 // The TrainerOptions the flags describe (every field a flag sets: the one place to map a new
 // one). Checks the flags first, so an error names the flag rather than the option.

@@ -16,8 +16,8 @@ namespace ddp {
 at::Generator augmentation_generator(uint64_t seed, int rank, int64_t epoch);
 
 struct RandomCropFlip {
-  int64_t padding = 4;   // zero padding on each side before the crop; 0: no crop
-  bool flip = true;      // mirror left-right with probability 1/2
+  int64_t padding = 4;  // zero padding on each side before the crop; 0: no crop
+  bool flip = true;     // mirror left-right with probability 1/2
 
   // images: [B,C,H,W] of any dtype (uint8 before normalisation, as torchvision does it). Each
   // sample gets its own crop offset in [0, 2*padding] per axis and its own flip, applied as crop

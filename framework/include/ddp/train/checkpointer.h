@@ -8,7 +8,8 @@
 // A loop hands it to a StepBoundary (step_boundary.h), which calls it at every step boundary and
 // says where each epoch starts after resume():
 //
-//   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, *net, optimizer, options, {&schedule}));
+//   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, *net, optimizer, options,
+//   {&schedule}));
 //   ... boundary.resume(), boundary.start_epoch(), boundary.at_step() ...
 //   boundary.checkpointer().save_epoch(epoch, step);                 // at every epoch end
 //
@@ -16,11 +17,11 @@
 // snapshot.h), the position (the epoch, its batches done,
 // which is the sampler's position, the global step, and the samples of the epoch's order
 // trained, with which it resumes inside an epoch on another number of ranks: snapshot.h), the
-// data order's seed, the world size and the per-rank batch size, every rank's CPU generator, and inside an epoch every rank's RankState: a generator of
-// the caller's (the Trainer's augmentation, an autoencoder's noise) and the epoch's sums so far
-// (EpochMeter::state). TrainingExtras adds a per-step LRSchedule and a GradScaler. Everything
-// else random in an epoch must be a function of (seed, epoch, rank): then a resumed run ends
-// bit-identical to an uninterrupted one on the CPU.
+// data order's seed, the world size and the per-rank batch size, every rank's CPU generator, and
+// inside an epoch every rank's RankState: a generator of the caller's (the Trainer's augmentation,
+// an autoencoder's noise) and the epoch's sums so far (EpochMeter::state). TrainingExtras adds a
+// per-step LRSchedule and a GradScaler. Everything else random in an epoch must be a function of
+// (seed, epoch, rank): then a resumed run ends bit-identical to an uninterrupted one on the CPU.
 //
 // Snapshots every S seconds (every_seconds): each rank's clock says when S seconds have passed
 // since the newest snapshot ended (or resume()), but the ranks' clocks differ and a snapshot is
@@ -30,10 +31,10 @@
 // cost() sums the wall time of the snapshots written (rank 0's is what the summary shows).
 //
 // State: the options, references to what it saves (which must outlive it), the step and time of
-// the newest snapshot written or resumed from, the snapshots' cost so far. Invariants: every rank makes the same calls in the
-// same order (they are collective: every rank's state is gathered, rank 0 writes); only rank 0
-// touches the directory; only the newest snapshot inside an epoch is kept, and an epoch-end
-// snapshot removes those before it; `keep` epochs of epoch-end files are kept.
+// the newest snapshot written or resumed from, the snapshots' cost so far. Invariants: every rank
+// makes the same calls in the same order (they are collective: every rank's state is gathered, rank
+// 0 writes); only rank 0 touches the directory; only the newest snapshot inside an epoch is kept,
+// and an epoch-end snapshot removes those before it; `keep` epochs of epoch-end files are kept.
 //
 // A model whose parameters or buffers are not finite is never written (TrainingDiverged,
 // divergence.h), so a diverged run cannot replace or rotate out the good files.
@@ -66,13 +67,13 @@ namespace ddp {
 namespace detail {
 class DirectoryLock;  // internal (src/train/directory_lock.h): the directory's lock, rank 0's
 class ReachedRecord;  // internal (src/train/reached_position.h): how far the run got, rank 0's
-}
+}  // namespace detail
 
 struct CheckpointerOptions {
   // Where snapshots and model_with_epoch<N>.pt go (rank 0 writes). Empty: nothing is written,
   // and resume() can only take a path.
   std::string dir;
-  int64_t keep = 3;          // newest epochs of epoch-end files kept; 0: keep all
+  int64_t keep = 3;  // newest epochs of epoch-end files kept; 0: keep all
   // "": start fresh; "latest": the newest snapshot in `dir` (a fresh start when there is none);
   // otherwise the path of a snapshot.
   std::string resume;
@@ -121,12 +122,13 @@ struct ResumePoint {
 };
 
 // The wall time the snapshots of a run took on this rank: each the whole collective save
-// (gathering the ranks' states, the write to a temporary file and its rename), epoch ends' included.
+// (gathering the ranks' states, the write to a temporary file and its rename), epoch ends'
+// included.
 struct SnapshotCost {
-  int64_t written = 0;      // snapshots (step and epoch-end ones)
-  int64_t at_epoch_end = 0; // of them, at epoch ends
-  double seconds = 0;       // their total
-  double max_seconds = 0;   // the slowest
+  int64_t written = 0;       // snapshots (step and epoch-end ones)
+  int64_t at_epoch_end = 0;  // of them, at epoch ends
+  double seconds = 0;        // their total
+  double max_seconds = 0;    // the slowest
   double mean_seconds() const { return written ? seconds / written : 0.0; }
 };
 
@@ -160,8 +162,8 @@ class Checkpointer {
   // is re-sharded (the line says so: the epoch's metrics cover only its rest). It also warns,
   // one line each, for every setting (Settings: the optimizer, the comm hook, the per-rank batch
   // size, CheckpointerOptions::settings) that differs from the snapshot's run: the run goes on,
-  // but no longer on the trajectory the snapshot's run would have followed. Throws std::runtime_error
-  // naming the file when it cannot be read or does not fit the run (snapshot.h).
+  // but no longer on the trajectory the snapshot's run would have followed. Throws
+  // std::runtime_error naming the file when it cannot be read or does not fit the run (snapshot.h).
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
   // Collective, at a step boundary: writes a step snapshot of `at` when `stopping`, or when
@@ -198,10 +200,10 @@ class Checkpointer {
   SnapshotParts parts_;
   CheckpointerOptions options_;
   TrainingExtras extras_;
-  Settings optimizer_settings_;     // each optimizer's type and options, as constructed
-  bool created_dir_ = false;        // rank 0: the constructor created options_.dir
-  int64_t last_step_ = 0;  // the step of the newest snapshot written or resumed from
-  double last_time_ = 0;   // now() when it ended (or at construction, resume())
+  Settings optimizer_settings_;  // each optimizer's type and options, as constructed
+  bool created_dir_ = false;     // rank 0: the constructor created options_.dir
+  int64_t last_step_ = 0;        // the step of the newest snapshot written or resumed from
+  double last_time_ = 0;         // now() when it ended (or at construction, resume())
   SnapshotCost cost_;
   std::shared_ptr<detail::DirectoryLock> lock_;  // rank 0 with a dir, where flock works
   // Rank 0 with a dir: <dir>/.ddp.reached, rewritten at every step boundary, so that the run

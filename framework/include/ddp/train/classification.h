@@ -3,7 +3,8 @@
 // model mapping normalised images to log-probabilities, nll_loss, argmax accuracy) and its report
 // format, which prints the seed scripts' lines.
 //
-//   ddp::ClassificationTask task(train, &test, [&](const torch::Tensor& x) { return net->forward(x); },
+//   ddp::ClassificationTask task(train, &test, [&](const torch::Tensor& x) { return
+//   net->forward(x); },
 //                                ddp::RandomCropFlip{4, true});     // the augmentation: optional
 //   options.report.format = std::make_shared<ddp::ClassificationFormat>();
 //   ddp::Trainer trainer(group, *net, task, optimizer, options, &model);

@@ -89,8 +89,9 @@ class IndexSource final : public DataSource<Batch> {
   Batch gather(int64_t b) const {
     const int64_t n = static_cast<int64_t>(indices_.size());
     const auto first = indices_.begin() + std::min(n, b * batch_size_);
-    return gather_(std::vector<int64_t>(first, indices_.begin() + std::min(n, (b + 1) * batch_size_)),
-                   device_);
+    return gather_(
+        std::vector<int64_t>(first, indices_.begin() + std::min(n, (b + 1) * batch_size_)),
+        device_);
   }
 
   Gather gather_;
@@ -138,9 +139,10 @@ class DataLoaderSource final : public DataSource<typename Dataset::BatchType> {
   void start(const DistributedSampler& sampler, int64_t batch_size, int64_t first, int64_t end,
              torch::Device /*device*/) override {
     iterator_.reset();
-    loader_ = std::make_unique<Loader>(
-        dataset_, BatchRangeSampler(sampler, batch_size, first, end),
-        torch::data::DataLoaderOptions().batch_size(static_cast<size_t>(batch_size)).workers(workers_));
+    loader_ = std::make_unique<Loader>(dataset_, BatchRangeSampler(sampler, batch_size, first, end),
+                                       torch::data::DataLoaderOptions()
+                                           .batch_size(static_cast<size_t>(batch_size))
+                                           .workers(workers_));
   }
   Batch next() override {
     if (!iterator_) {

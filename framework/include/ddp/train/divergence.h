@@ -47,7 +47,7 @@ class TrainingDiverged : public std::runtime_error {
  public:
   TrainingDiverged(const std::string& message, int64_t step, int64_t epoch)
       : std::runtime_error(message), step_(step), epoch_(epoch) {}
-  int64_t step() const { return step_; }    // the optimizer step (global, 1-based) that diverged
+  int64_t step() const { return step_; }  // the optimizer step (global, 1-based) that diverged
   int64_t epoch() const { return epoch_; }
 
  private:

@@ -72,8 +72,8 @@ class GradScaler {
   // the last update().
   void update();
 
-  double get_scale() const;            // the current scale (init_scale before the first scale())
-  int64_t growth_tracker() const;      // successful steps since the last change of scale
+  double get_scale() const;        // the current scale (init_scale before the first scale())
+  int64_t growth_tracker() const;  // successful steps since the last change of scale
   bool is_enabled() const { return options_.enabled; }
   const GradScalerOptions& options() const { return options_; }
 

@@ -10,9 +10,10 @@
 //                                                                 total_iters=W)
 //   t >= W, u = t - W:
 //     Constant:       base
-//     Cosine:         min_lr + (base - min_lr) * (1 + cos(pi * u / T)) / 2   CosineAnnealingLR(T_max=T,
-//                                                                 eta_min=min_lr), rising again past
-//                                                                 T as PyTorch's does
+//     Cosine:         min_lr + (base - min_lr) * (1 + cos(pi * u / T)) / 2
+//     CosineAnnealingLR(T_max=T,
+//                                                                 eta_min=min_lr), rising again
+//                                                                 past T as PyTorch's does
 //     Step:           base * gamma^floor(u / step_size)           StepLR
 // which is what PyTorch gives with SequentialLR([LinearLR, CosineAnnealingLR or StepLR],
 // milestones=[W]) stepped after every optimizer.step() (tests/reference/lr_schedule.py checks it).
@@ -41,10 +42,10 @@ struct LRScheduleOptions {
   int64_t warmup_steps = 0;          // W; 0: no warmup
   double warmup_start_factor = 0.1;  // f: the first step's rate is f * base; 0 < f <= 1
   LRDecay decay = LRDecay::Constant;
-  int64_t decay_steps = 0;           // Cosine: T, steps from the end of warmup down to min_lr
-  double min_lr = 0.0;               // Cosine: the rate reached after T steps
-  int64_t step_size = 1;             // Step: steps between decays
-  double gamma = 0.1;                // Step: factor per decay
+  int64_t decay_steps = 0;  // Cosine: T, steps from the end of warmup down to min_lr
+  double min_lr = 0.0;      // Cosine: the rate reached after T steps
+  int64_t step_size = 1;    // Step: steps between decays
+  double gamma = 0.1;       // Step: factor per decay
   // Linear scaling rule (Goyal et al.): base = optimizer rate * global_batch / reference_batch.
   // 0: no scaling. global_batch is the samples of one optimizer step over all ranks (batch per
   // rank * ranks * accumulation steps).

@@ -51,10 +51,10 @@ struct PhaseTimes {
 
 struct EpochResult {
   int64_t epoch = 0;
-  double train_loss = 0;        // mean over every sample trained on, all ranks
-  int64_t samples = 0;          // all ranks
-  double seconds = 0;           // wall time of the training phase (slowest rank)
-  double samples_per_sec = 0;   // samples / seconds
+  double train_loss = 0;       // mean over every sample trained on, all ranks
+  int64_t samples = 0;         // all ranks
+  double seconds = 0;          // wall time of the training phase (slowest rank)
+  double samples_per_sec = 0;  // samples / seconds
   PhaseTimes phases;
   // The most GPU memory tensors held at once during the epoch, the largest over the ranks, in
   // MiB (the caching allocator's count, as torch.cuda.max_memory_allocated; the Trainer resets
@@ -68,8 +68,8 @@ struct EpochResult {
 
 // An evaluation over a whole test set, all ranks.
 struct Evaluation {
-  double loss = 0;              // mean loss per sample
-  int64_t samples = 0;          // test samples, all ranks
+  double loss = 0;      // mean loss per sample
+  int64_t samples = 0;  // test samples, all ranks
   std::vector<Metric> metrics;
 };
 
@@ -106,8 +106,8 @@ class EpochMeter {
 
  private:
   std::vector<std::string> names_;
-  torch::Tensor loss_sum_;              // float64 scalar on the device
-  std::vector<torch::Tensor> sums_;     // float64 scalars on the device
+  torch::Tensor loss_sum_;           // float64 scalar on the device
+  std::vector<torch::Tensor> sums_;  // float64 scalars on the device
   int64_t samples_ = 0;
   PhaseTimes phases_;
   double restored_seconds_ = 0;

@@ -44,7 +44,7 @@ double eta_seconds(double elapsed, int64_t done, int64_t total);
 // One bar line, at most `width` characters (the bar shrinks to fit), e.g.
 //   Epoch 1 [120/469  26%] |#######.......................| 1169 samples/s loss 0.5234 0:12<0:35
 // `loss` < 0: not known yet (shown as "-").
-std::string format_progress_bar(int64_t epoch, int64_t done, int64_t total,
-                                double samples_per_sec, double loss, double elapsed, int width);
+std::string format_progress_bar(int64_t epoch, int64_t done, int64_t total, double samples_per_sec,
+                                double loss, double elapsed, int width);
 
 }  // namespace ddp

@@ -113,7 +113,7 @@ struct ReporterOptions {
   ProgressMode progress = ProgressMode::Auto;  // rank 0's bar or log lines (progress.h)
   // Batches between loss averages (and log lines, and step records); 0: none.
   int64_t log_interval = 10;
-  std::string metrics_file;   // rank 0 writes its epoch lines and step records here; empty: none
+  std::string metrics_file;     // rank 0 writes its epoch lines and step records here; empty: none
   std::string tensorboard_dir;  // rank 0 writes a TensorBoard event file here; empty: none
   // The run's hyperparameters, as (name, value) texts, for TensorBoard's hparams plugin (a text
   // that is wholly a number is written as one, "true"/"false" as booleans).
@@ -211,8 +211,8 @@ class Reporter {
   // The epoch in progress.
   EpochPlan plan_;
   std::chrono::steady_clock::time_point started_{}, drawn_{};
-  int64_t samples_ = 0;      // this rank's, since start_epoch
-  double shown_loss_ = -1;   // the latest averaged loss; -1 before the first
+  int64_t samples_ = 0;     // this rank's, since start_epoch
+  double shown_loss_ = -1;  // the latest averaged loss; -1 before the first
   bool bar_drawn_ = false;
 };
 

@@ -9,16 +9,16 @@
 // world size and the per-rank batch size, a description of the model (names, shapes, dtypes) to
 // refuse a snapshot of another model, and for every rank: its CPU random generator state and,
 // inside an epoch, what the caller hands in as RankState (the Trainer's: its augmentation
-// generator and the epoch's metrics so far). The learning-rate schedule is its step count, the epochs finished:
-// the scheduler is replayed (stepped once per finished epoch before the optimizer state is
-// loaded), which restores any LibTorch scheduler whose rate depends only on its step count. The
-// sampler's order is a function of (seed, epoch, rank): the position is all it needs. A per-step
-// LRSchedule and a GradScaler (TrainingExtras) are saved as entries of their own ("lr_schedule",
-// "grad_scaler"; their position, base rates, scale and growth tracker) when the caller has them:
-// a file without them is still format 3, and loading refuses a file that lacks one the run has,
-// or has one the run lacks, naming it, rather than silently restart or drop it. So is every
-// rank's DistributedDataParallel state when the caller hands in the wrapper ("ddp_states": the
-// comm hook's state and the rebuilt bucket order), restored at the same world size (at another
+// generator and the epoch's metrics so far). The learning-rate schedule is its step count, the
+// epochs finished: the scheduler is replayed (stepped once per finished epoch before the optimizer
+// state is loaded), which restores any LibTorch scheduler whose rate depends only on its step
+// count. The sampler's order is a function of (seed, epoch, rank): the position is all it needs. A
+// per-step LRSchedule and a GradScaler (TrainingExtras) are saved as entries of their own
+// ("lr_schedule", "grad_scaler"; their position, base rates, scale and growth tracker) when the
+// caller has them: a file without them is still format 3, and loading refuses a file that lacks one
+// the run has, or has one the run lacks, naming it, rather than silently restart or drop it. So is
+// every rank's DistributedDataParallel state when the caller hands in the wrapper ("ddp_states":
+// the comm hook's state and the rebuilt bucket order), restored at the same world size (at another
 // only the bucket order: the hook's state is per rank, and a warning says it starts afresh); and
 // the run's Settings (the entry "settings"). Files without these two entries still load.
 //
@@ -96,7 +96,7 @@ struct TrainingProgress {
   int64_t epoch = 0;        // epochs finished
   int64_t global_step = 0;  // optimizer steps taken
   int64_t seed = 0;
-  int world_size = 1;       // of the run that wrote it
+  int world_size = 1;  // of the run that wrote it
   // Batches of epoch `epoch + 1` already trained: > 0 for a snapshot taken inside an epoch.
   int64_t batches_done = 0;
   // Per rank, of the run that wrote it; 0: not recorded (an older file, or a caller that did
@@ -164,8 +164,8 @@ void save_snapshot(const std::string& path, Communicator& comm, const SnapshotPa
                    const TrainingExtras& extras = {});
 
 // Collective: rank 0 reads `path` and broadcasts it, so the other ranks need not see the file.
-// Restores the model, replays `scheduler` (may be null), loads the optimizer state and `extras`, and
-// restores this rank's random generator states (CPU, and CUDA where both the snapshot and the
+// Restores the model, replays `scheduler` (may be null), loads the optimizer state and `extras`,
+// and restores this rank's random generator states (CPU, and CUDA where both the snapshot and the
 // rank have one) and `rank_state` (may be null; left empty when the snapshot has none) when the
 // world size is the same. Throws std::runtime_error naming the
 // file on every rank when it is missing, truncated, corrupted, of an older format, written for
@@ -177,8 +177,8 @@ TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                RankState* rank_state = nullptr, const TrainingExtras& extras = {});
 // The same for the named `parts` (SnapshotParts); `scheduler` is replayed before any optimizer
 // state is loaded.
-TrainingProgress load_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
-                               torch::optim::LRScheduler* scheduler,
+TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
+                               const SnapshotParts& parts, torch::optim::LRScheduler* scheduler,
                                RankState* rank_state = nullptr, const TrainingExtras& extras = {});
 
 }  // namespace ddp

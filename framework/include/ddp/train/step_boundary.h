@@ -9,8 +9,8 @@
 //     const ddp::EpochStart start = boundary.start_epoch(epoch, sampler, batch_size);
 //     ... if (start.rank_state.generator.defined()) restore it (and .values) ...
 //     const int64_t batches = start.batches(sampler, batch_size);
-//     // the sampler's batches start.sampler_batch(start.first_batch) .. start.sampler_batch(batches)
-//     for (int64_t b = start.first_batch; b < batches; ++b) {
+//     // the sampler's batches start.sampler_batch(start.first_batch) ..
+//     start.sampler_batch(batches) for (int64_t b = start.first_batch; b < batches; ++b) {
 //       if (boundary.at_step(b, step, [&] { return ddp::RankState{...}; })) {
 //         reporter.stopped(boundary.stop(), boundary.position(), boundary.snapshot());
 //         return ddp::kStoppedExitCode;                                 // 75: saved
@@ -93,9 +93,9 @@ class StepBoundary {
   // after `step` optimizer steps: agrees (one all-reduce, every stop_check_every steps), then
   // writes a step snapshot when the ranks stop or one is due (Checkpointer::at_boundary; calls
   // `rank_state` only then; `{}` for none). `nonfinite_loss_step`: the first step whose loss was
-  // not finite on this rank, -1 for none. Returns whether the ranks stop here. Throws TrainingDiverged
-  // (divergence.h) on every rank, before any snapshot, when some rank's loss was not finite:
-  // what() is "the loss of rank R was not finite (first at step S)".
+  // not finite on this rank, -1 for none. Returns whether the ranks stop here. Throws
+  // TrainingDiverged (divergence.h) on every rank, before any snapshot, when some rank's loss was
+  // not finite: what() is "the loss of rank R was not finite (first at step S)".
   bool at_step(int64_t batch, int64_t step, const std::function<RankState()>& rank_state,
                int64_t nonfinite_loss_step = -1);
 
@@ -113,8 +113,8 @@ class StepBoundary {
   StopAgreement stop_;
   Checkpointer checkpointer_;
   ResumePoint resume_;
-  EpochStart epoch_;       // the epoch in progress
-  int64_t batch_size_ = 0; // its per-rank batch size
+  EpochStart epoch_;        // the epoch in progress
+  int64_t batch_size_ = 0;  // its per-rank batch size
   TrainingPosition position_;
   std::string snapshot_;
 };

@@ -66,13 +66,13 @@
 namespace ddp {
 
 struct TrainerOptions {
-  int64_t batch_size = 64;            // per rank
-  int64_t test_batch_size = 1000;     // per rank
-  int64_t limit_train_batches = 0;    // per epoch; 0: the whole shard
-  bool dry_run = false;               // one batch per epoch, one epoch
+  int64_t batch_size = 64;          // per rank
+  int64_t test_batch_size = 1000;   // per rank
+  int64_t limit_train_batches = 0;  // per epoch; 0: the whole shard
+  bool dry_run = false;             // one batch per epoch, one epoch
   bool shuffle = true;
-  int64_t seed = 0;                   // seeds the sampler's permutation and the task's generator
-  Timeline* timeline = nullptr;       // records data/forward/backward/optimizer spans when set
+  int64_t seed = 0;              // seeds the sampler's permutation and the task's generator
+  Timeline* timeline = nullptr;  // records data/forward/backward/optimizer spans when set
   // Every N optimizer steps, verify bit for bit that all replicas hold the same parameters and
   // buffers (replica_check.h); a difference stops the job naming the tensor and ranks. 0: never.
   int64_t check_sync_every = 0;
@@ -171,9 +171,9 @@ class Trainer {
   Evaluation evaluate();
   // Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
   // has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
-  // the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws TrainingDiverged on every
-  // rank when training diverged (TrainerOptions::on_nonfinite), GlobalBatchNotDivisible
-  // (TrainerOptions::keep_global_batch).
+  // the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws
+  // TrainingDiverged on every rank when training diverged (TrainerOptions::on_nonfinite),
+  // GlobalBatchNotDivisible (TrainerOptions::keep_global_batch).
   //
   // A snapshot taken inside an epoch by another number of ranks, or with another per-rank batch
   // size, continues that epoch with the rest of its sample order re-sharded over this run's
@@ -203,7 +203,7 @@ class Trainer {
   DistributedDataParallel* ddp_;
   std::optional<GradScaler> scaler_;  // with AmpMode::Fp16
   bool backward_steps_ = false;       // the wrapper's backward steps optimizer_
-  StepBoundary boundary_;  // the stop agreement, the Checkpointer, where an epoch starts
+  StepBoundary boundary_;             // the stop agreement, the Checkpointer, where an epoch starts
   Reporter reporter_;
   std::unique_ptr<DataSource<std::any>> source_;
   DistributedSampler sampler_;
@@ -223,8 +223,8 @@ class Trainer {
   // and, when clipping, the gradients' 2-norm before clipping.
   std::optional<double> step_lr_, step_grad_norm_;
 
-  int64_t batches_per_epoch() const;   // of the whole shard (counted from batch 0 on)
-  int64_t batches_to_train() const;    // with limit_train_batches and dry_run
+  int64_t batches_per_epoch() const;  // of the whole shard (counted from batch 0 on)
+  int64_t batches_to_train() const;   // with limit_train_batches and dry_run
   // After resuming: the per-rank batch size of TrainerOptions::keep_global_batch.
   void keep_global_batch();
   // The first batch of the epoch epoch_ starts; restores its generator and sums when resumed.
@@ -245,7 +245,8 @@ class Trainer {
   // What the Reporter's step record takes of the batch just trained: the step, its learning
   // rate and gradient norm, and its phase times (the meter's from `before` to `after`, and the
   // sync since `sync_before`).
-  StepScalars batch_scalars(const PhaseTimes& before, double sync_before, const PhaseTimes& after) const;
+  StepScalars batch_scalars(const PhaseTimes& before, double sync_before,
+                            const PhaseTimes& after) const;
 };
 
 }  // namespace ddp
