@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a user's translation unit pays for <ddp/ddp.h>: the installed headers, the ddp headers a
 # file that includes <ddp/ddp.h> reaches, whether MPI, NCCL, the CUDA runtime, <thread> or
-# <mutex> reach it, and the time to compile it (COMPILES runs), with the flags of a consumer build of
-# the installed package (tests/consumer, built by ctest's consumer_build).
+# <mutex> reach it, and the time to compile it (COMPILES runs), with the flags of a consumer
+# build of the installed package (tests/consumer, built by ctest's consumer_build).
 # Usage: bench/api_weight.sh [BUILD_DIR (build)] [COMPILES (3); ctest's api_weight_figures: 0]
 set -euo pipefail
 build=${1:-build} compiles=${2:-3}
