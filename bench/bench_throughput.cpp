@@ -85,36 +85,29 @@ int main(int argc, char** argv) {
   double bucket_mb;
   bool bucket_view = false, reducer_at_one_rank = false, overlap_step = false;
   po::options_description options("bench_throughput options");
-  options.add_options()("help,h", "print this help")(
-      "model", po::value(&model_name)->default_value("cnn"), "cnn, resnet18 or mlp")(
-      "device", po::value(&device_name)->default_value("cpu"), "cpu, or cuda (the rank's GPU)")(
-      "batch-size", po::value(&batch)->default_value(64), "per rank")(
-      "warmup-steps", po::value(&warmup)->default_value(5), "untimed steps first")(
-      "window-steps", po::value(&window_steps)->default_value(10), "steps per timed window")(
-      "windows", po::value(&windows)->default_value(5), "timed windows; the median is reported")(
-      "grad-sync", po::value(&grad_sync)->default_value("bucketed"),
-      "bucketed (--bucket-mb), or per-parameter (a bucket per parameter: the baseline)")(
-      "comm-hook", po::value(&comm_hook)->default_value("allreduce"),
-      "allreduce, fp16 or bf16 (the average sent as half or bfloat16)")(
-      "bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")(
-      "gradient-as-bucket-view", po::bool_switch(&bucket_view),
-      "grads are views into the buckets (zeroed in place instead of reset)")(
-      "overlap-step", po::bool_switch(&overlap_step),
-      "the optimizer steps each bucket inside backward as its all-reduce completes "
-      "(hook_then_optimizer)")("amp", po::value(&amp_name)->default_value("off"),
-                               "mixed precision of forward and loss: off, bf16 (autocast), or fp16 "
-                               "(autocast and the GradScaler)")(
-      "reducer-at-one-rank", po::bool_switch(&reducer_at_one_rank),
-      "run the bucket path at one rank too, as PyTorch's DDP does")(
-      "hierarchical", po::value(&hierarchical)->default_value("auto"),
-      "CPU all-reduces through one leader per host: auto, on or off "
-      "(ProcessGroupOptions::hierarchical)")(
-      "label", po::value(&label)->default_value(""),
-      "impl name in the output (default ddp-<grad-sync>[-<fp16|bf16>][-view][-hier][-overlap])")(
-      "link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")(
-      "timeline", po::value(&timeline_path)->default_value(""),
-      "also write a timeline of the timed steps")("out", po::value(&out)->default_value(""),
-                                                  "append the JSON result line to this file");
+  // One flag a line (clang-format would pack the chain).
+  // clang-format off
+  options.add_options()
+    ("help,h", "print this help")
+    ("model", po::value(&model_name)->default_value("cnn"), "cnn, resnet18 or mlp")
+    ("device", po::value(&device_name)->default_value("cpu"), "cpu, or cuda (the rank's GPU)")
+    ("batch-size", po::value(&batch)->default_value(64), "per rank")
+    ("warmup-steps", po::value(&warmup)->default_value(5), "untimed steps first")
+    ("window-steps", po::value(&window_steps)->default_value(10), "steps per timed window")
+    ("windows", po::value(&windows)->default_value(5), "timed windows; the median is reported")
+    ("grad-sync", po::value(&grad_sync)->default_value("bucketed"), "bucketed (--bucket-mb), or per-parameter (a bucket per parameter: the baseline)")
+    ("comm-hook", po::value(&comm_hook)->default_value("allreduce"), "allreduce, fp16 or bf16 (the average sent as half or bfloat16)")
+    ("bucket-mb", po::value(&bucket_mb)->default_value(25.0), "bucket cap in MiB")
+    ("gradient-as-bucket-view", po::bool_switch(&bucket_view), "grads are views into the buckets (zeroed in place instead of reset)")
+    ("overlap-step", po::bool_switch(&overlap_step), "the optimizer steps each bucket inside backward as its all-reduce completes (hook_then_optimizer)")
+    ("amp", po::value(&amp_name)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and the GradScaler)")
+    ("reducer-at-one-rank", po::bool_switch(&reducer_at_one_rank), "run the bucket path at one rank too, as PyTorch's DDP does")
+    ("hierarchical", po::value(&hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host: auto, on or off (ProcessGroupOptions::hierarchical)")
+    ("label", po::value(&label)->default_value(""), "impl name in the output (default ddp-<grad-sync>[-<fp16|bf16>][-view][-hier][-overlap])")
+    ("link", po::value(&link)->default_value(""), "tag for emulated-host runs, e.g. 1gbit")
+    ("timeline", po::value(&timeline_path)->default_value(""), "also write a timeline of the timed steps")
+    ("out", po::value(&out)->default_value(""), "append the JSON result line to this file");
+  // clang-format on
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, options), vm);
   po::notify(vm);

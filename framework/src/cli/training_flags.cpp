@@ -133,125 +133,65 @@ void check_training_flags(const TrainingFlags& f) {
 void add_training_flags(po::options_description& d, TrainingFlags& f,
                         const TrainingDefaults& defaults) {
   d.add_options()("help,h", "print this help and exit");
+  // One flag a line (clang-format would pack the chain).
+  // clang-format off
   po::options_description training("Training");
-  training.add_options()("batch-size", po::value(&f.batch_size)->default_value(defaults.batch_size),
-                         "input batch size for training, per rank")(
-      "test-batch-size", po::value(&f.test_batch_size)->default_value(1000),
-      "input batch size for testing")(
-      "epochs", po::value(&f.epochs)->default_value(defaults.epochs), "number of epochs to train")(
-      "lr", po::value(&f.lr)->default_value(defaults.lr, short_text(defaults.lr)), "learning rate")(
-      "seed", po::value(&f.seed)->default_value(1),
-      "random seed (model init, data order, augmentation)")(
-      "no-cuda", po::bool_switch(&f.no_cuda), "train on the CPU even when CUDA is available")(
-      "deterministic", po::bool_switch(&f.deterministic),
-      "deterministic GPU kernels: the same run twice gives the same model (slower)")(
-      "dry-run", po::bool_switch(&f.dry_run), "quickly check a single pass: one batch, one epoch")(
-      "limit-train-batches", po::value(&f.limit_train_batches)->default_value(0),
-      "train on at most N batches per epoch (0: all)")(
-      "schedule", po::value(&f.schedule)->default_value(defaults.schedule),
-      "learning rate schedule: cosine (down to 0 over --epochs) or step")(
-      "warmup-steps", po::value(&f.warmup_steps)->default_value(0),
-      "linear learning-rate warmup over N optimizer steps, then --schedule per step instead of per "
-      "epoch (0: none, per epoch)")(
-      "scale-lr-with-batch",
-      po::value(&f.scale_lr_with_batch)->value_name("REFERENCE")->default_value(0),
-      "linear scaling rule: --lr is for a global batch of REFERENCE samples; use --lr x "
-      "(batch-size x ranks x accumulate) / REFERENCE (0: off)")(
-      "accumulate", po::value(&f.accumulate)->default_value(1),
-      "micro-batches of --batch-size per optimizer step, accumulated without gradient sync "
-      "(no_sync)")("clip-grad-norm", po::value(&f.clip_grad_norm)->default_value(0.0, "0"),
-                   "clip the gradients to this global 2-norm before each step (0: no clipping)")(
-      "amp", po::value(&f.amp)->default_value("off"),
-      "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and loss "
-      "scaling)")(
-      "on-nonfinite", po::value(&f.on_nonfinite)->default_value("stop"),
-      "a step whose gradients are NaN or inf: stop (exit status 3, nothing non-finite saved) or "
-      "skip (drop the step, as fp16 loss scaling does; a NaN loss still stops)")(
-      "max-skipped-steps", po::value(&f.max_skipped_steps)->default_value(10),
-      "with --on-nonfinite skip: stop after this many dropped steps in a row");
+  training.add_options()
+    ("batch-size", po::value(&f.batch_size)->default_value(defaults.batch_size), "input batch size for training, per rank")
+    ("test-batch-size", po::value(&f.test_batch_size)->default_value(1000), "input batch size for testing")
+    ("epochs", po::value(&f.epochs)->default_value(defaults.epochs), "number of epochs to train")
+    ("lr", po::value(&f.lr)->default_value(defaults.lr, short_text(defaults.lr)), "learning rate")
+    ("seed", po::value(&f.seed)->default_value(1), "random seed (model init, data order, augmentation)")
+    ("no-cuda", po::bool_switch(&f.no_cuda), "train on the CPU even when CUDA is available")
+    ("deterministic", po::bool_switch(&f.deterministic), "deterministic GPU kernels: the same run twice gives the same model (slower)")
+    ("dry-run", po::bool_switch(&f.dry_run), "quickly check a single pass: one batch, one epoch")
+    ("limit-train-batches", po::value(&f.limit_train_batches)->default_value(0), "train on at most N batches per epoch (0: all)")
+    ("schedule", po::value(&f.schedule)->default_value(defaults.schedule), "learning rate schedule: cosine (down to 0 over --epochs) or step")
+    ("warmup-steps", po::value(&f.warmup_steps)->default_value(0), "linear learning-rate warmup over N optimizer steps, then --schedule per step instead of per epoch (0: none, per epoch)")
+    ("scale-lr-with-batch", po::value(&f.scale_lr_with_batch)->value_name("REFERENCE")->default_value(0), "linear scaling rule: --lr is for a global batch of REFERENCE samples; use --lr x (batch-size x ranks x accumulate) / REFERENCE (0: off)")
+    ("accumulate", po::value(&f.accumulate)->default_value(1), "micro-batches of --batch-size per optimizer step, accumulated without gradient sync (no_sync)")
+    ("clip-grad-norm", po::value(&f.clip_grad_norm)->default_value(0.0, "0"), "clip the gradients to this global 2-norm before each step (0: no clipping)")
+    ("amp", po::value(&f.amp)->default_value("off"), "mixed precision of forward and loss: off, bf16 (autocast), or fp16 (autocast and loss scaling)")
+    ("on-nonfinite", po::value(&f.on_nonfinite)->default_value("stop"), "a step whose gradients are NaN or inf: stop (exit status 3, nothing non-finite saved) or skip (drop the step, as fp16 loss scaling does; a NaN loss still stops)")
+    ("max-skipped-steps", po::value(&f.max_skipped_steps)->default_value(10), "with --on-nonfinite skip: stop after this many dropped steps in a row");
   po::options_description data("Data");
-  data.add_options()("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir),
-                     defaults.data_help.c_str());
+  data.add_options()
+    ("data-dir", po::value(&f.data_dir)->default_value(defaults.data_dir), defaults.data_help.c_str());
   po::options_description distributed("Distributed");
-  distributed.add_options()("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0),
-                            "gradient bucket cap in MiB")(
-      "first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0),
-      "first gradient bucket cap in MiB")(
-      "comm-hook", po::value(&f.comm_hook)->default_value("allreduce"),
-      "what reduces each gradient bucket: allreduce (the average), fp16 or bf16 (the average sent "
-      "as half or bfloat16), or powersgd (low-rank compression with error feedback, as PyTorch's "
-      "powerSGD_hook)")("powersgd-rank", po::value(&f.powersgd_rank)->default_value(1),
-                        "with --comm-hook powersgd: the rank of the gradient approximation "
-                        "(PowerSGDState::matrix_approximation_rank)")(
-      "powersgd-start-iter", po::value(&f.powersgd_start_iter)->default_value(1000),
-      "with --comm-hook powersgd: plain all-reduce for the first N steps, compression after (>= "
-      "2)")("backend", po::value(&f.backend)->default_value("auto"),
-            "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")(
-      "find-unused-parameters", po::bool_switch(&f.find_unused_parameters),
-      "count parameters without a gradient as zero instead of failing")(
-      "gradient-as-bucket-view", po::bool_switch(&f.gradient_as_bucket_view),
-      "gradients are views into the all-reduce buckets: no copy into the buckets and back, no "
-      "gradient memory of their own (same results)")(
-      "overlap-step", po::bool_switch(&f.overlap_step),
-      "the optimizer steps each gradient bucket inside backward as soon as its all-reduce is done "
-      "(same results; not with --clip-grad-norm, --amp fp16 or --on-nonfinite skip, which need "
-      "every gradient first)")(
-      "no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers),
-      "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")(
-      "hierarchical", po::value(&f.hierarchical)->default_value("auto"),
-      "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the "
-      "hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on "
-      "or off")("timeout",
-                po::value<double>()->value_name("SECONDS")->notifier(
-                    [&f](double seconds) { f.timeout = seconds; }),
-                "end the job when a collective (MPI or NCCL) is unfinished after this many "
-                "seconds, naming it and the ranks that never arrived, or a wait outside one (MPI "
-                "start-up, building a communicator, loading data, ...), naming it (rounded up to "
-                "whole seconds; default: DDP_TIMEOUT_SECONDS, else 600; MPI start-up without "
-                "--timeout: DDP_STARTUP_TIMEOUT_SECONDS, else 600)");
+  distributed.add_options()
+    ("bucket-mb", po::value(&f.bucket_mb)->default_value(25.0), "gradient bucket cap in MiB")
+    ("first-bucket-mb", po::value(&f.first_bucket_mb)->default_value(1.0), "first gradient bucket cap in MiB")
+    ("comm-hook", po::value(&f.comm_hook)->default_value("allreduce"), "what reduces each gradient bucket: allreduce (the average), fp16 or bf16 (the average sent as half or bfloat16), or powersgd (low-rank compression with error feedback, as PyTorch's powerSGD_hook)")
+    ("powersgd-rank", po::value(&f.powersgd_rank)->default_value(1), "with --comm-hook powersgd: the rank of the gradient approximation (PowerSGDState::matrix_approximation_rank)")
+    ("powersgd-start-iter", po::value(&f.powersgd_start_iter)->default_value(1000), "with --comm-hook powersgd: plain all-reduce for the first N steps, compression after (>= 2)")
+    ("backend", po::value(&f.backend)->default_value("auto"), "gradient all-reduce backend: auto (NCCL for a model on a GPU, else MPI), mpi or nccl")
+    ("find-unused-parameters", po::bool_switch(&f.find_unused_parameters), "count parameters without a gradient as zero instead of failing")
+    ("gradient-as-bucket-view", po::bool_switch(&f.gradient_as_bucket_view), "gradients are views into the all-reduce buckets: no copy into the buckets and back, no gradient memory of their own (same results)")
+    ("overlap-step", po::bool_switch(&f.overlap_step), "the optimizer steps each gradient bucket inside backward as soon as its all-reduce is done (same results; not with --clip-grad-norm, --amp fp16 or --on-nonfinite skip, which need every gradient first)")
+    ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
+    ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
+    ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
+     "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived, or a wait outside one (MPI start-up, building a communicator, loading data, ...), naming it (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600; MPI start-up without --timeout: DDP_STARTUP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");
-  checkpoints.add_options()("save-model", po::bool_switch(&f.save_model),
-                            ("save the trained model to " + defaults.model_file).c_str())(
-      "checkpoint-dir",
-      po::value(&f.checkpoint_dir)->notifier(require_folder_name("--checkpoint-dir")),
-      "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")(
-      "keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3),
-      "keep the newest N epochs of checkpoints (0: all)")(
-      "checkpoint-every-steps", po::value(&f.checkpoint_every_steps)->default_value(0),
-      "also write a training snapshot every N steps inside an epoch, keeping the newest (0: epoch "
-      "ends only)")("checkpoint-every-seconds",
-                    po::value<double>()->value_name("SECONDS")->notifier(
-                        [&f](double seconds) { f.checkpoint_every_seconds = seconds; }),
-                    "also write a training snapshot inside an epoch once SECONDS have passed since "
-                    "the last one, keeping the newest")(
-      "resume", po::value(&f.resume)->implicit_value("latest")->default_value(""),
-      "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one "
-      "(--resume=PATH)")("resume-fallback", po::bool_switch(&f.resume_fallback),
-                         "with --resume: skip an unreadable newest snapshot for the previous one")(
-      "keep-global-batch", po::bool_switch(&f.keep_global_batch),
-      "with --resume on another number of ranks: per-rank batch = the snapshot's global batch / "
-      "ranks, so training continues on the same global batches (refused when it does not divide); "
-      "without it --batch-size stays per rank");
+  checkpoints.add_options()
+    ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
+    ("checkpoint-dir", po::value(&f.checkpoint_dir)->notifier(require_folder_name("--checkpoint-dir")), "write model_with_epoch<N>.pt and a training snapshot here at every epoch end")
+    ("keep-checkpoints", po::value(&f.keep_checkpoints)->default_value(3), "keep the newest N epochs of checkpoints (0: all)")
+    ("checkpoint-every-steps", po::value(&f.checkpoint_every_steps)->default_value(0), "also write a training snapshot every N steps inside an epoch, keeping the newest (0: epoch ends only)")
+    ("checkpoint-every-seconds", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.checkpoint_every_seconds = seconds; }), "also write a training snapshot inside an epoch once SECONDS have passed since the last one, keeping the newest")
+    ("resume", po::value(&f.resume)->implicit_value("latest")->default_value(""), "continue from the newest snapshot in --checkpoint-dir (--resume) or from a given one (--resume=PATH)")
+    ("resume-fallback", po::bool_switch(&f.resume_fallback), "with --resume: skip an unreadable newest snapshot for the previous one")
+    ("keep-global-batch", po::bool_switch(&f.keep_global_batch), "with --resume on another number of ranks: per-rank batch = the snapshot's global batch / ranks, so training continues on the same global batches (refused when it does not divide); without it --batch-size stays per rank");
   po::options_description diagnostics("Progress and diagnostics");
-  diagnostics.add_options()("log-interval", po::value(&f.log_interval)->default_value(10),
-                            "how many batches to wait before logging training status")(
-      "progress", po::value(&f.progress)->default_value("auto"),
-      "during an epoch: bar (a live line with ETA), log (a line per --log-interval, with ETA), "
-      "none, or auto (bar on a terminal, else log)")(
-      "metrics-file", po::value(&f.metrics_file)->default_value(""),
-      "write one JSON object per epoch, and a step record every --log-interval batches (loss, "
-      "learning rate, gradient norm, samples/s, phase shares), to this file")(
-      "tensorboard",
-      po::value(&f.tensorboard)->value_name("DIR")->notifier(require_folder_name("--tensorboard")),
-      "also write those numbers as TensorBoard scalars, and the training flags as its hparams, to "
-      "an event file in DIR (made when missing)")(
-      "show-topology", po::bool_switch(&f.show_topology),
-      "print every rank's place (node, local rank, device)")(
-      "timeline", po::value(&f.timeline)->default_value(""),
-      "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")(
-      "check-sync-every", po::value(&f.check_sync_every)->default_value(0),
-      "every N steps verify that all replicas are identical; stop naming the first difference (0: "
-      "never)");
+  diagnostics.add_options()
+    ("log-interval", po::value(&f.log_interval)->default_value(10), "how many batches to wait before logging training status")
+    ("progress", po::value(&f.progress)->default_value("auto"), "during an epoch: bar (a live line with ETA), log (a line per --log-interval, with ETA), none, or auto (bar on a terminal, else log)")
+    ("metrics-file", po::value(&f.metrics_file)->default_value(""), "write one JSON object per epoch, and a step record every --log-interval batches (loss, learning rate, gradient norm, samples/s, phase shares), to this file")
+    ("tensorboard", po::value(&f.tensorboard)->value_name("DIR")->notifier(require_folder_name("--tensorboard")), "also write those numbers as TensorBoard scalars, and the training flags as its hparams, to an event file in DIR (made when missing)")
+    ("show-topology", po::bool_switch(&f.show_topology), "print every rank's place (node, local rank, device)")
+    ("timeline", po::value(&f.timeline)->default_value(""), "write a Chrome-trace/Perfetto JSON of every rank's steps and all-reduces to this file")
+    ("check-sync-every", po::value(&f.check_sync_every)->default_value(0), "every N steps verify that all replicas are identical; stop naming the first difference (0: never)");
+  // clang-format on
   d.add(training).add(data).add(distributed).add(checkpoints).add(diagnostics);
 }
 
