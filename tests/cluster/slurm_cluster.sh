@@ -15,16 +15,19 @@ nodes=()  # n1 .. nN, set by start
 
 die() { echo "slurm_cluster: $*" >&2; exit 1; }
 
-# A TCP port on 127.0.0.1 that nothing listens on.
+# A TCP port on 127.0.0.1 that no socket uses (in any state) and that CONF (the slurm.conf
+# being written) does not already give to slurmctld or another node: the daemons start only
+# after every port is chosen, so a second draw of the same port would pass the socket check.
 # Below the kernel's ephemeral range: a port the kernel hands to a socket bound to port 0 or to
 # an outgoing connection (Open MPI, ddp's socket ring, another test running beside this one)
 # never comes from there, so the port stays free between this check and slurmd's bind.
 free_port() {
-  local port low
+  local conf=$1 port low
   low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null || echo 32768)
   [ "$low" -gt 20100 ] || low=60000  # an unusual range: take the old chance
   for port in $(shuf -i 20000-$((low - 1)) -n 50); do
-    if [ -z "$(ss -Htln "sport = :$port")" ]; then echo "$port"; return; fi
+    grep -Eqs "Port=$port( |$)" "$conf" && continue
+    if [ -z "$(ss -Htan "sport = :$port")" ]; then echo "$port"; return; fi
   done
   die "no free TCP port found on 127.0.0.1"
 }
@@ -35,7 +38,7 @@ write_config() {
   chmod 755 "$dir/munge"
   mungekey -c -k "$dir/munge/munge.key"
   chmod 400 "$dir/munge/munge.key"
-  local ctld_port; ctld_port=$(free_port)
+  local ctld_port; ctld_port=$(free_port "$dir/slurm.conf")
   cat > "$dir/slurm.conf" <<CONF
 ClusterName=ddptest
 SlurmctldHost=localhost(127.0.0.1)
@@ -80,7 +83,7 @@ CONF
     mkdir -p "$dir/$node/spool" "$dir/$node/tmp" "$dir/$node/shm"
     # Fake GPUs: gres needs character devices; /dev/null is one.
     for gpu in 0 1 2 3; do ln -sf /dev/null "$dir/$node/nvidia$gpu"; done
-    echo "NodeName=$node NodeAddr=127.0.0.1 Port=$(free_port) CPUs=4 Gres=gpu:4 State=UNKNOWN" >> "$dir/slurm.conf"
+    echo "NodeName=$node NodeAddr=127.0.0.1 Port=$(free_port "$dir/slurm.conf") CPUs=4 Gres=gpu:4 State=UNKNOWN" >> "$dir/slurm.conf"
     echo "NodeName=$node Name=gpu File=$dir/$node/nvidia[0-3]" >> "$dir/gres.conf"
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${nodes[*]}") Default=YES MaxTime=INFINITE State=UP" >> "$dir/slurm.conf"
