@@ -16,7 +16,9 @@
 
 namespace {
 
-using Bytes = std::vector<uint8_t>;
+using ddp_test::Bytes;
+using ddp_test::expect_error;
+using ddp_test::write_file;
 
 constexpr int64_t kRecord = 3073;
 
@@ -30,12 +32,6 @@ Bytes records(int64_t count) {
   return b;
 }
 
-void write_file(const std::string& path, const Bytes& bytes) {
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()),
-             static_cast<std::streamsize>(bytes.size()));
-}
-
 Bytes read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -43,19 +39,6 @@ Bytes read_file(const std::string& path) {
 
 torch::Tensor random_images(int64_t n, int64_t seed) {
   return torch::randint(0, 256, {n, 3, 32, 32}, at::detail::createCPUGenerator(seed), torch::kByte);
-}
-
-// Expects fn to throw E with a message containing every one of `parts`.
-template <typename E = std::runtime_error, typename Fn>
-void expect_error(Fn fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL() << "no exception";
-  } catch (const E& e) {
-    for (const auto& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << part;
-  }
 }
 
 TEST(CifarReader, ReadsTheBinaryLayout) {
@@ -148,7 +131,7 @@ TEST(CifarReader, BadFilesNameTheFileAndTheFault) {
   expect_error([&] { ddp::read_cifar10_file(dir + "/absent.bin"); },
                {dir + "/absent.bin", "no such file"});
 
-  write_file(dir + "/empty.bin", {});
+  write_file(dir + "/empty.bin", "");
   expect_error([&] { ddp::read_cifar10_file(dir + "/empty.bin"); }, {dir + "/empty.bin", "empty"});
 
   Bytes truncated = records(2);

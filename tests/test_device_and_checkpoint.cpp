@@ -20,6 +20,10 @@
 
 namespace {
 
+using ddp_test::exists;
+using ddp_test::host;
+using ddp_test::read_all;
+
 TEST(SelectDevice, CpuWhenCudaIsOffOrAbsent) {
   EXPECT_EQ(ddp::select_device(false, 4, 1, 2), torch::Device(torch::kCPU));
   EXPECT_EQ(ddp::select_device(true, 0, 1, 2), torch::Device(torch::kCPU));
@@ -39,11 +43,6 @@ TEST(SelectDevice, MoreRanksThanGpusIsAClearError) {
               std::string::npos)
         << e.what();
   }
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 TEST(WriteAtomically, ReplacesTheFileOnlyWhenTheWriteSucceeds) {
@@ -70,17 +69,6 @@ TEST(WriteAtomically, UnwritableDirectoryNamesTheFile) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/model.pt"), std::string::npos)
         << e.what();
   }
-}
-
-std::string host() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
-bool exists(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0;
 }
 
 // A process id that is certainly not running: a child that has exited and been reaped.

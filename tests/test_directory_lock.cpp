@@ -21,25 +21,11 @@
 
 namespace {
 
+using ddp_test::exists;
+using ddp_test::host;
+using ddp_test::read_all;
+
 using ddp::detail::DirectoryLock;
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-bool exists(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0;
-}
-
-std::string host() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
 
 // A child process that takes the lock of `dir`, says so on a pipe, then either waits for the
 // pipe's other end to close (and releases) or kills itself holding it.

@@ -11,7 +11,9 @@
 
 namespace {
 
-using Bytes = std::vector<uint8_t>;
+using ddp_test::Bytes;
+using ddp_test::expect_error;
+using ddp_test::write_file;
 
 Bytes idx_bytes(const std::vector<int32_t>& dims, uint8_t fill_base) {
   Bytes b{0, 0, 0x08, static_cast<uint8_t>(dims.size())};
@@ -24,31 +26,12 @@ Bytes idx_bytes(const std::vector<int32_t>& dims, uint8_t fill_base) {
   return b;
 }
 
-void write_file(const std::string& path, const Bytes& bytes) {
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()),
-             static_cast<std::streamsize>(bytes.size()));
-}
-
 void write_gz(const std::string& path, const Bytes& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
             static_cast<int>(bytes.size()));
   gzclose(f);
-}
-
-// Expects read_idx/load_mnist to throw a message containing every one of `parts`.
-template <typename Fn>
-void expect_error(Fn fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL() << "no exception";
-  } catch (const std::runtime_error& e) {
-    for (const auto& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << part;
-  }
 }
 
 TEST(IdxReader, RealFashionMnist) {

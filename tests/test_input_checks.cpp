@@ -33,12 +33,8 @@
 
 namespace {
 
-using Bytes = std::vector<uint8_t>;
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using ddp_test::Bytes;
+using ddp_test::write_file;
 
 std::string idx_header(const std::vector<uint32_t>& dims) {
   std::string b{'\0', '\0', '\x08', static_cast<char>(dims.size())};

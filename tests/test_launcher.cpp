@@ -4,6 +4,8 @@
 #include "runtime/launcher.h"
 #include "util/environment.h"
 
+#include "test_support.h"
+
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -12,12 +14,10 @@
 
 namespace {
 
+using ddp_test::contains;
+
 using ddp::Environment;
 using ddp::Launcher;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Task 3 of `srun -N 2 --ntasks-per-node 2 --gpus-per-node 2` (job 12), MpiDefault=pmix.
 Environment srun_task3() {

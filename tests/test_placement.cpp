@@ -6,6 +6,8 @@
 #include "parallel/resolve_backend.h"
 #include <ddp/runtime.h>
 
+#include "test_support.h"
+
 #include <gtest/gtest.h>
 
 #include <torch/types.h>
@@ -16,11 +18,9 @@
 
 namespace {
 
-using ddp::Environment;
+using ddp_test::contains;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using ddp::Environment;
 
 const torch::Device kCpu(torch::kCPU);
 torch::Device cuda(int index) {

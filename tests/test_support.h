@@ -6,14 +6,22 @@
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ddp_test {
 
@@ -91,6 +99,50 @@ inline std::string make_temp_dir(const std::string& name) {
   std::string path = std::string(DDP_TEST_TMP) + "/" + name + "." + std::to_string(::getpid());
   run_command("rm -rf '" + path + "' && mkdir -p '" + path + "'");
   return path;
+}
+
+using Bytes = std::vector<uint8_t>;
+
+// Writes `bytes` to `path`, replacing the file.
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+inline void write_file(const std::string& path, const Bytes& bytes) {
+  write_file(path, std::string(bytes.begin(), bytes.end()));
+}
+
+// The file's bytes ("" when it cannot be read).
+inline std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline bool exists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+inline std::string host() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Expects fn to throw E with a message containing every one of `parts`.
+template <typename E = std::runtime_error, typename Fn>
+void expect_error(Fn fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    FAIL() << "no exception";
+  } catch (const E& e) {
+    for (const auto& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << part;
+  }
 }
 
 }  // namespace ddp_test

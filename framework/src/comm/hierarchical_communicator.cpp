@@ -20,9 +20,10 @@ namespace ddp {
 
 using detail::Collective;
 
-namespace {
+namespace detail {
 
-// An MPI communicator this file made, freed with it (unless MPI is already finalized).
+// An MPI communicator a HierarchicalCommunicator made, freed with it (unless MPI is already
+// finalized).
 struct OwnedComm {
   MPI_Comm comm = MPI_COMM_NULL;
   OwnedComm() = default;
@@ -34,6 +35,10 @@ struct OwnedComm {
     if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
 };
+
+}  // namespace detail
+
+namespace {
 
 int comm_size(MPI_Comm comm) {
   int size = 1;
@@ -104,8 +109,8 @@ bool hierarchical_wanted(HierarchicalAllReduce mode, const std::vector<int>& hos
 
 struct HierarchicalCommunicator::State {
   detail::MpiWorker* worker = nullptr;  // flat_'s: outlives the calls queued on it
-  OwnedComm host;                       // this rank's host's ranks; rank 0 is the leader
-  OwnedComm leaders;                    // one rank per host (MPI_COMM_NULL on the others)
+  detail::OwnedComm host;               // this rank's host's ranks; rank 0 is the leader
+  detail::OwnedComm leaders;            // one rank per host (MPI_COMM_NULL on the others)
   int host_size = 1, leaders_size = 1, hosts = 1;
   bool leader = false;
   bool ring_wanted = false;  // the leaders' large all-reduces take the TCP ring

@@ -77,6 +77,9 @@ class Inquiry {
   // a question only when it next enters one, after the asker gave up, and that late answer must
   // not pass for the answer to a later question (it would report a call long finished).
   std::vector<RankReport> ask(std::chrono::milliseconds wait);
+  // How long a failed or timed-out collective waits for the other ranks' answers before it names
+  // the silent ones (a rank waiting in a collective answers within milliseconds).
+  static constexpr std::chrono::milliseconds kAnswerWait{2000};
 
   // Calls a report's values travel in: a count, then per call its member, seq, in_collective
   // and fingerprint, then the number of the question answered. Answers carry the first

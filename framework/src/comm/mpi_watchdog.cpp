@@ -15,8 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a timed-out rank waits for the others' answers before naming the silent ones.
-constexpr auto kAnswerWait = std::chrono::seconds(2);
 constexpr auto kPoll = std::chrono::milliseconds(100);
 
 std::string join(const std::vector<std::string>& parts) {
@@ -67,7 +65,7 @@ void MpiWatchdog::loop() {
 }
 
 void MpiWatchdog::timed_out(const WorkerState& state, bool after_stop) {
-  const auto answer_wait = std::min<Clock::duration>(kAnswerWait, options_.timeout);
+  const auto answer_wait = std::min<Clock::duration>(Inquiry::kAnswerWait, options_.timeout);
   const std::vector<RankReport> reports =
       inquiry_->ask(std::chrono::duration_cast<std::chrono::milliseconds>(answer_wait));
   const std::string seconds =

@@ -14,8 +14,6 @@ namespace ddp::detail {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a failed collective waits for the other ranks' answers (comm/inquiry.h).
-constexpr std::chrono::milliseconds kAnswerWait{2000};
 // A collective unfinished this long asks whether the ranks are stuck in different collectives
 // (check_deadlock), then again after twice as long, and so on. A rank waiting in a collective
 // answers within a few milliseconds (its sleeps are at most WorkerOptions::max_sleep), so a short
@@ -284,7 +282,7 @@ std::string MpiWorker::failure_message(const Collective& call, const std::string
   // and Open MPI may deliver it to the next communicator that reuses the context id. Only a
   // process group's Inquiry lives as long as the group.
   if (!options_.inquiry) return message;
-  const std::vector<RankReport> reports = inquiry_->ask(kAnswerWait);
+  const std::vector<RankReport> reports = inquiry_->ask(Inquiry::kAnswerWait);
   const Collective::Fingerprint mine = call.fingerprint();
   std::string others;
   bool differ = false;

@@ -6,6 +6,8 @@
 
 #include "train/cifar_format.h"
 
+#include "util/file_error.h"
+
 #include <torch/torch.h>
 
 #include <cerrno>
@@ -20,6 +22,8 @@
 
 namespace ddp {
 
+using detail::throw_file_error;
+
 namespace {
 
 constexpr int64_t kChannels = kCifarChannels;
@@ -27,10 +31,6 @@ constexpr int64_t kSide = kCifarSide;
 constexpr int64_t kPixels = kCifarPixels;
 constexpr int64_t kRecord = kCifarRecord;
 constexpr int64_t kClasses = kCifarClasses;
-
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error(path + ": " + what);
-}
 
 std::string shape_of(const torch::Tensor& t) {
   std::string s = "[";
@@ -44,21 +44,22 @@ ImageDataset read_cifar10_file(const std::string& path) {
   // stat, then open: "no such file" only when there is none, else the reason it cannot be read.
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) {
-    if (errno == ENOENT) fail(path, "no such file");
-    fail(path, std::string("cannot read: ") + std::strerror(errno));
+    if (errno == ENOENT) throw_file_error(path, "no such file");
+    throw_file_error(path, "cannot read", errno);
   }
-  if (S_ISDIR(info.st_mode)) fail(path, "not a regular file: it is a directory");
-  if (!S_ISREG(info.st_mode)) fail(path, "not a regular file");
+  if (S_ISDIR(info.st_mode)) throw_file_error(path, "not a regular file: it is a directory");
+  if (!S_ISREG(info.st_mode)) throw_file_error(path, "not a regular file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  if (!in) throw_file_error(path, "cannot open", errno);
   const uint64_t size = static_cast<uint64_t>(info.st_size);
   const int64_t count = cifar_record_count(size, path);  // before anything is allocated
   // Read straight into a tensor so the slices below copy out of memory the tensor owns.
   torch::Tensor records = torch::empty({count, kRecord}, torch::kByte);
   in.read(static_cast<char*>(records.data_ptr()), static_cast<std::streamsize>(size));
   if (in.gcount() != static_cast<std::streamsize>(size)) {
-    fail(path, "read " + std::to_string(in.gcount()) + " of " + std::to_string(size) + " bytes" +
-                   (in.bad() ? std::string(": ") + std::strerror(errno) : std::string()));
+    throw_file_error(
+        path, "read " + std::to_string(in.gcount()) + " of " + std::to_string(size) + " bytes" +
+                  (in.bad() ? std::string(": ") + std::strerror(errno) : std::string()));
   }
   check_cifar_labels(records.data_ptr<uint8_t>(), count, path);
   // contiguous(), not reshape(): reshape would give a strided view that skips the label bytes.
@@ -78,8 +79,8 @@ ImageDataset load_cifar10(const std::string& dir, CifarSplit split) {
   for (const auto& path : paths) {
     struct stat info {};
     if (::stat(path.c_str(), &info) != 0 && errno == ENOENT) {
-      fail(path, "no such file (scripts/download_cifar10.sh " + dir +
-                     " downloads CIFAR-10's binary version there)");
+      throw_file_error(path, "no such file (scripts/download_cifar10.sh " + dir +
+                                 " downloads CIFAR-10's binary version there)");
     }
   }
   std::vector<ImageDataset> parts;

@@ -1,5 +1,7 @@
 #include "train/directory_lock.h"
 
+#include "util/file_error.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -18,10 +20,6 @@
 namespace ddp::detail {
 
 namespace {
-
-[[noreturn]] void fail(const std::string& path, const std::string& what, int error) {
-  throw std::runtime_error(path + ": " + what + ": " + std::strerror(error));
-}
 
 // The lock file, open; closing it drops the flock.
 struct LockFile {
@@ -84,7 +82,7 @@ bool flock_unsupported(int error) {
 DirectoryLockResult DirectoryLock::take(const std::string& dir) {
   const std::string path = dir + "/" + kLockFileName;
   struct stat dir_info;
-  if (::stat(dir.c_str(), &dir_info) != 0) fail(dir, "cannot use the directory", errno);
+  if (::stat(dir.c_str(), &dir_info) != 0) throw_file_error(dir, "cannot use the directory", errno);
   const std::pair<dev_t, ino_t> key{dir_info.st_dev, dir_info.st_ino};
   std::lock_guard<std::mutex> guard(registry_mutex);
   DirectoryLockResult result;
@@ -101,9 +99,10 @@ DirectoryLockResult DirectoryLock::take(const std::string& dir) {
   for (int attempt = 0;; ++attempt) {
     auto file = std::make_unique<LockFile>(
         ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644), path);
-    if (file->fd < 0) fail(path, "cannot open the checkpoint directory's lock file", errno);
+    if (file->fd < 0)
+      throw_file_error(path, "cannot open the checkpoint directory's lock file", errno);
     struct stat info;
-    if (::fstat(file->fd, &info) != 0) fail(path, "cannot stat the lock file", errno);
+    if (::fstat(file->fd, &info) != 0) throw_file_error(path, "cannot stat the lock file", errno);
     if (!S_ISREG(info.st_mode)) {
       throw std::runtime_error(path +
                                ": the checkpoint directory's lock file is not a regular file");
@@ -121,7 +120,7 @@ DirectoryLockResult DirectoryLock::take(const std::string& dir) {
         return result;
       }
       if (error != EWOULDBLOCK)
-        fail(path, "cannot lock the checkpoint directory's lock file", error);
+        throw_file_error(path, "cannot lock the checkpoint directory's lock file", error);
       // The holder writes its line right after locking: give it a moment.
       std::string holder = read_holder(file->fd);
       for (int wait = 0; holder.empty() && wait < 5; ++wait) {
@@ -144,10 +143,10 @@ DirectoryLockResult DirectoryLock::take(const std::string& dir) {
     const std::string line = lock_holder_line(host_name(), static_cast<long>(::getpid()),
                                               std::time(nullptr), job ? job : "") +
                              "\n";
-    if (::ftruncate(file->fd, 0) != 0) fail(path, "cannot write the lock file", errno);
+    if (::ftruncate(file->fd, 0) != 0) throw_file_error(path, "cannot write the lock file", errno);
     const ssize_t wrote = ::pwrite(file->fd, line.data(), line.size(), 0);
     if (wrote != static_cast<ssize_t>(line.size())) {
-      fail(path, "cannot write the lock file", wrote < 0 ? errno : ENOSPC);
+      throw_file_error(path, "cannot write the lock file", wrote < 0 ? errno : ENOSPC);
     }
     file->users = 1;
     held.emplace(key, std::move(file));

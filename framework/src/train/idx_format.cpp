@@ -1,15 +1,15 @@
 #include "train/idx_format.h"
 
+#include "util/file_error.h"
+
 #include <limits>
 #include <stdexcept>
 
 namespace ddp {
 
-namespace {
+using detail::throw_file_error;
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error(path + ": " + what);
-}
+namespace {
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -24,11 +24,11 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }  // namespace
 
 size_t idx_header_bytes(const uint8_t* bytes, size_t size, const std::string& path) {
-  if (size < 4) fail(path, "truncated IDX header (" + std::to_string(size) + " bytes)");
+  if (size < 4) throw_file_error(path, "truncated IDX header (" + std::to_string(size) + " bytes)");
   if (bytes[0] != 0 || bytes[1] != 0 || bytes[3] < 1 || bytes[3] > 4) {
-    fail(path, "bad magic number (not an IDX file)");
+    throw_file_error(path, "bad magic number (not an IDX file)");
   }
-  if (bytes[2] != 0x08) fail(path, "IDX element type is not unsigned byte (0x08)");
+  if (bytes[2] != 0x08) throw_file_error(path, "IDX element type is not unsigned byte (0x08)");
   return 4 + 4 * static_cast<size_t>(bytes[3]);
 }
 
@@ -37,8 +37,8 @@ IdxHeader parse_idx_header(const uint8_t* bytes, size_t size, uint64_t file_byte
   IdxHeader header;
   header.header_bytes = idx_header_bytes(bytes, size, path);
   if (size < header.header_bytes) {
-    fail(path, "truncated IDX header (" + std::to_string(size) + " of " +
-                   std::to_string(header.header_bytes) + " bytes)");
+    throw_file_error(path, "truncated IDX header (" + std::to_string(size) + " of " +
+                               std::to_string(header.header_bytes) + " bytes)");
   }
   const int dims = bytes[3];
   bool overflow = false;
@@ -65,20 +65,22 @@ IdxHeader parse_idx_header(const uint8_t* bytes, size_t size, uint64_t file_byte
     uint64_t bound = 0;
     const bool unbounded = __builtin_mul_overflow(file_bytes, kMaxDeflateRatio, &bound);
     if (overflow || (!unbounded && count > bound)) {
-      fail(path, promise + ", more than its " + std::to_string(file_bytes) +
-                     " compressed bytes can hold (deflate expands at most " +
-                     std::to_string(kMaxDeflateRatio) + ":1)");
+      throw_file_error(path, promise + ", more than its " + std::to_string(file_bytes) +
+                                 " compressed bytes can hold (deflate expands at most " +
+                                 std::to_string(kMaxDeflateRatio) + ":1)");
     }
   } else {
     const uint64_t after_header =
         file_bytes > header.header_bytes ? file_bytes - header.header_bytes : 0;
     if (overflow || count > after_header) {
-      fail(path, "truncated: " + promise + ", the file has " + std::to_string(after_header) +
-                     " after its " + std::to_string(header.header_bytes) + "-byte header");
+      throw_file_error(path, "truncated: " + promise + ", the file has " +
+                                 std::to_string(after_header) + " after its " +
+                                 std::to_string(header.header_bytes) + "-byte header");
     }
     if (count < after_header) {
-      fail(path, "trailing bytes: " + promise + ", the file has " + std::to_string(after_header) +
-                     " after its " + std::to_string(header.header_bytes) + "-byte header");
+      throw_file_error(path, "trailing bytes: " + promise + ", the file has " +
+                                 std::to_string(after_header) + " after its " +
+                                 std::to_string(header.header_bytes) + "-byte header");
     }
   }
   header.data_bytes = count;

@@ -4,6 +4,8 @@
 
 #include "train/idx_format.h"
 
+#include "util/file_error.h"
+
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -23,11 +25,9 @@
 
 namespace ddp {
 
-namespace {
+using detail::throw_file_error;
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error(path + ": " + what);
-}
+namespace {
 
 struct GzCloser {
   void operator()(gzFile f) const { gzclose(f); }
@@ -44,8 +44,8 @@ size_t read_some(gzFile file, const std::string& path, void* buffer, size_t size
       int code = 0;
       const char* message = gzerror(file, &code);
       // Z_ERRNO: the read itself failed (EIO, EISDIR, ...), which errno tells.
-      fail(path, code == Z_ERRNO ? std::string("cannot read: ") + std::strerror(errno)
-                                 : std::string("cannot decompress: ") + message);
+      if (code == Z_ERRNO) throw_file_error(path, "cannot read", errno);
+      throw_file_error(path, std::string("cannot decompress: ") + message);
     }
     if (got == 0) break;
     done += static_cast<size_t>(got);
@@ -60,8 +60,8 @@ std::string resolve(const std::string& path) {
   if (::stat(path.c_str(), &info) == 0) return path;
   const int error = errno;
   if (::stat((path + ".gz").c_str(), &info) == 0) return path + ".gz";
-  if (error == ENOENT) fail(path, "no such file (nor " + path + ".gz)");
-  fail(path, std::strerror(error));
+  if (error == ENOENT) throw_file_error(path, "no such file (nor " + path + ".gz)");
+  throw_file_error(path, std::strerror(error));
 }
 
 }  // namespace
@@ -71,17 +71,17 @@ torch::Tensor read_idx(const std::string& requested) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; the
   // fstat below then refuses it. Reads of a regular file ignore the flag.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  if (fd < 0) throw_file_error(path, "cannot open", errno);
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
     const int error = errno;
     ::close(fd);
-    fail(path, std::string("cannot read: ") + std::strerror(error));
+    throw_file_error(path, "cannot read", error);
   }
   if (!S_ISREG(info.st_mode)) {
     ::close(fd);
-    fail(path,
-         S_ISDIR(info.st_mode) ? "not a regular file: it is a directory" : "not a regular file");
+    throw_file_error(path, S_ISDIR(info.st_mode) ? "not a regular file: it is a directory"
+                                                 : "not a regular file");
   }
   const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
   unsigned char gzip_magic[2] = {0, 0};
@@ -91,7 +91,7 @@ torch::Tensor read_idx(const std::string& requested) {
   GzFile file(gzdopen(fd, "rb"));
   if (!file) {
     ::close(fd);
-    fail(path, "cannot open: out of memory");
+    throw_file_error(path, "cannot open: out of memory");
   }
 
   // The header, then its checks against the file's size, before the data is allocated.
@@ -105,12 +105,13 @@ torch::Tensor read_idx(const std::string& requested) {
   const size_t count = static_cast<size_t>(header.data_bytes);
   got = read_some(file.get(), path, data.data_ptr(), count);
   if (got != count) {
-    fail(path, "truncated: header promises " + std::to_string(count) + " bytes of data, file has " +
-                   std::to_string(got));
+    throw_file_error(path, "truncated: header promises " + std::to_string(count) +
+                               " bytes of data, file has " + std::to_string(got));
   }
   uint8_t extra = 0;
   if (read_some(file.get(), path, &extra, 1) != 0) {
-    fail(path, "trailing bytes after the " + std::to_string(count) + " the header promises");
+    throw_file_error(path,
+                     "trailing bytes after the " + std::to_string(count) + " the header promises");
   }
   return data;
 }
@@ -122,22 +123,23 @@ ImageDataset load_mnist(const std::string& dir, MnistSplit split) {
   const std::string labels_path = resolve(prefix + "-labels-idx1-ubyte");
   torch::Tensor images = read_idx(images_path);
   torch::Tensor labels = read_idx(labels_path);
-  if (images.dim() != 3) fail(images_path, "expected 3 dimensions (N, rows, cols)");
-  if (labels.dim() != 1) fail(labels_path, "expected 1 dimension (N)");
+  if (images.dim() != 3) throw_file_error(images_path, "expected 3 dimensions (N, rows, cols)");
+  if (labels.dim() != 1) throw_file_error(labels_path, "expected 1 dimension (N)");
   // The model's input size and an empty set are errors here, naming the file, rather than a
   // shape error in the first forward or an epoch that trains nothing and reports "0/0".
   if (images.size(1) != 28 || images.size(2) != 28) {
-    fail(images_path, "images are " + std::to_string(images.size(1)) + "x" +
-                          std::to_string(images.size(2)) + ", MNIST's are 28x28");
+    throw_file_error(images_path, "images are " + std::to_string(images.size(1)) + "x" +
+                                      std::to_string(images.size(2)) + ", MNIST's are 28x28");
   }
-  if (images.size(0) == 0) fail(images_path, "no images: the data set is empty");
+  if (images.size(0) == 0) throw_file_error(images_path, "no images: the data set is empty");
   if (images.size(0) != labels.size(0)) {
     throw std::runtime_error(images_path + " has " + std::to_string(images.size(0)) +
                              " images but " + labels_path + " has " +
                              std::to_string(labels.size(0)) + " labels");
   }
   if (labels.numel() > 0 && labels.max().item<int64_t>() > 9) {
-    fail(labels_path, "label " + std::to_string(labels.max().item<int64_t>()) + " outside 0..9");
+    throw_file_error(labels_path,
+                     "label " + std::to_string(labels.max().item<int64_t>()) + " outside 0..9");
   }
   return ImageDataset{images.unsqueeze(1), labels.to(torch::kLong), {0.1307}, {0.3081}};
 }

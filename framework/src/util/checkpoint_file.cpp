@@ -1,5 +1,7 @@
 #include <ddp/checkpoint_file.h>
 
+#include "util/file_error.h"
+
 #include <c10/util/Exception.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -23,25 +25,17 @@
 
 namespace ddp {
 
+using detail::throw_file_error;
+
 namespace {
-
-// The message for the errno of the call that just failed; `error` is captured by the caller
-// before any clean-up can overwrite errno.
-[[noreturn]] void fail(const std::string& path, const std::string& what, int error) {
-  throw std::runtime_error(path + ": " + what + ": " + std::strerror(error));
-}
-
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  fail(path, what, errno);
-}
 
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open to sync");
+  if (fd < 0) throw_file_error(path, "cannot open to sync", errno);
   const int rc = ::fsync(fd);
   const int error = errno;
   ::close(fd);
-  if (rc != 0) fail(path, "fsync failed", error);
+  if (rc != 0) throw_file_error(path, "fsync failed", error);
 }
 
 std::string parent_dir(const std::string& path) {
@@ -68,7 +62,7 @@ void commit(const std::string& path, const std::string& tmp) {
   try {
     fsync_path(tmp, O_RDONLY);
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(path, "cannot rename " + tmp + " onto it");
+      throw_file_error(path, "cannot rename " + tmp + " onto it", errno);
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
@@ -84,7 +78,7 @@ const char* const kKept =
 void write_atomically(const std::string& path, const void* data, std::size_t size) {
   const std::string tmp = temporary_path(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path, "cannot create " + tmp);
+  if (fd < 0) throw_file_error(path, "cannot create " + tmp, errno);
   // Clean-up on failure: close, remove the temporary file, report the first error's errno.
   auto give_up = [&](const std::string& what, int error) {
     ::close(fd);
@@ -146,17 +140,19 @@ void check_writable_directory(const std::string& dir, const std::string& what) {
   const std::string probe =
       dir + "/.write_probe" + kTmp + host_name() + "." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(dir, "the " + what + " is not writable (cannot create a file in it)");
+  if (fd < 0)
+    throw_file_error(dir, "the " + what + " is not writable (cannot create a file in it)", errno);
   const ssize_t n = ::write(fd, "x", 1);
   const int write_error = errno;
   const int rc = ::close(fd);
   const int close_error = errno;
   ::unlink(probe.c_str());
   if (n != 1)
-    fail(dir, "the " + what + " is not writable (cannot write a file in it)",
-         n < 0 ? write_error : EIO);
+    throw_file_error(dir, "the " + what + " is not writable (cannot write a file in it)",
+                     n < 0 ? write_error : EIO);
   if (rc != 0)
-    fail(dir, "the " + what + " is not writable (cannot close a file in it)", close_error);
+    throw_file_error(dir, "the " + what + " is not writable (cannot close a file in it)",
+                     close_error);
 }
 
 std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
