@@ -6,7 +6,8 @@ layer L may include the headers of L and of the layers L builds on, <ddp/config.
 else of ddp (<ddp/ddp.h> and <ddp/train/train.h> are for programs). The core's public headers
 (framework/include/ddp/*.h) belong to the layers PUBLIC_CORE names; the training kit's
 (include/ddp/train/) to 'train', ddp::cli's (include/ddp/cli/) to 'cli'. The core's internal
-headers are included as "L/name.h". The kit and ddp::cli are built like a user's code on top of
+headers are included as "L/name.h", or "L/ROOM/name.h" from a layer's sub-folder (one level: comm/
+has one per backend and one for the communicators built of others). The kit and ddp::cli are built like a user's code on top of
 the core: of the core they include the public headers, and of its internals only util/'s
 header-only helpers.
 
@@ -78,7 +79,7 @@ def layer_of_include(bracket, path):
         if len(parts) == 3 and parts[1] in ("train", "cli"):
             return parts[1], True
         return "?", True
-    return (parts[0] if len(parts) == 2 and parts[0] in ALLOWED else "?"), False
+    return (parts[0] if len(parts) in (2, 3) and parts[0] in ALLOWED else "?"), False
 
 
 def source_files(framework, problems):
@@ -107,7 +108,7 @@ def source_files(framework, problems):
             continue
         relative = path.relative_to(src)
         layer = relative.parts[0]
-        if layer not in ALLOWED or len(relative.parts) != 2:
+        if layer not in ALLOWED or len(relative.parts) not in (2, 3):
             problems.append(f"{path}: '{relative.parent}' is not a layer ({', '.join(ALLOWED)})")
             continue
         files.append((path, layer))

@@ -41,8 +41,8 @@
 //   collective_faults world_error  rank 0 sends to a rank that does not exist on
 //                               MPI_COMM_WORLD, outside any collective: the handler ProcessGroup
 //                               set there ends the job with ddp's line and MPI's error
-#include "comm/cpu_communicator.h"
-#include "comm/mpi_communicator.h"
+#include "comm/compose/cpu_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "parallel/backend_options.h"
 #include "runtime/runtime_internals.h"
 #include "util/mpi_check.h"

@@ -18,7 +18,7 @@
 // several samples.
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/sync_batch_norm.h>
-#include "comm/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "runtime/runtime_internals.h"
 
 #include "test_support.h"

@@ -1,9 +1,9 @@
 #include <ddp/communicator.h>
 #include "comm/collective.h"
-#include "comm/cpu_communicator.h"
-#include "comm/inquiry.h"
-#include "comm/mpi_communicator.h"
-#include "comm/socket_ring.h"
+#include "comm/compose/cpu_communicator.h"
+#include "comm/mpi/inquiry.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/ring/socket_ring.h"
 #include "util/environment.h"
 
 #include "test_support.h"
@@ -506,7 +506,7 @@ TEST(Collective, AvgIsASumDividedByTheSize) {
 
 namespace {
 
-// The Inquiry (comm/inquiry.h) numbers its questions: a rank busy outside collectives answers a
+// The Inquiry (comm/mpi/inquiry.h) numbers its questions: a rank busy outside collectives answers a
 // question only when it next waits in one, after the asker gave up, and that late answer must
 // not pass for its answer to a later question (it reported a call finished long ago, and two
 // such answers ended a healthy job as "the ranks call different collectives"). Rank 1 asks; the

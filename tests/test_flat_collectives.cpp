@@ -2,9 +2,9 @@
 // TCP ring, the CPU communicator routed to the ring, and the base class's fallback: exact values
 // at every rank count the binary runs with (ctest: 1, 2 and 4).
 #include <ddp/communicator.h>
-#include "comm/cpu_communicator.h"
-#include "comm/mpi_communicator.h"
-#include "comm/socket_ring.h"
+#include "comm/compose/cpu_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/ring/socket_ring.h"
 #include "runtime/runtime_internals.h"
 
 #include "test_support.h"

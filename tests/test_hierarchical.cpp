@@ -1,13 +1,13 @@
-// The hierarchical all-reduce (comm/hierarchical_communicator.h) on one machine, its hosts
+// The hierarchical all-reduce (comm/compose/hierarchical_communicator.h) on one machine, its hosts
 // emulated by CpuOptions::host_split (testing::hooks().host_split): at 4 ranks 2 "hosts" of 2 ranks
 // (and 1 + 3, 3 + 1), at 2 ranks one host of 2 (hierarchical forced on). Every rank must hold
 // bitwise the same result, equal to the flat all-reduce's within rounding (exactly for
 // integers, Min and Max); DDP training over it keeps the replicas identical.
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
-#include "comm/cpu_communicator.h"
-#include "comm/hierarchical_communicator.h"
-#include "comm/mpi_communicator.h"
+#include "comm/compose/cpu_communicator.h"
+#include "comm/compose/hierarchical_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "util/testing_hooks.h"
 
 #include "test_support.h"

@@ -1,4 +1,4 @@
-#include "comm/nccl_bootstrap.h"
+#include "comm/nccl/nccl_bootstrap.h"
 #include "runtime/runtime_internals.h"
 
 #include "test_support.h"

@@ -8,8 +8,8 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/train/checkpointer.h>
 #include <ddp/zero_redundancy_optimizer.h>
-#include "comm/mpi_communicator.h"
-#include "comm/socket_ring.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/ring/socket_ring.h"
 #include "runtime/runtime_internals.h"
 
 #include "test_support.h"

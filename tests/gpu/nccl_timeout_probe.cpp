@@ -1,7 +1,7 @@
 // Ends its job through the NCCL communicator's watchdog: an all-reduce queued behind a kernel
 // that spins far longer than the 1 s timeout cannot finish in time. The gpu_nccl_timeout test
 // expects the message naming the rank, the collective and DDP_NCCL_TIMEOUT_SECONDS.
-#include "comm/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 #include "runtime/runtime_internals.h"
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>

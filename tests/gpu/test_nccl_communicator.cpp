@@ -1,7 +1,7 @@
 // The NCCL communicator on real GPUs: every collective and dtype, the stream ordering that
 // replaces host synchronisation, and the argument checks. Run under mpirun (one rank per GPU);
 // every test skips on a rank without a CUDA device.
-#include "comm/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 
 #include "test_support.h"
 

@@ -5,13 +5,13 @@
 // tuning and the TCP ring's variables (read through util/environment.h's table), and
 // Runtime::abort for a watchdog that fires.
 
-#include "comm/cpu_communicator.h"
+#include "comm/compose/cpu_communicator.h"
 #include <ddp/communicator.h>
 #include <ddp/config.h>
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
-#include "comm/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 #endif
 
 #include <chrono>
@@ -41,12 +41,12 @@ std::chrono::seconds collective_timeout(std::chrono::seconds timeout);
 // Why a communicator's creation waits, for the phase watchdog's message.
 extern const char* const kSetupWhy;
 
-// A new communicator for CPU tensors over every rank of `runtime` (comm/cpu_communicator.h:
+// A new communicator for CPU tensors over every rank of `runtime` (comm/compose/cpu_communicator.h:
 // MPI, with the TCP ring for large all-reduces where that policy says, through one leader per
 // host where ProcessGroupOptions::hierarchical says). Collective. A group's communicators share
 // `shared`'s parts, made here with the first: the Inquiry that names what each rank is in when
-// a collective fails or hangs (comm/inquiry.h), and under DDP_DEBUG=DETAIL the check of every
-// call (comm/collective_check.h). Messages name the communicator `name`.
+// a collective fails or hangs (comm/mpi/inquiry.h), and under DDP_DEBUG=DETAIL the check of every
+// call (comm/mpi/collective_check.h). Messages name the communicator `name`.
 namespace detail {
 // What the MPI communicators of one ProcessGroup share.
 struct GroupChecks {

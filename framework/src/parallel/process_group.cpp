@@ -7,7 +7,7 @@
 #include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #if DDP_WITH_CUDA && DDP_WITH_NCCL
-#include "comm/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 #endif
 
 #include <chrono>

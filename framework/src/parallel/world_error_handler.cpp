@@ -1,7 +1,7 @@
 // MPI_COMM_WORLD's error handler (world_error_handler.h).
 #include "parallel/world_error_handler.h"
 
-#include "comm/mpi_worker.h"
+#include "comm/mpi/mpi_worker.h"
 #include "runtime/runtime_internals.h"
 #include "util/mpi_check.h"
 
@@ -19,10 +19,10 @@ namespace {
 // MPI_COMM_WORLD's error handler, in place of MPI's default (MPI_ERRORS_ARE_FATAL). Open MPI
 // 4.1 reports the error of a non-blocking collective's request (MPI_ERR_TRUNCATE in MPI_Test:
 // the ranks called different collectives) through MPI_COMM_WORLD's handler, not through that of
-// the communicator it ran on (a worker's duplicate, which returns its errors: mpi_worker.h), so
-// the default ended the job with Open MPI's lines alone. Returning from the handler is no way
-// out either: Open MPI has half cleaned up the failed schedule, and a program that goes on
-// crashes (double free). So it never returns: on a worker's thread it names the failed
+// the communicator it ran on (a worker's duplicate, which returns its errors:
+// comm/mpi/mpi_worker.h), so the default ended the job with Open MPI's lines alone. Returning from
+// the handler is no way out either: Open MPI has half cleaned up the failed schedule, and a program
+// that goes on crashes (double free). So it never returns: on a worker's thread it names the failed
 // collective as a failed run of it is named (MpiWorker::failing_call_message: the other ranks'
 // calls and the likely cause), on another thread MPI's error and the communicator Open MPI
 // names; and it ends the job as Runtime::abort does (exit status 1). The first thread in says

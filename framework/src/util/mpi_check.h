@@ -2,7 +2,7 @@
 // The one check for MPI calls: on failure, throws std::runtime_error with the world rank,
 // file:line, the call, and MPI's own error string. An error of the classes that ranks calling
 // different collectives (or the same one with other sizes, types or roots) cause adds where to
-// look: DDP_DEBUG=DETAIL, which names the first call that differs (comm/collective_check.h).
+// look: DDP_DEBUG=DETAIL, which names the first call that differs (comm/mpi/collective_check.h).
 
 #include <mpi.h>
 

@@ -1,4 +1,4 @@
-#include "comm/ring_sockets.h"
+#include "comm/ring/ring_connections.h"
 
 #include "util/mpi_check.h"
 
@@ -151,11 +151,11 @@ bool single_host(MPI_Comm comm) {
   return local == size;
 }
 
-RingSockets::Fd::~Fd() {
+RingConnections::Fd::~Fd() {
   if (fd_ >= 0) close(fd_);
 }
 
-RingSockets::Fd& RingSockets::Fd::operator=(Fd&& other) noexcept {
+RingConnections::Fd& RingConnections::Fd::operator=(Fd&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) close(fd_);
     fd_ = other.fd_;
@@ -164,7 +164,7 @@ RingSockets::Fd& RingSockets::Fd::operator=(Fd&& other) noexcept {
   return *this;
 }
 
-RingSockets::RingSockets(MPI_Comm comm, const std::string& interfaces, bool single_host) {
+RingConnections::RingConnections(MPI_Comm comm, const std::string& interfaces, bool single_host) {
   DDP_MPI_CHECK(MPI_Comm_rank(comm, &rank_));
   DDP_MPI_CHECK(MPI_Comm_size(comm, &size_));
   const std::string me = "rank " + std::to_string(rank_) + ": socket ring: ";
@@ -263,13 +263,13 @@ RingSockets::RingSockets(MPI_Comm comm, const std::string& interfaces, bool sing
   set_nodelay(prev_.get());
 }
 
-void RingSockets::peer_failed(int peer, const std::string& what) const {
+void RingConnections::peer_failed(int peer, const std::string& what) const {
   throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring " + call_ + ": " +
                            what + " rank " + std::to_string(peer) + " (" + addresses_[peer] +
                            "): that rank has ended or lost the network");
 }
 
-void RingSockets::exchange(const void* out, size_t send_bytes, void* in, size_t recv_bytes) {
+void RingConnections::exchange(const void* out, size_t send_bytes, void* in, size_t recv_bytes) {
   const char* send_data = static_cast<const char*>(out);
   char* recv_data = static_cast<char*>(in);
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;

@@ -1,6 +1,6 @@
-#include "comm/socket_ring.h"
+#include "comm/ring/socket_ring.h"
 
-#include "comm/ring_sockets.h"
+#include "comm/ring/ring_connections.h"
 
 #include <torch/torch.h>
 
@@ -13,24 +13,24 @@ namespace ddp {
 
 using detail::Collective;
 using detail::ring_all_reduce;
-using detail::RingSockets;
+using detail::RingConnections;
 
 struct SocketRing::State {
   detail::MpiWorker* worker = nullptr;  // outlives the calls queued on it
   std::string interfaces;
   std::function<void(const std::string&)> on_connected;
-  std::unique_ptr<RingSockets> sockets;  // made by the first collective
+  std::unique_ptr<RingConnections> sockets;  // made by the first collective
   std::atomic<bool> connected{false};
   torch::Tensor scratch;    // the received segment of an all-reduce before it is reduced in
   std::string broken_call;  // a collective that threw half way: its bytes may be in flight
 
   // Runs `body` over the connections, connecting first; nothing to do on one rank.
-  void call(const char* name, const std::function<void(RingSockets&)>& body) {
+  void call(const char* name, const std::function<void(RingConnections&)>& body) {
     if (worker->size() == 1) return;
     if (!sockets) {
       const MPI_Comm comm = worker->comm();
       const bool one_host = detail::single_host(comm);
-      sockets = std::make_unique<RingSockets>(comm, interfaces, one_host);
+      sockets = std::make_unique<RingConnections>(comm, interfaces, one_host);
       connected = true;
       if (on_connected) on_connected(sockets->address(sockets->rank()));
     }
@@ -64,7 +64,7 @@ struct Segments {
 // rank and reduces the one it receives from the previous rank into its own; at the end this
 // rank's segment rank + `owned` holds the reduction of every rank's values (`owned` 1: the
 // all-reduce's order, kept as it was; 0: reduce_scatter's chunk rank()). Avg is the caller's.
-void reduce_scatter_phase(RingSockets& ring, torch::Tensor& scratch, const Segments& segment,
+void reduce_scatter_phase(RingConnections& ring, torch::Tensor& scratch, const Segments& segment,
                           ReduceOp op, int owned) {
   const int rank = ring.rank(), size = ring.size();
   const int64_t n = segment.flat.numel();
@@ -96,7 +96,7 @@ void reduce_scatter_phase(RingSockets& ring, torch::Tensor& scratch, const Segme
 
 // The all-gather phase: this rank holds segment rank + `owned`; in size - 1 steps each rank
 // passes on the segment it received last, so every rank ends with every segment.
-void all_gather_phase(RingSockets& ring, const Segments& segment, int owned) {
+void all_gather_phase(RingConnections& ring, const Segments& segment, int owned) {
   const int rank = ring.rank(), size = ring.size();
   const size_t item = segment.flat.element_size();
   for (int s = 0; s < size - 1; ++s) {
@@ -109,7 +109,7 @@ void all_gather_phase(RingSockets& ring, const Segments& segment, int owned) {
 
 namespace detail {
 
-void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
+void ring_all_reduce(RingConnections& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
                      ReduceOp op) {
   const Segments segment{tensor.view({-1}), ring.size()};
   if (segment.flat.numel() == 0) return;
@@ -123,7 +123,7 @@ namespace {
 
 // From `root` along the ring, in pieces, so that each rank forwards one piece while it
 // receives the next.
-void ring_broadcast(RingSockets& ring, const torch::Tensor& tensor, int root) {
+void ring_broadcast(RingConnections& ring, const torch::Tensor& tensor, int root) {
   constexpr int64_t kPiece = 1 << 20;
   const int rank = ring.rank(), size = ring.size();
   const bool forwards = (rank + 1) % size != root;
@@ -172,7 +172,7 @@ std::unique_ptr<Work> SocketRing::all_reduce_async(const torch::Tensor& tensor, 
   const torch::Tensor host = detail::on_host(tensor);
   const int size = this->size();
   return submit(std::move(call), tensor, host, [host, op, size](State& s) {
-    s.call("all_reduce", [&](RingSockets& ring) { ring_all_reduce(ring, s.scratch, host, op); });
+    s.call("all_reduce", [&](RingConnections& ring) { ring_all_reduce(ring, s.scratch, host, op); });
     detail::finish_avg(host, op, size);
   });
 }
@@ -181,7 +181,7 @@ void SocketRing::broadcast(const torch::Tensor& tensor, int root) {
   Collective call = Collective::broadcast(rules_, tensor, root, size());
   const torch::Tensor host = detail::on_host(tensor);
   submit(std::move(call), tensor, host, [host, root](State& s) {
-    s.call("broadcast", [&](RingSockets& ring) { ring_broadcast(ring, host, root); });
+    s.call("broadcast", [&](RingConnections& ring) { ring_broadcast(ring, host, root); });
   })->wait();
 }
 
@@ -206,7 +206,7 @@ void SocketRing::gather(Collective call, const torch::Tensor& output, const torc
   const Segments segment{output.view({-1}), size()};
   segment(rank()).copy_(input.view({-1}));
   submit(std::move(call), {}, {}, [segment](State& s) {
-    s.call("all_gather", [&](RingSockets& ring) { all_gather_phase(ring, segment, 0); });
+    s.call("all_gather", [&](RingConnections& ring) { all_gather_phase(ring, segment, 0); });
   })->wait();
 }
 
@@ -220,7 +220,7 @@ void SocketRing::reduce_scatter(const torch::Tensor& output, const torch::Tensor
   const int rank = this->rank(), size = this->size();
   submit(std::move(call), output, host, [segment, host, op, rank, size](State& s) {
     s.call("reduce_scatter",
-           [&](RingSockets& ring) { reduce_scatter_phase(ring, s.scratch, segment, op, 0); });
+           [&](RingConnections& ring) { reduce_scatter_phase(ring, s.scratch, segment, op, 0); });
     host.view({-1}).copy_(segment(rank));
     detail::finish_avg(host, op, size);
   })->wait();
@@ -232,7 +232,7 @@ void SocketRing::barrier() {
   const torch::Tensor token = torch::zeros({size()}, torch::kByte);
   submit(Collective::barrier(), {}, {}, [token](State& s) {
     s.call("barrier",
-           [&](RingSockets& ring) { ring_all_reduce(ring, s.scratch, token, ReduceOp::Sum); });
+           [&](RingConnections& ring) { ring_all_reduce(ring, s.scratch, token, ReduceOp::Sum); });
   })->wait();
 }
 

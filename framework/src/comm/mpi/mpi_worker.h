@@ -1,22 +1,22 @@
 #pragma once
 // The thread that makes a host communicator's collectives: MpiCommunicator's, and the TCP
-// ring's (comm/socket_ring.h). As c10d's ProcessGroupMPI does, the communicator queues each
+// ring's (comm/ring/socket_ring.h). As c10d's ProcessGroupMPI does, the communicator queues each
 // call here and the worker runs them one at a time, in the order they were queued: an
 // all_reduce_async() returns at once and the worker reduces while the caller computes, and the
 // blocking collectives queue behind it and wait. So the order of collectives is the order of
 // the calls (communicator.h), also for two communicators that share one worker
-// (ProcessGroup's CPU communicator: MPI and the ring, comm/cpu_communicator.h).
+// (ProcessGroup's CPU communicator: MPI and the ring, comm/compose/cpu_communicator.h).
 //
 // It owns a duplicate of the communicator it is given (MPI_ERRORS_RETURN), for the collectives
 // it runs, so their messages never match the application's own MPI traffic, nor another
 // worker's (each worker thread then has a communicator of its own, which MPI needs for
-// concurrent collectives); and the watchdog (comm/mpi_watchdog.h), which watches what the
+// concurrent collectives); and the watchdog (comm/mpi/mpi_watchdog.h), which watches what the
 // worker is in. Needs MPI_THREAD_MULTIPLE (the worker and the caller's other MPI calls run at
 // once); the constructor throws std::runtime_error saying so when MPI provides less.
 //
 // Errors: what a queued call throws (a failing MPI call: MPI's message, the call and file:line,
 // util/mpi_check.h) is rethrown by Work::wait() on the caller's thread; on a communicator of a
-// ProcessGroup (WorkerOptions::inquiry given) with what the other ranks are in (comm/inquiry.h:
+// ProcessGroup (WorkerOptions::inquiry given) with what the other ranks are in (comm/mpi/inquiry.h:
 // the worker asks them first, up to 2 s), so that a collective
 // called by some ranks only (MPI_ERR_TRUNCATE) is named on both sides, e.g. "rank 1:
 // all_reduce #62 float32[2570] (sum) on communicator 3 (DistributedDataParallel's gradient
@@ -41,19 +41,19 @@
 // collective whose peers are there costs the same); after that it sleeps between tests, 20 us at
 // first, doubling up to WorkerOptions::max_sleep: a rank waiting for a peer that is late,
 // stopped or dead no longer burns a core. Between those sleeps it answers the other ranks'
-// questions (comm/inquiry.h).
+// questions (comm/mpi/inquiry.h).
 //
 // Debug mode (WorkerOptions::check_collectives; ProcessGroup sets it from DDP_DEBUG=DETAIL):
-// before each collective the ranks all-gather its fingerprint (comm/collective_check.h), over
+// before each collective the ranks all-gather its fingerprint (comm/mpi/collective_check.h), over
 // WorkerOptions::check, which the communicators of one ProcessGroup share. When any rank
 // differs, every rank's Work::wait() throws the same error naming both sides, e.g. "rank 0
 // called all_reduce #12 float32[10] (sum) but rank 1 called broadcast #12 int64[3] (root 0)",
 // and no rank runs the collective. It costs one small all-gather per collective.
 
 #include "comm/collective.h"
-#include "comm/collective_check.h"
-#include "comm/inquiry.h"
-#include "comm/mpi_watchdog.h"
+#include "comm/mpi/collective_check.h"
+#include "comm/mpi/inquiry.h"
+#include "comm/mpi/mpi_watchdog.h"
 
 #include <ddp/communicator.h>
 
@@ -83,7 +83,7 @@ struct WorkerOptions : WatchdogOptions {
   // With check_collectives: the check this worker's calls go through, shared with the other
   // communicators of its ProcessGroup; unset: the worker makes one of its own (collective).
   std::shared_ptr<detail::CollectiveCheck> check;
-  // Where a failed or hung collective asks what the other ranks are in (comm/inquiry.h), shared
+  // Where a failed or hung collective asks what the other ranks are in (comm/mpi/inquiry.h), shared
   // with the other communicators of its ProcessGroup; unset: the worker makes one of its own
   // (collective).
   std::shared_ptr<detail::Inquiry> inquiry;
@@ -123,7 +123,7 @@ class MpiWorker {
 
   // Waits for `request` as described above (spin, then sleeps). Worker thread only. `spin`
   // false: sleeps from the start, for waits on a peer that is busy elsewhere (the hierarchical
-  // all-reduce's host phases: comm/hierarchical_communicator.h), where spinning takes the core
+  // all-reduce's host phases: comm/compose/hierarchical_communicator.h), where spinning takes the core
   // that peer's training needs.
   // Throws CollectivesDiffer when the ranks are stuck in different collectives (below).
   void wait(MPI_Request& request, bool spin = true) const;

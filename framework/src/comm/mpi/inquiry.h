@@ -2,7 +2,7 @@
 // What every rank's workers are in, asked when a collective fails or hangs: the part that names
 // both sides of a collective called by some ranks only, always (without DDP_DEBUG=DETAIL).
 //
-// The host workers of one ProcessGroup (comm/mpi_worker.h: ProcessGroup::cpu(),
+// The host workers of one ProcessGroup (comm/mpi/mpi_worker.h: ProcessGroup::cpu(),
 // DistributedDataParallel's control and gradient communicators, new_cpu_communicator()) join one
 // Inquiry, in the order they are made, which is the same on every rank. A worker made alone has
 // one of its own. When a worker's MPI call fails (MPI_ERR_TRUNCATE: the ranks called different

@@ -1,7 +1,7 @@
-#include "comm/cpu_communicator.h"
+#include "comm/compose/cpu_communicator.h"
 
-#include "comm/hierarchical_communicator.h"
-#include "comm/ring_sockets.h"
+#include "comm/compose/hierarchical_communicator.h"
+#include "comm/ring/ring_connections.h"
 #include "util/mpi_check.h"
 
 #include <cstdio>

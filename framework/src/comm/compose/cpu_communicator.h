@@ -1,6 +1,6 @@
 #pragma once
-// ProcessGroup's communicator for CPU tensors: the MPI backend (comm/mpi_communicator.h), and,
-// where CpuOptions::sockets says, ddp's TCP ring (comm/socket_ring.h) for the all-reduces of at
+// ProcessGroup's communicator for CPU tensors: the MPI backend (comm/mpi/mpi_communicator.h), and,
+// where CpuOptions::sockets says, ddp's TCP ring (comm/ring/socket_ring.h) for the all-reduces of at
 // least CpuOptions::socket_bytes. make_cpu_communicator() decides; ProcessGroup's communicators
 // are made by it (parallel/backend_options.h).
 //
@@ -18,7 +18,7 @@
 //
 // Hierarchy (CpuOptions::hierarchical): with several hosts and several ranks on some host,
 // make_cpu_communicator() returns a HierarchicalCommunicator instead (reduce on each host,
-// all-reduce among one leader per host, broadcast on each host: comm/hierarchical_communicator.h),
+// all-reduce among one leader per host, broadcast on each host: comm/compose/hierarchical_communicator.h),
 // whose leaders take the ring between hosts by the policy above, applied to the leaders.
 //
 // The ring connects at the first large all-reduce (collective, on the worker), and rank 0 then
@@ -37,8 +37,8 @@
 // check its calls apart. The price, as before the ring was a communicator of its own: a ring
 // all-reduce and an MPI call of this communicator never overlap (those of two communicators do).
 
-#include "comm/mpi_communicator.h"
-#include "comm/socket_ring.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/ring/socket_ring.h"
 
 #include <ddp/communicator.h>
 
@@ -62,7 +62,7 @@ struct CpuOptions {
   // The interfaces the ring listens on (SocketRingOptions::interfaces). ProcessGroup reads
   // DDP_SOCKET_IFNAME (`ddprun --iface` sets it).
   std::string socket_interfaces;
-  // Whether the all-reduces go through one leader per host (comm/hierarchical_communicator.h).
+  // Whether the all-reduces go through one leader per host (comm/compose/hierarchical_communicator.h).
   // ProcessGroup sets it from ProcessGroupOptions::hierarchical.
   HierarchicalAllReduce hierarchical = HierarchicalAllReduce::Auto;
   // Tests: ranks per "host", in rank order, instead of the ranks that share memory (empty: the
@@ -80,7 +80,7 @@ const char* to_string(CpuOptions::Sockets sockets);
 bool socket_ring_wanted(MPI_Comm comm, CpuOptions::Sockets sockets);
 
 // A HierarchicalCommunicator where CpuOptions::hierarchical says so for the hosts of `comm`
-// (comm/hierarchical_communicator.h); else an MpiCommunicator over `comm`, or, where
+// (comm/compose/hierarchical_communicator.h); else an MpiCommunicator over `comm`, or, where
 // socket_ring_wanted(), a SizeRoutedCommunicator. Collective.
 std::unique_ptr<Communicator> make_cpu_communicator(MPI_Comm comm, CpuOptions options);
 

@@ -1,6 +1,6 @@
-#include "comm/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 
-#include "comm/nccl_bootstrap.h"
+#include "comm/nccl/nccl_bootstrap.h"
 
 #include "util/cuda_check.h"
 #include "util/nccl_check.h"

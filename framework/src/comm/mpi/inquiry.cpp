@@ -1,4 +1,4 @@
-#include "comm/inquiry.h"
+#include "comm/mpi/inquiry.h"
 
 #include "util/mpi_check.h"
 

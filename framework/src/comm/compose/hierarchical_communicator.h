@@ -1,12 +1,12 @@
 #pragma once
 // Hierarchical all-reduce (internal; not installed): ProcessGroup's communicator for CPU tensors
-// when the ranks span several hosts and some host has several ranks (comm/cpu_communicator.h
+// when the ranks span several hosts and some host has several ranks (comm/compose/cpu_communicator.h
 // decides). Each all-reduce is made in three phases:
 //   1. reduce on each host: each rank sends its tensor to the host's leader (its lowest rank),
 //      which combines them in host-rank order (MPI point to point on a communicator of the
 //      host's ranks; Open MPI: shared memory);
 //   2. all-reduce among the leaders, one per host, over the transport the flat all-reduce takes
-//      between hosts: ddp's TCP ring (comm/socket_ring.h) for all-reduces of at least
+//      between hosts: ddp's TCP ring (comm/ring/socket_ring.h) for all-reduces of at least
 //      CpuOptions::socket_bytes where socket_ring_wanted() says so over the leaders, else MPI;
 //   3. broadcast on each host: the leader sends the result to each of its host's ranks.
 // Avg is summed in every phase and divided by size() on the leader, before the broadcast.
@@ -34,7 +34,7 @@
 // nothing to reduce or broadcast).
 //
 // Threads and order (communicator.h's contract): as SizeRoutedCommunicator, every call runs on
-// the worker of one MPI communicator over all ranks (comm/mpi_worker.h), one at a time in call
+// the worker of one MPI communicator over all ranks (comm/mpi/mpi_worker.h), one at a time in call
 // order, and the three phases are one queued collective: the watchdog (over every rank) covers
 // it as one collective and names the ranks that never arrived, the debug mode checks it. The
 // other collectives (broadcast, all_gather, barrier) are that MPI communicator's. Waiting: the
@@ -47,8 +47,8 @@
 // path a call takes; a leaders' ring call that failed half way makes the later ones refuse, as
 // the ring does. Bad CpuOptions::host_split: std::invalid_argument naming it.
 
-#include "comm/cpu_communicator.h"
-#include "comm/mpi_communicator.h"
+#include "comm/compose/cpu_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 
 #include <ddp/communicator.h>
 

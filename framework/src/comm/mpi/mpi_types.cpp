@@ -1,4 +1,4 @@
-#include "comm/mpi_types.h"
+#include "comm/mpi/mpi_types.h"
 
 #include "util/mpi_check.h"
 

@@ -1,10 +1,10 @@
 #pragma once
 // Communicator backend over MPI, for CPU tensors (tensors on a GPU are staged through host
 // memory: correct, not fast). Each call is checked and described (comm/collective.h), queued on
-// the communicator's worker (comm/mpi_worker.h: one thread that makes every MPI call of the
+// the communicator's worker (comm/mpi/mpi_worker.h: one thread that makes every MPI call of the
 // communicator in call order, over a duplicate of the communicator it is given, under the
-// watchdog of comm/mpi_watchdog.h, with the debug mode's check) and made there as MPI calls on
-// the tensor's memory (datatypes and pieces: comm/mpi_types.h).
+// watchdog of comm/mpi/mpi_watchdog.h, with the debug mode's check) and made there as MPI calls on
+// the tensor's memory (datatypes and pieces: comm/mpi/mpi_types.h).
 //
 // Errors: a failing MPI call becomes an exception that Work::wait() rethrows on the caller's
 // thread, with MPI's message, the call and file:line (util/mpi_check.h).
@@ -18,10 +18,10 @@
 // timeout. Smaller ones are one MPI_Iallreduce.
 //
 // Between hosts linked by TCP, ProcessGroup sends the large all-reduces over ddp's TCP ring on
-// this communicator's worker instead (comm/cpu_communicator.h); this class knows nothing of it.
+// this communicator's worker instead (comm/compose/cpu_communicator.h); this class knows nothing of it.
 
 #include "comm/collective.h"
-#include "comm/mpi_worker.h"
+#include "comm/mpi/mpi_worker.h"
 
 #include <ddp/communicator.h>
 
@@ -79,7 +79,7 @@ class MpiCommunicator final : public Communicator {
 
   // The communicator the MPI calls use (the worker's duplicate; for benchmarks).
   MPI_Comm comm() const { return worker_->comm(); }
-  // The worker, to share with the TCP ring (comm/cpu_communicator.h).
+  // The worker, to share with the TCP ring (comm/compose/cpu_communicator.h).
   const std::shared_ptr<detail::MpiWorker>& worker() const { return worker_; }
 
  private:

@@ -1,6 +1,6 @@
-#include "comm/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 
-#include "comm/mpi_types.h"
+#include "comm/mpi/mpi_types.h"
 #include "util/mpi_check.h"
 
 #include <torch/torch.h>

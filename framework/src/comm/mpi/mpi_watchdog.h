@@ -1,5 +1,5 @@
 #pragma once
-// The watchdog of a worker that runs collectives on the host (comm/mpi_worker.h: the MPI
+// The watchdog of a worker that runs collectives on the host (comm/mpi/mpi_worker.h: the MPI
 // backend's, and the TCP ring's, which shares it inside ProcessGroup's CPU communicator).
 //
 // A thread per worker, asleep, waking every 100 ms, making no MPI call in normal operation. It
@@ -7,7 +7,7 @@
 // entered it: it calls WatchdogOptions::on_fatal_error (ProcessGroup passes Runtime::abort) with
 // a message naming the collective (comm/collective.h: kind, its sequence number on the
 // communicator, counting every kind, dtype and shape), this rank, and what every other rank is
-// in, which it asks through the worker's Inquiry (comm/inquiry.h), waiting up to 2 s: a rank
+// in, which it asks through the worker's Inquiry (comm/mpi/inquiry.h), waiting up to 2 s: a rank
 // waiting in a collective of this process group answers with it (so a rank in another
 // collective, on this communicator or another of the group, is named with its call), and a rank
 // that does not answer is stopped, dead, hung, or alive but in no collective (its program is
@@ -25,7 +25,7 @@
 // keep the full timeout.
 
 #include "comm/collective.h"
-#include "comm/inquiry.h"
+#include "comm/mpi/inquiry.h"
 
 #include <mpi.h>
 
@@ -51,7 +51,7 @@ struct WatchdogOptions {
   // job). Unset: the message goes to stderr and the process calls std::abort().
   std::function<void(const std::string&)> on_fatal_error;
   // The debug mode (DDP_DEBUG=DETAIL): the worker checks that every rank calls the same
-  // collective before it runs it (comm/mpi_worker.h), which also names a rank that called a
+  // collective before it runs it (comm/mpi/mpi_worker.h), which also names a rank that called a
   // collective while the others are in none.
   bool check_collectives = false;
 };

@@ -1,5 +1,5 @@
 #pragma once
-// The TCP connections of ddp's socket ring (comm/socket_ring.h): each rank is connected to the
+// The TCP connections of ddp's socket ring (comm/ring/socket_ring.h): each rank is connected to the
 // next rank, which it sends to, and accepted by the previous one, which it receives from.
 //
 // Connecting (the constructor, collective over `comm`): each rank listens on an ephemeral port of
@@ -28,13 +28,13 @@ namespace ddp::detail {
 // Whether every rank of `comm` runs on this host (collective; the same answer on every rank).
 bool single_host(MPI_Comm comm);
 
-class RingSockets {
+class RingConnections {
  public:
   // Collective over `comm` (every rank must call it). `single_host`: every rank of `comm` runs
   // on this host (then loopback is used unless `interfaces` names one).
-  RingSockets(MPI_Comm comm, const std::string& interfaces, bool single_host);
-  RingSockets(const RingSockets&) = delete;
-  RingSockets& operator=(const RingSockets&) = delete;
+  RingConnections(MPI_Comm comm, const std::string& interfaces, bool single_host);
+  RingConnections(const RingConnections&) = delete;
+  RingConnections& operator=(const RingConnections&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -1,4 +1,4 @@
-#include "comm/mpi_watchdog.h"
+#include "comm/mpi/mpi_watchdog.h"
 
 #include "util/mpi_check.h"
 
@@ -47,7 +47,7 @@ void MpiWatchdog::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, kPoll, [this] { return stopping_; })) {
     lock.unlock();
-    // No MPI call here in normal operation (comm/inquiry.h says why).
+    // No MPI call here in normal operation (comm/mpi/inquiry.h says why).
     const WorkerState state = state_();
     if (state.in_collective) {
       const auto now = Clock::now();

@@ -1,4 +1,4 @@
-#include "comm/mpi_worker.h"
+#include "comm/mpi/mpi_worker.h"
 
 #include "util/mpi_check.h"
 

@@ -1,4 +1,4 @@
-#include "comm/nccl_bootstrap.h"
+#include "comm/nccl/nccl_bootstrap.h"
 
 #include "util/mpi_check.h"
 #include "util/nccl_check.h"

@@ -1,7 +1,7 @@
 #pragma once
 // ddp's TCP ring: a Communicator for CPU tensors over plain sockets between the ranks (internal;
 // not installed). ProcessGroup's CPU communicator sends its large all-reduces here between hosts
-// linked by TCP (comm/cpu_communicator.h); it also works alone (tests, benchmarks).
+// linked by TCP (comm/compose/cpu_communicator.h); it also works alone (tests, benchmarks).
 //
 // Why it exists: Open MPI's TCP transport moves bytes only while a thread polls it inside an
 // MPI call, so its all-reduce crosses a link at the speed the polling thread gets a core, well
@@ -23,14 +23,14 @@
 // the root's tensor along the ring in pieces of 1 MiB; barrier is an all-reduce of one byte per
 // rank (every rank's result then depends on every rank).
 //
-// Threads and order: the calls run on an MpiWorker (comm/mpi_worker.h), one at a time in call
+// Threads and order: the calls run on an MpiWorker (comm/mpi/mpi_worker.h), one at a time in call
 // order, under its watchdog (a peer that stays connected but never sends is reported as a hung
 // collective), with its debug-mode check. Alone the ring has a worker of its own; inside the
 // CPU communicator it shares the MPI communicator's, which is what keeps that communicator's
 // order (see cpu_communicator.h). Tensors elsewhere than on the CPU go through a host copy.
 // Checks and dtypes: the MPI backend's (comm/collective.h's host_rules).
 //
-// Connections (comm/ring_sockets.h) are made by the first collective, on the worker, and are
+// Connections (comm/ring/ring_connections.h) are made by the first collective, on the worker, and are
 // collective over the worker's communicator: a ring that is never used opens no socket. A
 // failed connection leaves none, and the next call tries again.
 //
@@ -39,7 +39,7 @@
 // one may still be on the wire).
 
 #include "comm/collective.h"
-#include "comm/mpi_worker.h"
+#include "comm/mpi/mpi_worker.h"
 
 #include <ddp/communicator.h>
 
@@ -52,11 +52,11 @@
 namespace ddp {
 
 namespace detail {
-class RingSockets;
+class RingConnections;
 // The ring's all-reduce, in place on the calling thread over connected `ring` (the hierarchical
-// all-reduce's leaders use it too: comm/hierarchical_communicator.h). `tensor` contiguous on the
+// all-reduce's leaders use it too: comm/compose/hierarchical_communicator.h). `tensor` contiguous on the
 // CPU; `scratch` is reused between calls. Avg is left to the caller (finish_avg).
-void ring_all_reduce(RingSockets& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
+void ring_all_reduce(RingConnections& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
                      ReduceOp op);
 }  // namespace detail
 

@@ -1,8 +1,8 @@
-#include "comm/hierarchical_communicator.h"
+#include "comm/compose/hierarchical_communicator.h"
 
-#include "comm/mpi_types.h"
-#include "comm/ring_sockets.h"
-#include "comm/socket_ring.h"
+#include "comm/mpi/mpi_types.h"
+#include "comm/ring/ring_connections.h"
+#include "comm/ring/socket_ring.h"
 #include "util/mpi_check.h"
 
 #include <torch/torch.h>
@@ -116,10 +116,10 @@ struct HierarchicalCommunicator::State {
   bool ring_wanted = false;  // the leaders' large all-reduces take the TCP ring
   std::size_t socket_bytes = 0, blocking_bytes = 0, max_message_bytes = 0;
   std::string interfaces;
-  std::unique_ptr<detail::RingSockets> ring;  // the leaders' ring, connected by its first call
-  torch::Tensor scratch;                      // the ring's received segment
-  torch::Tensor received;                     // the leader's: a host rank's tensor (phase 1)
-  bool ring_broken = false;                   // a ring call threw half way: bytes may be in flight
+  std::unique_ptr<detail::RingConnections> ring;  // the leaders' ring, connected by its first call
+  torch::Tensor scratch;                          // the ring's received segment
+  torch::Tensor received;                         // the leader's: a host rank's tensor (phase 1)
+  bool ring_broken = false;  // a ring call threw half way: bytes may be in flight
 
   // Sleeps until every rank of `comm` has arrived (before a blocking call, see the header).
   void wait_for_all(MPI_Comm comm) const {
@@ -130,8 +130,8 @@ struct HierarchicalCommunicator::State {
 
   void leaders_ring(const torch::Tensor& t, ReduceOp op) {
     if (!ring) {
-      ring = std::make_unique<detail::RingSockets>(leaders.comm, interfaces,
-                                                   detail::single_host(leaders.comm));
+      ring = std::make_unique<detail::RingConnections>(leaders.comm, interfaces,
+                                                       detail::single_host(leaders.comm));
       if (ring->rank() == 0) {
         std::fprintf(stderr,
                      "ddp: hierarchical all-reduce: the %d host leaders' all-reduces of %zu KiB "

@@ -1,4 +1,4 @@
-#include "comm/collective_check.h"
+#include "comm/mpi/collective_check.h"
 
 #include "util/mpi_check.h"
 
