@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace {
+namespace test_backend {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -84,4 +84,4 @@ TEST(Backend, CommunicatorForTheCpuIsAnMpiCommunicatorOverAllRanks) {
   }
 }
 
-}  // namespace
+}  // namespace test_backend

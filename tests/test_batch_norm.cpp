@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_batch_norm {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -504,4 +504,4 @@ TEST(ConvertSyncBatchnorm, NamesTorchBatchNormLayersAndTheirReplacements) {
   EXPECT_FALSE(net[0]->as<ddp::BatchNorm2dImpl>()->synchronised()) << "converted before refusing";
 }
 
-}  // namespace
+}  // namespace test_batch_norm

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_bucket_view {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -282,4 +282,4 @@ TEST(GradientAsBucketView, ZeroGradKeepsTheViews) {
   EXPECT_TRUE(grads_are_bucket_views(params, model.bucket_layout()));
 }
 
-}  // namespace
+}  // namespace test_bucket_view

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_cnn_batchnorm_reference {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -170,10 +170,6 @@ TEST(PyTorchDdpReference, CnnWithBatchNormIsBitIdenticalEveryStep) {
       torch::equal(want.at("0 buffers"), want.at(std::to_string(kSteps - 1) + " buffers")));
 }
 
-}  // namespace
-
-namespace {
-
 // Uneven inputs against PyTorch's ddp.join(divide_by_initial_world_size=False)
 // (tests/reference/join.py): rank R trains 3 + 2 R steps of the same model and data inside a
 // Join, so rank 0 runs out first and each later step has fewer ranks training, down to one.
@@ -230,4 +226,4 @@ TEST(PyTorchDdpReference, JoinWithUnevenInputsIsBitIdentical) {
   EXPECT_EQ(join.shadowed_steps(), 3 + 2 * (w - 1) - my_steps);
 }
 
-}  // namespace
+}  // namespace test_cnn_batchnorm_reference

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace test_communicator {
 
 ddp::Communicator& comm() { return ddp_test::group().cpu(); }
 
@@ -502,10 +502,6 @@ TEST(Collective, AvgIsASumDividedByTheSize) {
   EXPECT_TRUE(torch::equal(maxed, torch::full({3}, 6.0)));
 }
 
-}  // namespace
-
-namespace {
-
 // The Inquiry (comm/mpi/inquiry.h) numbers its questions: a rank busy outside collectives answers a
 // question only when it next waits in one, after the asker gave up, and that late answer must
 // not pass for its answer to a later question (it reported a call finished long ago, and two
@@ -553,4 +549,4 @@ TEST(Inquiry, ALateAnswerIsNotTakenForTheAnswerToALaterQuestion) {
   });
 }
 
-}  // namespace
+}  // namespace test_communicator

@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-namespace {
+namespace test_ddp {
 
 using ddp_test::identical_on_all_ranks;
 
@@ -557,4 +557,4 @@ TEST(DistributedDataParallel, DestructionRemovesTheHooks) {
   }
 }
 
-}  // namespace
+}  // namespace test_ddp

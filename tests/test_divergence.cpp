@@ -21,7 +21,7 @@
 #include <filesystem>
 #include <limits>
 
-namespace {
+namespace test_divergence {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -90,8 +90,6 @@ ddp::TrainerOptions options() {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
-
-}  // namespace
 
 TEST(Divergence, NanGradientsStopEveryRankBeforeTheStep) {
   torch::nn::Linear net = make_net();
@@ -244,3 +242,5 @@ TEST(Divergence, CheckpointerNeverWritesNorRotatesForANonFiniteModel) {
     EXPECT_FALSE(fs::exists(dir + "/snapshot_epoch3_batch2.pt"));
   }
 }
+
+}  // namespace test_divergence

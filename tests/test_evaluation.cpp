@@ -16,7 +16,7 @@
 #include <numeric>
 #include <vector>
 
-namespace {
+namespace test_evaluation {
 
 using ddp_test::small_cnn;
 using ddp_test::small_images;
@@ -160,4 +160,4 @@ TEST(ImageDataset, HostMemoryAlwaysHoldsTheDataSet) {
                std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace test_evaluation

@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-namespace {
+namespace test_flat_collectives {
 
 MPI_Comm world() { return ddp::detail::RuntimeInternals::comm(ddp_test::runtime()); }
 
@@ -143,4 +143,4 @@ TEST(FlatCollectives, BaseClassFallback) {
   check_flat_collectives(comm);
 }
 
-}  // namespace
+}  // namespace test_flat_collectives

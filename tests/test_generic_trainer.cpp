@@ -24,7 +24,7 @@
 #include <cstdlib>
 #include <fstream>
 
-namespace {
+namespace test_generic_trainer {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -400,4 +400,4 @@ TEST(GenericTrainer, TaskBreakingTheMetricContractIsRefusedSayingWhy) {
   }
 }
 
-}  // namespace
+}  // namespace test_generic_trainer

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_hierarchical {
 
 using ddp::HierarchicalAllReduce;
 using ddp_test::identical_on_all_ranks;
@@ -233,4 +233,4 @@ TEST(HierarchicalAllReduce, DdpTrainingKeepsReplicasIdenticalAndMatchesFlat) {
       << "max diff " << (states[0][0] - states[1][0]).abs().max().item<float>();
 }
 
-}  // namespace
+}  // namespace test_hierarchical

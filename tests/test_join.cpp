@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-namespace {
+namespace test_join {
 
 using ddp_test::identical_on_all_ranks;
 
@@ -117,4 +117,4 @@ TEST(Join, NoSyncOnSomeTrainingRanksOnlyIsNamed) {
   }
 }
 
-}  // namespace
+}  // namespace test_join

@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-namespace {
+namespace test_module_shapes {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -84,4 +84,4 @@ TEST(ModuleShapes, AnUncallableForwardIsNamedWithTheModulesType) {
   EXPECT_TRUE(ddp_test::identical_on_all_ranks(net->fc->weight.grad()));
 }
 
-}  // namespace
+}  // namespace test_module_shapes

@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-namespace {
+namespace test_nccl_bootstrap {
 
 TEST(NcclBootstrap, EveryRankHoldsRankZerosUniqueId) {
   const ncclUniqueId id = ddp::broadcast_nccl_unique_id(
@@ -21,4 +21,4 @@ TEST(NcclBootstrap, EveryRankHoldsRankZerosUniqueId) {
   EXPECT_GT(mine.count_nonzero().item<int64_t>(), 0) << "the id is all zeros: never created";
 }
 
-}  // namespace
+}  // namespace test_nccl_bootstrap

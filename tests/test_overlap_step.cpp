@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_overlap_step {
 
 constexpr int64_t kGlobalBatch = 16;  // divides over 1, 2 and 4 ranks
 
@@ -214,4 +214,4 @@ TEST(OverlapOptimizerStep, RefusesWhatNeedsMoreThanOneBucket) {
   EXPECT_EQ(inner.steps_optimizer(), nullptr);
 }
 
-}  // namespace
+}  // namespace test_overlap_step

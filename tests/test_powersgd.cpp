@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
+namespace test_powersgd {
 
 #include "doc/doc_comm_hook.inc"  // docs/comm_hooks.md: clipped_average_hook()
 
@@ -260,4 +260,4 @@ TEST(CommHook, DocumentedUserHook) {
   EXPECT_GT(exact[1].abs().max().item<double>(), 1e-3);  // so the clip did something
 }
 
-}  // namespace
+}  // namespace test_powersgd

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_reducer_one_rank {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -174,4 +174,4 @@ TEST(ReducerAtOneRank, UnusedParameterIsAnErrorAsWithMoreRanks) {
   }
 }
 
-}  // namespace
+}  // namespace test_reducer_one_rank

@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-namespace {
+namespace test_replica_check {
 
 // What every buffer mismatch adds: why a correct run can meet one.
 const std::string kBufferHint =
@@ -312,4 +312,4 @@ TEST(CompareModelsTool, PrintsDifferingTensorsAndExitStatus) {
 #endif
 }
 
-}  // namespace
+}  // namespace test_replica_check

@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace {
+namespace test_resume_exact {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -339,4 +339,4 @@ TEST(ResumeExact, ChangedSettingsAreNamedAtResume) {
       << "unchanged settings are not named";
 }
 
-}  // namespace
+}  // namespace test_resume_exact

@@ -8,7 +8,7 @@
 
 #include <mpi.h>
 
-namespace {
+namespace test_runtime {
 
 TEST(Runtime, TopologyAgreesWithMpi) {
   const ddp::Runtime& rt = ddp_test::runtime();
@@ -62,4 +62,4 @@ TEST(Runtime, WorksWhenMpiIsAlreadyInitialised) {
   ddp_test::group().cpu().barrier();  // and MPI still works
 }
 
-}  // namespace
+}  // namespace test_runtime

@@ -12,7 +12,7 @@
 
 #include <fstream>
 
-namespace {
+namespace test_snapshot {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -319,4 +319,4 @@ TEST(Snapshot, OlderFormatsAreRefusedSayingSo) {
   expect_load_fails(dir + "/DDPSNAP2.pt", "this one reads format 3 (DDPSNAP3");
 }
 
-}  // namespace
+}  // namespace test_snapshot

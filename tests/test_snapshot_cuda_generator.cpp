@@ -15,7 +15,7 @@
 
 #include <string>
 
-namespace {
+namespace test_snapshot_cuda_generator {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::Communicator& comm() { return ddp_test::group().cpu(); }
@@ -134,4 +134,4 @@ TEST(SnapshotCudaGenerator, RanksMixingCpuAndCudaAreRefusedOnEveryRank) {
   }
 }
 
-}  // namespace
+}  // namespace test_snapshot_cuda_generator

@@ -22,7 +22,7 @@
 #include <memory>
 #include <string>
 
-namespace {
+namespace test_step_boundary {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -183,4 +183,4 @@ TEST(StepBoundary, PartNamesAreChecked) {
   EXPECT_EQ(message({{}, {{"g", &sgd}}}), "Checkpointer: no module");
 }
 
-}  // namespace
+}  // namespace test_step_boundary

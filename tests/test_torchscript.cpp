@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_torchscript {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -109,4 +109,4 @@ TEST(TorchScript, TrainsDataParallelAsOneProcessOnTheGlobalBatch) {
   if (w > 1) EXPECT_GT(model.sync_bytes(), 0) << "the gradients did not go through the Reducer";
 }
 
-}  // namespace
+}  // namespace test_torchscript

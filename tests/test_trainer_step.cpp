@@ -20,7 +20,7 @@
 
 #include <optional>
 
-namespace {
+namespace test_trainer_step {
 
 using ddp_test::small_cnn;
 using ddp_test::small_images;
@@ -181,10 +181,6 @@ TEST(TrainerStep, SnapshotsKeepTheScheduleAndTheScalerAndRefuseMissingOnes) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The optimizer stepped inside backward (hook_then_optimizer on the wrapper): the same epoch
 // (accumulation of 2, a per-step schedule, the seed's Adadelta) ends bit-identical to the
 // Trainer's usual step after it; and the Trainer refuses what needs every gradient first.
@@ -260,4 +256,4 @@ TEST(TrainerStep, BackwardSteppingTheOptimizerRefusesWhatNeedsEveryGradient) {
   EXPECT_EQ(refusal([](ddp::TrainerOptions&) {}, optimizer), "accepted");
 }
 
-}  // namespace
+}  // namespace test_trainer_step

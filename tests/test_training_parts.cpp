@@ -26,7 +26,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace {
+namespace test_training_parts {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -415,4 +415,4 @@ TEST(BatchRangeSampler, ADataLoaderWithWorkersReadsExactlyTheRangeOfTheEpoch) {
   EXPECT_THROW(ddp::BatchRangeSampler(sampler, batch, 3, 2), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace test_training_parts

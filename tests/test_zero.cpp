@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace test_zero {
 
 constexpr int64_t kGlobalBatch = 16;  // divides over 1, 2 and 4 ranks
 constexpr double kTolerance = 1e-6;
@@ -288,4 +288,4 @@ TEST(ZeroRedundancyOptimizer, RefusesWhatItCannotDo) {
   }
 }
 
-}  // namespace
+}  // namespace test_zero
