@@ -121,6 +121,9 @@ def parse_args():
     p.add_argument("--label", help="the \"impl\" value in the output "
                                    "(default pytorch-ddp[-<amp>])")
     p.add_argument("--out", help="append one JSON line here (rank 0 only)")
+    p.add_argument("--optimizer", choices=("sgd", "adadelta"), default="sgd",
+                   help="sgd (lr 0.01, momentum 0.9, as bench_throughput) or adadelta (lr 1.0, "
+                   "the seed's, as ddp_mnist)")
     p.add_argument("--link", default="", help="tag for emulated-host runs, e.g. 1gbit")
     args = p.parse_args()
     for name in ("batch_size", "window_steps", "windows"):
@@ -162,7 +165,10 @@ def main():
     # DDP also at world size 1, so that this is the code path users run.
     device_ids = [device] if device.type == "cuda" else None
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    if args.optimizer == "adadelta":
+        optimizer = torch.optim.Adadelta(ddp.parameters(), lr=1.0)
+    else:
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(1234 + rank)
     inputs = torch.randn(args.batch_size, *sample_shape).to(device)
     targets = torch.randint(0, 10, (args.batch_size,)).to(device)

@@ -2,8 +2,9 @@
 # Where a step's time goes on a slow link (issue 42): two emulated hosts (bench/emulated_hosts.sh's
 # network namespaces), one rank each, the link shaped to RATE; in alternating rounds
 # ddp_mnist (the Trainer: Adadelta, the step boundary's agreement, reporting), bench_throughput's
-# bare DDP loop (SGD) and PyTorch DDP (SGD, gloo) on the seed CNN, batch 64 per rank. The two
-# ddp programs write timelines; bench/timeline_split.py prints each phase's median per rank.
+# bare DDP loop (SGD), PyTorch DDP (SGD, gloo) and PyTorch DDP with ddp_mnist's optimizer
+# (Adadelta) on the seed CNN, batch 64 per rank. The two ddp programs write timelines;
+# bench/timeline_split.py prints each phase's median per rank.
 #   bench/step_split.sh OUT_DIR [RATE (100mbit)] [ROUNDS (2)]     needs root and a build
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,8 +33,10 @@ for round in $(seq 1 "$rounds"); do
   printf '  bench_throughput: '
   launch "$build/bench/bench_throughput" --model cnn --batch-size 64 --warmup-steps 2 --window-steps 10 \
     --windows 2 --timeline "$out/bare$round.json" | grep -E "samples/s" | sed 's/  */ /g'
-  printf '  PyTorch DDP:      '
-  launch "$python" "$root/bench/pytorch_ddp.py" --model cnn --batch-size 64 --warmup-steps 2 --window-steps 10 \
-    --windows 2 --link "$rate" | grep -E "samples/s|Error"
+  for optimizer in sgd adadelta; do
+    printf '  PyTorch DDP, %-9s' "$optimizer:"
+    launch "$python" "$root/bench/pytorch_ddp.py" --model cnn --batch-size 64 --warmup-steps 2 \
+      --window-steps 10 --windows 2 --optimizer "$optimizer" --link "$rate" | grep -E "samples/s|Error"
+  done
 done
 "$python" "$root/bench/timeline_split.py" "$out"/trainer*.json "$out"/bare*.json
