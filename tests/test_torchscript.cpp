@@ -106,7 +106,9 @@ TEST(TorchScript, TrainsDataParallelAsOneProcessOnTheGlobalBatch) {
     }
     EXPECT_TRUE(ddp_test::identical_on_all_ranks(got)) << "replicas diverged at step " << s;
   }
-  if (w > 1) EXPECT_GT(model.sync_bytes(), 0) << "the gradients did not go through the Reducer";
+  if (w > 1) {
+    EXPECT_GT(model.sync_bytes(), 0) << "the gradients did not go through the Reducer";
+  }
 }
 
 }  // namespace test_torchscript
