@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-extern char** environ;
+#include <unistd.h>  // environ (glibc declares it with _GNU_SOURCE, which g++ defines)
 
 namespace ddp {
 
