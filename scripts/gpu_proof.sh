@@ -241,7 +241,8 @@ else
 fi
 
 gpu_steps() {
-  step gpu_tests bash -c "cd '$build' && ctest -L '^gpu\$' --output-on-failure"
+  # -V: each GoogleTest line in the log, so the report's log names every test that ran.
+  step gpu_tests bash -c "cd '$build' && ctest -L '^gpu\$' -V"
   # One GPU runs the NCCL Reducer only with DDPOptions::reducer_at_one_rank: its own row. The dry
   # run, with no GPU, runs the CPU side of it (the option at one rank equals a plain step).
   if [ $dry -eq 0 ]; then
@@ -364,7 +365,7 @@ if [ $cpu_built -eq 1 ]; then
     "$build/tests/unit_tests"
   # Several ranks share the GPU only on the CPU: NCCL cannot put two ranks on one GPU.
   budgeted_step distributed_tests_cpu env GTEST_FILTER="$dist_filter" DDP_MNIST_DIR="$data" \
-    bash -c "cd '$build' && CUDA_VISIBLE_DEVICES= ctest -R '$ctest_dist' --output-on-failure"
+    bash -c "cd '$build' && CUDA_VISIBLE_DEVICES= ctest -R '$ctest_dist' -j 3 --output-on-failure"
 else
   result[unit_tests]="not run: build_cpu_tests ${result[build_cpu_tests]}"
   result[distributed_tests_cpu]=${result[unit_tests]}
