@@ -125,6 +125,10 @@ def parse_args():
                    help="sgd (lr 0.01, momentum 0.9, as bench_throughput) or adadelta (lr 1.0, "
                    "the seed's, as ddp_mnist)")
     p.add_argument("--link", default="", help="tag for emulated-host runs, e.g. 1gbit")
+    p.add_argument("--phases", action="store_true",
+                   help="each rank prints the median of its measured steps' forward, backward "
+                        "(with DDP's wait for the all-reduces) and optimizer times, as "
+                        "bench/timeline_split.py does for ddp's timelines (CPU only)")
     args = p.parse_args()
     for name in ("batch_size", "window_steps", "windows"):
         if getattr(args, name) < 1:
@@ -176,13 +180,20 @@ def main():
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # else a pass-through
 
-    def step():
+    phases = []  # (forward, backward, optimizer) seconds of each measured step
+
+    def step(measured=False):
         optimizer.zero_grad()
+        t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = F.nll_loss(ddp(inputs), targets)
+        t1 = time.perf_counter()
         scaler.scale(loss).backward()
+        t2 = time.perf_counter()
         scaler.step(optimizer)
         scaler.update()
+        if measured and args.phases:
+            phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
 
     for _ in range(args.warmup_steps):
         step()
@@ -192,7 +203,7 @@ def main():
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(args.window_steps):
-            step()
+            step(measured=True)
         if device.type == "cuda":
             torch.cuda.synchronize()  # the host runs ahead of the GPU
         dist.barrier()
@@ -228,6 +239,11 @@ def main():
               + (f", GPU peak {result['gpu_peak_mb']:.1f} MiB" if "gpu_peak_mb" in result else ""),
               flush=True)
 
+    if phases:
+        forward, backward, optim = (1000 * statistics.median(column) for column in zip(*phases))
+        print(f"{args.label} phases, rank {rank}: forward {forward:.1f} ms, backward {backward:.1f} "
+              f"ms (with the all-reduce wait), optimizer {optim:.1f} ms (median of {len(phases)} "
+              f"steps)", flush=True)
     dist.destroy_process_group()
 
 

@@ -36,7 +36,8 @@ for round in $(seq 1 "$rounds"); do
   for optimizer in sgd adadelta; do
     printf '  PyTorch DDP, %-9s' "$optimizer:"
     launch "$python" "$root/bench/pytorch_ddp.py" --model cnn --batch-size 64 --warmup-steps 2 \
-      --window-steps 10 --windows 2 --optimizer "$optimizer" --link "$rate" | grep -E "samples/s|Error"
+      --window-steps 10 --windows 2 --optimizer "$optimizer" --link "$rate" --phases |
+      grep -E "samples/s|phases|Error"
   done
 done
 "$python" "$root/bench/timeline_split.py" "$out"/trainer*.json "$out"/bare*.json

@@ -199,6 +199,9 @@ TEST(Divergence, TheGradientCheckOnlyReads) {
   for (size_t i = 0; i < before.size(); ++i) {
     EXPECT_TRUE(torch::equal(net->parameters()[i].grad(), before[i]));
   }
+  // The largest magnitude a negative value: |min|, not max.
+  net->weight.mutable_grad()[0][1] = -1024.0;  // larger than any of this net's gradients
+  EXPECT_EQ(ddp::largest_abs_gradient(net->parameters()), 1024.0);
   net->bias.mutable_grad()[0] = kNaN;
   EXPECT_TRUE(std::isnan(ddp::largest_abs_gradient(net->parameters())));
   net->bias.mutable_grad()[0] = -kInf;
