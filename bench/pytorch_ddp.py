@@ -125,6 +125,12 @@ def parse_args():
                    help="sgd (lr 0.01, momentum 0.9, as bench_throughput) or adadelta (lr 1.0, "
                    "the seed's, as ddp_mnist)")
     p.add_argument("--link", default="", help="tag for emulated-host runs, e.g. 1gbit")
+    p.add_argument("--comm-hook", choices=("allreduce", "powersgd"), default="allreduce",
+                   help="powersgd: torch's powerSGD_hook (as ddp's --comm-hook powersgd)")
+    p.add_argument("--powersgd-rank", type=int, default=1,
+                   help="PowerSGDState's matrix_approximation_rank")
+    p.add_argument("--powersgd-start-iter", type=int, default=2,
+                   help="PowerSGDState's start_powerSGD_iter (at least 2)")
     p.add_argument("--phases", action="store_true",
                    help="each rank prints the median of its measured steps' forward, backward "
                         "(with DDP's wait for the all-reduces) and optimizer times, as "
@@ -169,6 +175,12 @@ def main():
     # DDP also at world size 1, so that this is the code path users run.
     device_ids = [device] if device.type == "cuda" else None
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if args.comm_hook == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=args.powersgd_start_iter)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     if args.optimizer == "adadelta":
         optimizer = torch.optim.Adadelta(ddp.parameters(), lr=1.0)
     else:

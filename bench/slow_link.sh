@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Where the network is the limit (issue 42's table): ddp_mnist with its defaults against PyTorch
+# DDP (gloo) on two emulated hosts (bench/emulated_hosts.sh's network namespaces), PER_HOST ranks
+# each, joined by a link shaped to RATE; the seed CNN, Adadelta, batch 64 per rank. Rows: fp32,
+# and with one rank per host PowerSGD of rank 4 from step 2 too (ddp's --comm-hook powersgd,
+# torch's powerSGD_hook). With two ranks per host ddp takes its default (the hierarchical
+# all-reduce, one leader per host), PyTorch gloo's ring. ddp and PyTorch alternate, ROUNDS times.
+# ddp's figures: its median step in ddp_mnist's timeline (steps after the third, epoch boundaries
+# left out), and ddp_mnist's own epoch line for its second epoch (30 steps, with the step after
+# the first epoch's test); PyTorch's: the median of two windows of 10 steps after 2. A PyTorch run that fails is run again, up to 4
+# times, and its failures are counted. The link floor: every rank's fp32 gradients (or its
+# leader's, hierarchical) crossing the link once per step.
+#   bench/slow_link.sh OUT_DIR [RATE (100mbit)] [PER_HOST (1)] [ROUNDS (2)]   needs root and a build
+# Writes OUT_DIR/slow_link.jsonl (one line per run) and prints one table.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${DDP_BUILD_DIR:-$root/build}
+python=${DDP_PYTHON:-$root/.venv/bin/python}
+out=$1 rate=${2:-100mbit} per_host=${3:-1} rounds=${4:-2}
+ranks=$((2 * per_host))
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+jsonl=$out/slow_link.jsonl
+: > "$jsonl"
+. "$root/tests/cluster/netns_hosts.sh"
+netns_bench_hosts slow "$per_host"
+agent=$root/tests/cluster/netns_agent.sh
+launch() {
+  local line
+  printf -v line '%q ' env OMP_NUM_THREADS=1 OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+    DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
+    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t "$per_host" \
+    -x MASTER_ADDR "$@"
+  "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
+}
+netns_shape h1 "$rate"
+netns_shape h2 "$rate"
+
+rows=(fp32)
+[ "$per_host" -eq 1 ] && rows+=(powersgd)
+for round in $(seq 1 "$rounds"); do
+  for row in "${rows[@]}"; do
+    ddp_hook=() torch_hook=()
+    if [ "$row" = powersgd ]; then
+      ddp_hook=(--comm-hook powersgd --powersgd-rank 4 --powersgd-start-iter 2)
+      torch_hook=(--comm-hook powersgd --powersgd-rank 4 --powersgd-start-iter 2)
+    fi
+    metrics=$out/ddp_${row}_$round.jsonl
+    rm -f "$metrics"
+    launch "$build/examples/ddp_mnist" --epochs 2 --limit-train-batches 30 --batch-size 64 \
+      --test-batch-size 1000 --log-interval 0 --progress none --metrics-file "$metrics" \
+      --timeline "$out/ddp_${row}_$round.json" \
+      "${ddp_hook[@]}" > "$out/ddp_${row}_$round.log" || true
+    "$python" - "$metrics" "$out/ddp_${row}_$round.json" "$row" "$round" "$ranks" >> "$jsonl" <<'EOF'
+import json, statistics, sys
+path, timeline, row, rnd, ranks = sys.argv[1:]
+try:
+    epochs = [json.loads(l) for l in open(path) if l.strip() and '"kind"' not in l]
+    epoch_sps = epochs[1]["samples_per_sec"]
+    doc = json.load(open(timeline))
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    starts = sorted(e["ts"] for e in events
+                    if e.get("ph") == "X" and e["name"] == "backward" and e["pid"] == 0)
+    periods = [b - a for a, b in zip(starts, starts[1:])][3:]
+    typical = statistics.median(periods)
+    period = statistics.median([p for p in periods if p < 3 * typical])  # not across a test
+    sps = int(ranks) * 64 / (period / 1e6)
+except (OSError, IndexError, KeyError, ValueError):
+    sps = epoch_sps = None
+print(json.dumps({"impl": "ddp", "row": row, "round": int(rnd), "samples_per_sec": sps,
+                  "epoch_samples_per_sec": epoch_sps}))
+EOF
+    failures=0 sps=null
+    for attempt in 1 2 3 4 5; do
+      rm -f "$out/torch.jsonl"
+      if launch "$python" "$root/bench/pytorch_ddp.py" --model cnn --batch-size 64 \
+           --warmup-steps 2 --window-steps 10 --windows 2 --optimizer adadelta \
+           "${torch_hook[@]}" --out "$out/torch.jsonl" > "$out/torch_${row}_${round}_$attempt.log" &&
+         [ -s "$out/torch.jsonl" ]; then
+        sps=$("$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["samples_per_sec"])' "$out/torch.jsonl")
+        break
+      fi
+      failures=$((failures + 1))
+    done
+    echo "{\"impl\": \"pytorch\", \"row\": \"$row\", \"round\": $round, \"samples_per_sec\": $sps, \"failures\": $failures}" >> "$jsonl"
+    tail -n 2 "$jsonl" | sed "s/^/  /"
+  done
+done
+
+"$python" - "$jsonl" "$rate" "$per_host" "$root/bench" <<'EOF'
+import json, re, sys
+path, rate, per_host, bench = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+sys.path.insert(0, bench)
+import pytorch_ddp  # the same seed CNN, for its parameter count
+params = sum(p.numel() for p in pytorch_ddp.MODELS["cnn"][0]().parameters())
+m = re.fullmatch(r"(\d+(?:\.\d+)?)(k|m|g)bit", rate)
+bytes_per_s = float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
+ranks = 2 * per_host
+floor = ranks * 64 / (4 * params / bytes_per_s)
+runs = [json.loads(l) for l in open(path)]
+print(f"\nlink {rate}, 2 hosts x {per_host} rank(s), seed CNN, Adadelta, batch 64 per rank; "
+      f"samples/s by round; fp32 link floor {floor:.1f} samples/s ({4 * params / 1e6:.2f} MB "
+      f"of gradients per step)")
+print(f"{'row':<9} {'ddp_mnist':>16} {'(epoch line)':>14} {'PyTorch DDP':>16} {'ratio':>12} "
+      f"{'of floor':>10} {'PyTorch failures':>17}")
+for row in dict.fromkeys(r["row"] for r in runs):
+    ddp = [r["samples_per_sec"] for r in runs if r["row"] == row and r["impl"] == "ddp"]
+    pt = [r["samples_per_sec"] for r in runs if r["row"] == row and r["impl"] == "pytorch"]
+    fails = sum(r["failures"] for r in runs if r["row"] == row and r["impl"] == "pytorch")
+    epoch = [r["epoch_samples_per_sec"] for r in runs if r["row"] == row and r["impl"] == "ddp"]
+    fmt = lambda xs: "/".join("fail" if x is None else f"{x:.0f}" for x in xs)
+    ratios = [f"{d / p:.2f}" if d and p else "-" for d, p in zip(ddp, pt)]
+    of_floor = "/".join(f"{d / floor:.2f}" for d in ddp if d) if row == "fp32" else ""
+    print(f"{row:<9} {fmt(ddp):>16} {fmt(epoch):>14} {fmt(pt):>16} {'/'.join(ratios):>12} "
+          f"{of_floor:>10} {fails:>10} of {len(pt) + fails}")
+EOF
