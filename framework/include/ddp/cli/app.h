@@ -1,23 +1,24 @@
 #pragma once
-// The start-up and run helper of a training program: what every program around a training body
-// must get right, in the right order.
-//  1. Parse the flags before the Runtime, because --no-cuda decides the device the Runtime sets
-//     up; check their values then too, so a bad value costs no time and reads no data.
-//  2. Start the Runtime (MPI), then (under 3's ProcessGroup) compare the ranks' flags: a hash of
-//     the program's name and every option's "name=value" (src/cli/flag_agreement.h). Ranks
-//     started with different flags stop with status 2, rank 0 naming the first differing
-//     setting: `<name>: the ranks were started with different flags: --limit-train-batches is 3
-//     on ranks 0,2 and 5 on rank 1`. A flag error: every rank stops with status 2, rank 0 alone
-//     says `<name>: <error> (see --help)` (naming the ranks when only some have it); --help:
-//     rank 0 prints the usage, status 0.
-//  3. Run the body under ddp::run_or_abort (an exception on one rank ends the whole job, naming
-//     the rank), with the ProcessGroup (with --timeout's collective timeout).
-//
-//   ddp::cli::TrainingFlags flags;
-//   boost::program_options::options_description options("My model");
-//   ddp::cli::add_training_flags(options, flags, {64, 10, 0.1, "data", "my data set", "my.pt"});
-//   return ddp::cli::run(argc, argv, {"my_train", "Trains my model."}, options, flags,
-//                        [&](ddp::ProcessGroup& group) { ...; return 0; });
+/// \file
+/// The start-up and run helper of a training program: what every program around a training body
+/// must get right, in the right order.
+///  1. Parse the flags before the Runtime, because --no-cuda decides the device the Runtime sets
+///     up; check their values then too, so a bad value costs no time and reads no data.
+///  2. Start the Runtime (MPI), then (under 3's ProcessGroup) compare the ranks' flags: a hash of
+///     the program's name and every option's "name=value" (src/cli/flag_agreement.h). Ranks
+///     started with different flags stop with status 2, rank 0 naming the first differing
+///     setting: `<name>: the ranks were started with different flags: --limit-train-batches is 3
+///     on ranks 0,2 and 5 on rank 1`. A flag error: every rank stops with status 2, rank 0 alone
+///     says `<name>: <error> (see --help)` (naming the ranks when only some have it); --help:
+///     rank 0 prints the usage, status 0.
+///  3. Run the body under ddp::run_or_abort (an exception on one rank ends the whole job, naming
+///     the rank), with the ProcessGroup (with --timeout's collective timeout).
+///
+///   ddp::cli::TrainingFlags flags;
+///   boost::program_options::options_description options("My model");
+///   ddp::cli::add_training_flags(options, flags, {64, 10, 0.1, "data", "my data set", "my.pt"});
+///   return ddp::cli::run(argc, argv, {"my_train", "Trains my model."}, options, flags,
+///                        [&](ddp::ProcessGroup& group) { ...; return 0; });
 
 #include <ddp/cli/training_flags.h>
 #include <ddp/process_group.h>
@@ -30,21 +31,21 @@
 namespace ddp::cli {
 
 struct Program {
-  std::string name;         // begins every error line; in the usage line
-  std::string description;  // the usage's second line
+  std::string name;         ///< begins every error line; in the usage line
+  std::string description;  ///< the usage's second line
   Parallelism parallelism = Parallelism::DataParallel;
-  // For a SingleProcess program: the program to use instead for several ranks (named in the
-  // error), or empty.
+  /// For a SingleProcess program: the program to use instead for several ranks (named in the
+  /// error), or empty.
   std::string data_parallel_program;
 };
 
-// The whole program around `train`: parses `options` (the training flags of `flags`, added with
-// add_training_flags, and the program's own), checks them (check_training_flags, then
-// `check_flags` for the program's own: it throws std::invalid_argument naming the flag), starts
-// the Runtime, refuses several ranks for a SingleProcess program, checks that every rank has the
-// same flags, answers --help, prints every rank's place with --show-topology, and runs `train`
-// once under run_or_abort. Returns the exit code: 2 for a bad flag or flags that differ between
-// ranks, 0 for --help, `train`'s when it returns, or run_or_abort's.
+/// The whole program around `train`: parses `options` (the training flags of `flags`, added with
+/// add_training_flags, and the program's own), checks them (check_training_flags, then
+/// `check_flags` for the program's own: it throws std::invalid_argument naming the flag), starts
+/// the Runtime, refuses several ranks for a SingleProcess program, checks that every rank has the
+/// same flags, answers --help, prints every rank's place with --show-topology, and runs `train`
+/// once under run_or_abort. Returns the exit code: 2 for a bad flag or flags that differ between
+/// ranks, 0 for --help, `train`'s when it returns, or run_or_abort's.
 int run(int argc, char** argv, const Program& program,
         const boost::program_options::options_description& options, const TrainingFlags& flags,
         const std::function<int(ddp::ProcessGroup&)>& train,

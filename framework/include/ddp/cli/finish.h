@@ -1,7 +1,8 @@
 #pragma once
-// The end of a ddp::cli program's training body: the collective work that every rank must do
-// (the Timeline's write: skip it on one rank and the job hangs), the exit status of a run that a
-// stop signal ended or that diverged, and --save-model.
+/// \file
+/// The end of a ddp::cli program's training body: the collective work that every rank must do
+/// (the Timeline's write: skip it on one rank and the job hangs), the exit status of a run that a
+/// stop signal ended or that diverged, and --save-model.
 
 #include <ddp/cli/training_flags.h>
 #include <ddp/process_group.h>
@@ -14,19 +15,19 @@
 
 namespace ddp::cli {
 
-// Call on every rank after training: writes the timeline (collective; rank 0 writes
-// --timeline) and, with --save-model, the weights to `defaults.model_file` (rank 0). Returns the
-// exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is
-// saved then: it is not trained yet).
+/// Call on every rank after training: writes the timeline (collective; rank 0 writes
+/// --timeline) and, with --save-model, the weights to `defaults.model_file` (rank 0). Returns the
+/// exit code: 0, or ddp::kStoppedExitCode when a stop signal ended training early (no model is
+/// saved then: it is not trained yet).
 int finish(ddp::ProcessGroup& group, const TrainingFlags& flags, const TrainingDefaults& defaults,
            ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);
 
-// Runs a training body (ddp::cli::run does). Training that diverged
-// (ddp::TrainingDiverged, thrown on every rank at the same step) ends with
-// ddp::kDivergedExitCode, rank 0 printing the message and the flags that help, instead of an
-// abort; --keep-global-batch refused (ddp::GlobalBatchNotDivisible, thrown on every rank when
-// the resumed snapshot's global batch does not divide among the ranks) ends with 2, as a bad
-// flag, rank 0 naming the flag and the numbers; anything else propagates.
+/// Runs a training body (ddp::cli::run does). Training that diverged
+/// (ddp::TrainingDiverged, thrown on every rank at the same step) ends with
+/// ddp::kDivergedExitCode, rank 0 printing the message and the flags that help, instead of an
+/// abort; --keep-global-batch refused (ddp::GlobalBatchNotDivisible, thrown on every rank when
+/// the resumed snapshot's global batch does not divide among the ranks) ends with 2, as a bad
+/// flag, rank 0 naming the flag and the numbers; anything else propagates.
 int run_training(ddp::ProcessGroup& group, const std::function<int(ddp::ProcessGroup&)>& train);
 
 }  // namespace ddp::cli

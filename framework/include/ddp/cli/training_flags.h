@@ -1,8 +1,9 @@
 #pragma once
-// The training flags every ddp::cli program has (--batch-size, --epochs, --lr, --bucket-mb,
-// --checkpoint-dir, --amp, ...; README.md lists them), their checks, and their mapping onto the
-// library's options: DDPOptions, TrainerOptions, the learning-rate schedules, the Timeline.
-// The errors name the flags (`--epochs must be >= 1 (got 0)`): here the flags are the API.
+/// \file
+/// The training flags every ddp::cli program has (--batch-size, --epochs, --lr, --bucket-mb,
+/// --checkpoint-dir, --amp, ...; README.md lists them), their checks, and their mapping onto the
+/// library's options: DDPOptions, TrainerOptions, the learning-rate schedules, the Timeline.
+/// The errors name the flags (`--epochs must be >= 1 (got 0)`): here the flags are the API.
 
 #include <ddp/train/lr_schedule.h>
 #include <ddp/distributed_data_parallel.h>
@@ -21,11 +22,11 @@
 
 namespace ddp::cli {
 
-// Whether the program wraps its model in DistributedDataParallel (make_ddp) or trains in one
-// process (ddp::cli::run refuses several ranks for it).
+/// Whether the program wraps its model in DistributedDataParallel (make_ddp) or trains in one
+/// process (ddp::cli::run refuses several ranks for it).
 enum class Parallelism { SingleProcess, DataParallel };
 
-// The parsed flags. add_training_flags stores into it; the defaults are its own.
+/// The parsed flags. add_training_flags stores into it; the defaults are its own.
 struct TrainingFlags {
   int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
   int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
@@ -33,103 +34,103 @@ struct TrainingFlags {
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
-  bool keep_global_batch = false;        // --keep-global-batch (TrainerOptions::keep_global_batch)
-  bool deterministic = false;            // --deterministic (use_deterministic_kernels)
-  bool gradient_as_bucket_view = false;  // --gradient-as-bucket-view (DDPOptions's)
-  bool overlap_step = false;             // --overlap-step (make_ddp composes hook_then_optimizer)
+  bool keep_global_batch = false;  ///< --keep-global-batch (TrainerOptions::keep_global_batch)
+  bool deterministic = false;      ///< --deterministic (use_deterministic_kernels)
+  bool gradient_as_bucket_view = false;  ///< --gradient-as-bucket-view (DDPOptions's)
+  bool overlap_step = false;             ///< --overlap-step (make_ddp composes hook_then_optimizer)
   std::string data_dir, metrics_file, timeline, backend, checkpoint_dir, resume;
-  std::string tensorboard;  // --tensorboard DIR (ReporterOptions::tensorboard_dir)
+  std::string tensorboard;  ///< --tensorboard DIR (ReporterOptions::tensorboard_dir)
   std::string progress;
-  // The training step.
+  /// The training step.
   int64_t accumulate = 1, warmup_steps = 0;
-  int64_t scale_lr_with_batch = 0;  // --scale-lr-with-batch REFERENCE; 0: off
+  int64_t scale_lr_with_batch = 0;  ///< --scale-lr-with-batch REFERENCE; 0: off
   double clip_grad_norm = 0;
   std::string amp, schedule;
-  std::string on_nonfinite = "stop";  // --on-nonfinite: stop or skip (ddp::OnNonFinite)
+  std::string on_nonfinite = "stop";  ///< --on-nonfinite: stop or skip (ddp::OnNonFinite)
   int64_t max_skipped_steps = 10;
-  std::optional<double> timeout;                   // --timeout, when given
-  std::string hierarchical = "auto";               // --hierarchical: auto, on or off
-  std::optional<double> checkpoint_every_seconds;  // --checkpoint-every-seconds, when given
-  // --comm-hook: allreduce, fp16, bf16 or powersgd (with --powersgd-rank, --powersgd-start-iter).
+  std::optional<double> timeout;                   ///< --timeout, when given
+  std::string hierarchical = "auto";               ///< --hierarchical: auto, on or off
+  std::optional<double> checkpoint_every_seconds;  ///< --checkpoint-every-seconds, when given
+  /// --comm-hook: allreduce, fp16, bf16 or powersgd (with --powersgd-rank, --powersgd-start-iter).
   std::string comm_hook = "allreduce";
   int64_t powersgd_rank = 1, powersgd_start_iter = 1000;
 };
 
-// The defaults that differ between programs.
+/// The defaults that differ between programs.
 struct TrainingDefaults {
   int64_t batch_size;
   int64_t epochs;
   double lr;
   std::string data_dir;
-  std::string data_help;          // what --data-dir holds
-  std::string model_file;         // what --save-model writes
-  std::string schedule = "step";  // --schedule's default: cosine or step
+  std::string data_help;          ///< what --data-dir holds
+  std::string model_file;         ///< what --save-model writes
+  std::string schedule = "step";  ///< --schedule's default: cosine or step
 };
 
-// Adds --help to `options`, and the training flags in groups by topic (training, data,
-// distributed, checkpoints, progress and diagnostics), storing into `flags`, which must outlive
-// the parsing.
+/// Adds --help to `options`, and the training flags in groups by topic (training, data,
+/// distributed, checkpoints, progress and diagnostics), storing into `flags`, which must outlive
+/// the parsing.
 void add_training_flags(boost::program_options::options_description& options, TrainingFlags& flags,
                         const TrainingDefaults& defaults);
 
-// Throws std::invalid_argument naming the flag when a value is out of range: sizes and counts
-// below their least value, --lr and the bucket sizes not finite and > 0, --lr and
-// --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite,
-// --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume,
-// --timeout not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0
-// or without --checkpoint-dir, an unknown --comm-hook, --powersgd-rank < 1, --powersgd-start-iter
-// < 2, a --hierarchical other than auto, on or off, --overlap-step with --clip-grad-norm, --amp
-// fp16 or --on-nonfinite skip (they need every gradient before the step). ddp::cli::run calls it
-// right after parsing.
+/// Throws std::invalid_argument naming the flag when a value is out of range: sizes and counts
+/// below their least value, --lr and the bucket sizes not finite and > 0, --lr and
+/// --clip-grad-norm beyond what a float holds, an unknown --amp, --schedule or --on-nonfinite,
+/// --resume without --checkpoint-dir, --resume-fallback or --keep-global-batch without --resume,
+/// --timeout not finite and > 0 (and at most 10^7 s), --checkpoint-every-seconds not finite and > 0
+/// or without --checkpoint-dir, an unknown --comm-hook, --powersgd-rank < 1, --powersgd-start-iter
+/// < 2, a --hierarchical other than auto, on or off, --overlap-step with --clip-grad-norm, --amp
+/// fp16 or --on-nonfinite skip (they need every gradient before the step). ddp::cli::run calls it
+/// right after parsing.
 void check_training_flags(const TrainingFlags& flags);
 
-// --deterministic: the same run twice gives the same model on a GPU too, as
-// torch.use_deterministic_algorithms(True) with cudnn.deterministic does in PyTorch: cuDNN's
-// deterministic algorithms without autotuning, ATen's deterministic mode (an operation without a
-// deterministic kernel warns), and CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set (cuBLAS reads it
-// when it starts, so this runs before any CUDA work). ddp::cli::run calls it after parsing.
+/// --deterministic: the same run twice gives the same model on a GPU too, as
+/// torch.use_deterministic_algorithms(True) with cudnn.deterministic does in PyTorch: cuDNN's
+/// deterministic algorithms without autotuning, ATen's deterministic mode (an operation without a
+/// deterministic kernel warns), and CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set (cuBLAS reads it
+/// when it starts, so this runs before any CUDA work). ddp::cli::run calls it after parsing.
 void use_deterministic_kernels();
 
-// The ProcessGroupOptions of --timeout and --hierarchical.
+/// The ProcessGroupOptions of --timeout and --hierarchical.
 ddp::ProcessGroupOptions process_group_options(const TrainingFlags& flags);
 
-// The RuntimeOptions of --no-cuda and --timeout, which bounds MPI start-up too
-// (RuntimeOptions::startup_timeout; without it DDP_STARTUP_TIMEOUT_SECONDS, else 600 s).
-// ddp::cli::run parses the flags before it makes the Runtime, for this.
+/// The RuntimeOptions of --no-cuda and --timeout, which bounds MPI start-up too
+/// (RuntimeOptions::startup_timeout; without it DDP_STARTUP_TIMEOUT_SECONDS, else 600 s).
+/// ddp::cli::run parses the flags before it makes the Runtime, for this.
 ddp::RuntimeOptions runtime_options(const TrainingFlags& flags);
 
-// Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
+/// Null without --timeline. Collective (on group.cpu()); write it with finish() on every rank.
 std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const TrainingFlags& flags);
 
-// The DistributedDataParallel options of --backend, --bucket-mb, --first-bucket-mb,
-// --find-unused-parameters, --gradient-as-bucket-view and --no-broadcast-buffers.
+/// The DistributedDataParallel options of --backend, --bucket-mb, --first-bucket-mb,
+/// --find-unused-parameters, --gradient-as-bucket-view and --no-broadcast-buffers.
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline);
 
-// The wrapper those options describe, with the hook of --comm-hook registered (fp16, bf16,
-// powersgd; allreduce is the default) and, with --overlap-step, composed with the step of
-// `optimizer` (hook_then_optimizer: the program's optimizer must update each parameter from its
-// own gradient and state, as SGD, Adam and ddp::Adadelta do); null for a SingleProcess program.
-// Collective.
+/// The wrapper those options describe, with the hook of --comm-hook registered (fp16, bf16,
+/// powersgd; allreduce is the default) and, with --overlap-step, composed with the step of
+/// `optimizer` (hook_then_optimizer: the program's optimizer must update each parameter from its
+/// own gradient and state, as SGD, Adam and ddp::Adadelta do); null for a SingleProcess program.
+/// Collective.
 std::unique_ptr<ddp::DistributedDataParallel> make_ddp(
     ddp::ProcessGroup& group, std::shared_ptr<torch::nn::Module> model, const TrainingFlags& flags,
     Parallelism parallelism, ddp::Timeline* timeline, torch::optim::Optimizer& optimizer);
 
-// The TrainerOptions the flags describe (every field a flag sets: the one place to map a new
-// one). Checks the flags first, so an error names the flag rather than the option.
+/// The TrainerOptions the flags describe (every field a flag sets: the one place to map a new
+/// one). Checks the flags first, so an error names the flag rather than the option.
 ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* timeline);
 
-// The learning-rate schedule of --schedule on `optimizer`. Without --warmup-steps: per epoch, as
-// the PyTorch examples do (cosine over --epochs: CosineAnnealingLR; step: StepLR every
-// `step_size` epochs by `gamma`). With --warmup-steps N: per optimizer step (ddp::LRSchedule), a
-// linear warmup over N steps, then the cosine over the remaining steps of --epochs or the same
-// step decay counted in steps; the steps come from the shard of `train_size` samples over
-// `world_size` ranks, --batch-size, --limit-train-batches, --dry-run and --accumulate, as the
-// Trainer counts them. Exactly one of the two is set. With --scale-lr-with-batch REFERENCE the
-// optimizer's rates are first scaled by the global batch / REFERENCE (ddp::scale_lr_with_batch),
-// so either schedule takes the scaled rate as its base.
+/// The learning-rate schedule of --schedule on `optimizer`. Without --warmup-steps: per epoch, as
+/// the PyTorch examples do (cosine over --epochs: CosineAnnealingLR; step: StepLR every
+/// `step_size` epochs by `gamma`). With --warmup-steps N: per optimizer step (ddp::LRSchedule), a
+/// linear warmup over N steps, then the cosine over the remaining steps of --epochs or the same
+/// step decay counted in steps; the steps come from the shard of `train_size` samples over
+/// `world_size` ranks, --batch-size, --limit-train-batches, --dry-run and --accumulate, as the
+/// Trainer counts them. Exactly one of the two is set. With --scale-lr-with-batch REFERENCE the
+/// optimizer's rates are first scaled by the global batch / REFERENCE (ddp::scale_lr_with_batch),
+/// so either schedule takes the scaled rate as its base.
 struct Schedules {
-  std::unique_ptr<torch::optim::LRScheduler> per_epoch;  // for Trainer::fit
-  std::unique_ptr<ddp::LRSchedule> per_step;             // for TrainerOptions::lr_schedule
+  std::unique_ptr<torch::optim::LRScheduler> per_epoch;  ///< for Trainer::fit
+  std::unique_ptr<ddp::LRSchedule> per_step;             ///< for TrainerOptions::lr_schedule
 };
 Schedules make_schedules(const TrainingFlags& flags, torch::optim::Optimizer& optimizer,
                          int64_t train_size, int world_size, int64_t step_size, double gamma);

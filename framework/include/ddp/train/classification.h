@@ -1,25 +1,26 @@
 #pragma once
-// The classification preset: the task the examples train (an in-memory uint8 ImageDataset, a
-// model mapping normalised images to log-probabilities, nll_loss, argmax accuracy) and its report
-// format, which prints the seed scripts' lines.
-//
-//   ddp::ClassificationTask task(train, &test, [&](const torch::Tensor& x) { return
-//   net->forward(x); },
-//                                ddp::RandomCropFlip{4, true});     // the augmentation: optional
-//   options.report.format = std::make_shared<ddp::ClassificationFormat>();
-//   ddp::Trainer trainer(group, *net, task, optimizer, options, &model);
-//
-// Training batches are gathered one step ahead (ImageDataset::gather: on a GPU, copied on a side
-// stream), then in their step augmented (the Augment, drawing from the Trainer's
-// generator) and normalised, as torchvision orders its transforms. Evaluation sums the per-sample
-// losses in float64 and counts correct predictions as the test metric "accuracy" (a sum: its mean
-// is the accuracy), so the test loss and the correct count do not depend on the batching or the
-// ranks.
-//
-// ClassificationFormat: the seed scripts' lines, "Train Epoch: 1 [640/60000 (1%)]\tLoss:
-// 1.397769" (with "\tETA 0:01" added) and "Test set: Average loss: 0.3343, Accuracy: 8743/10000
-// (87%)", and the summary's test accuracy as a percentage ("test acc"). The metrics file is the
-// same as for any task (test_accuracy is the metric's mean: the fraction correct).
+/// \file
+/// The classification preset: the task the examples train (an in-memory uint8 ImageDataset, a
+/// model mapping normalised images to log-probabilities, nll_loss, argmax accuracy) and its report
+/// format, which prints the seed scripts' lines.
+///
+///   ddp::ClassificationTask task(train, &test, [&](const torch::Tensor& x) { return
+///   net->forward(x); },
+///                                ddp::RandomCropFlip{4, true});     // the augmentation: optional
+///   options.report.format = std::make_shared<ddp::ClassificationFormat>();
+///   ddp::Trainer trainer(group, *net, task, optimizer, options, &model);
+///
+/// Training batches are gathered one step ahead (ImageDataset::gather: on a GPU, copied on a side
+/// stream), then in their step augmented (the Augment, drawing from the Trainer's
+/// generator) and normalised, as torchvision orders its transforms. Evaluation sums the per-sample
+/// losses in float64 and counts correct predictions as the test metric "accuracy" (a sum: its mean
+/// is the accuracy), so the test loss and the correct count do not depend on the batching or the
+/// ranks.
+///
+/// ClassificationFormat: the seed scripts' lines, "Train Epoch: 1 [640/60000 (1%)]\tLoss:
+/// 1.397769" (with "\tETA 0:01" added) and "Test set: Average loss: 0.3343, Accuracy: 8743/10000
+/// (87%)", and the summary's test accuracy as a percentage ("test acc"). The metrics file is the
+/// same as for any task (test_accuracy is the metric's mean: the fraction correct).
 
 #include <ddp/train/image_dataset.h>
 #include <ddp/train/reporter.h>
@@ -30,18 +31,18 @@
 
 namespace ddp {
 
-// Maps a batch of uint8 pixels [B,C,H,W] to augmented pixels of the same shape, drawing from
-// `generator` (seeded per rank and epoch: augment.h), e.g. RandomCropFlip.
+/// Maps a batch of uint8 pixels [B,C,H,W] to augmented pixels of the same shape, drawing from
+/// `generator` (seeded per rank and epoch: augment.h), e.g. RandomCropFlip.
 using Augment = std::function<torch::Tensor(const torch::Tensor&, at::Generator&)>;
 
 class ClassificationTask : public Task<Batch> {
  public:
-  // Maps a batch of normalised inputs to log-probabilities [B, classes].
+  /// Maps a batch of normalised inputs to log-probabilities [B, classes].
   using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
-  // `test` may be null (nothing to evaluate). The data sets must outlive the task. Throws
-  // std::invalid_argument for an empty training or test set (it would train or evaluate
-  // nothing, and report "0/0" as if all were well).
+  /// `test` may be null (nothing to evaluate). The data sets must outlive the task. Throws
+  /// std::invalid_argument for an empty training or test set (it would train or evaluate
+  /// nothing, and report "0/0" as if all were well).
   ClassificationTask(const ImageDataset& train, const ImageDataset* test, Forward forward,
                      Augment augment = {});
 
@@ -62,7 +63,7 @@ class ClassificationTask : public Task<Batch> {
   Augment augment_;
 };
 
-// The seed scripts' lines for a task whose test metric "accuracy" counts correct predictions.
+/// The seed scripts' lines for a task whose test metric "accuracy" counts correct predictions.
 class ClassificationFormat : public ReportFormat {
  public:
   std::string log_line(const ProgressLine& line) const override;

@@ -1,25 +1,26 @@
 #pragma once
-// Where an epoch's training batches come from, on one rank: the indices of a DistributedSampler's
-// epoch, cut into batches, from a given batch on (a resumed epoch continues with the batch after
-// its snapshot) up to a given end (an epoch cut short by a batch limit).
-//
-// - IndexSource: a function gathers each batch from its indices on the training thread, one
-//   batch ahead (while the device runs the step's backward). In-memory data (Task::train_batch).
-// - DataLoaderSource: LibTorch's DataLoader over a torch::data dataset, whose worker threads
-//   decode the batches ahead of the training thread. For data whose batches take time to make.
-// - BatchRangeSampler: the sampler such a DataLoader reads, for a loop of one's own:
-//
-//     auto loader = torch::data::make_data_loader(
-//         dataset.map(torch::data::transforms::Stack<>()),
-//         ddp::BatchRangeSampler(sampler, batch_size, first_batch, batches),
-//         torch::data::DataLoaderOptions().batch_size(batch_size).workers(2));
-//     for (auto& batch : *loader) { ... }   // batches first_batch .. batches-1 of the epoch
-//
-// Contract: every source yields the batches of the same indices in the same order (the
-// sampler's indices() for its current epoch, batch b = indices [b * batch_size, (b + 1) *
-// batch_size), the last one shorter); which source a task uses changes nothing it trains on. A
-// batch is a function of its indices: anything random belongs in Task::prepare, which draws
-// from a generator the snapshots keep (workers run in any order; their results come in order).
+/// \file
+/// Where an epoch's training batches come from, on one rank: the indices of a DistributedSampler's
+/// epoch, cut into batches, from a given batch on (a resumed epoch continues with the batch after
+/// its snapshot) up to a given end (an epoch cut short by a batch limit).
+///
+/// - IndexSource: a function gathers each batch from its indices on the training thread, one
+///   batch ahead (while the device runs the step's backward). In-memory data (Task::train_batch).
+/// - DataLoaderSource: LibTorch's DataLoader over a torch::data dataset, whose worker threads
+///   decode the batches ahead of the training thread. For data whose batches take time to make.
+/// - BatchRangeSampler: the sampler such a DataLoader reads, for a loop of one's own:
+///
+///     auto loader = torch::data::make_data_loader(
+///         dataset.map(torch::data::transforms::Stack<>()),
+///         ddp::BatchRangeSampler(sampler, batch_size, first_batch, batches),
+///         torch::data::DataLoaderOptions().batch_size(batch_size).workers(2));
+///     for (auto& batch : *loader) { ... }   // batches first_batch .. batches-1 of the epoch
+///
+/// Contract: every source yields the batches of the same indices in the same order (the
+/// sampler's indices() for its current epoch, batch b = indices [b * batch_size, (b + 1) *
+/// batch_size), the last one shorter); which source a task uses changes nothing it trains on. A
+/// batch is a function of its indices: anything random belongs in Task::prepare, which draws
+/// from a generator the snapshots keep (workers run in any order; their results come in order).
 
 #include <ddp/distributed_sampler.h>
 
@@ -43,20 +44,20 @@ template <typename Batch>
 class DataSource {
  public:
   virtual ~DataSource() = default;
-  // Starts a pass over `sampler`'s current epoch (set_epoch done): this rank's indices in
-  // batches of `batch_size`, from batch `first` to batch `end` (exclusive, at most the shard's
-  // batch count), on `device` (a source may leave the batches on the CPU: the task moves them).
+  /// Starts a pass over `sampler`'s current epoch (set_epoch done): this rank's indices in
+  /// batches of `batch_size`, from batch `first` to batch `end` (exclusive, at most the shard's
+  /// batch count), on `device` (a source may leave the batches on the CPU: the task moves them).
   virtual void start(const DistributedSampler& sampler, int64_t batch_size, int64_t first,
                      int64_t end, torch::Device device) = 0;
-  // The pass's next batch; called end - first times.
+  /// The pass's next batch; called end - first times.
   virtual Batch next() = 0;
-  // Called in each step once its backward is queued: a source may make its next batch now,
-  // while the device computes. Default: nothing.
+  /// Called in each step once its backward is queued: a source may make its next batch now,
+  /// while the device computes. Default: nothing.
   virtual void ahead() {}
 };
 
-// Gathers each batch with a function of its indices, on the training thread, the next one in
-// ahead().
+/// Gathers each batch with a function of its indices, on the training thread, the next one in
+/// ahead().
 template <typename Batch>
 class IndexSource final : public DataSource<Batch> {
  public:
@@ -98,37 +99,37 @@ class IndexSource final : public DataSource<Batch> {
   std::vector<int64_t> indices_;
   int64_t batch_size_ = 1, next_ = 0, end_ = 0;
   torch::Device device_ = torch::kCPU;
-  std::optional<Batch> ahead_;  // batch next_, gathered in ahead()
+  std::optional<Batch> ahead_;  ///< batch next_, gathered in ahead()
 };
 
-// A torch::data sampler for LibTorch's DataLoader: this rank's indices of `sampler`'s epoch at
-// each reset() (the DataLoader's begin()), batches [first, end) of `batch_size` only. It wraps
-// DataLoaderSampler (distributed_sampler.h): the same indices, and its check that the data set
-// and the sampler agree on the size. `sampler` must outlive it. next() with another batch size
-// than `batch_size` throws std::invalid_argument naming both (the loader's must be the same).
+/// A torch::data sampler for LibTorch's DataLoader: this rank's indices of `sampler`'s epoch at
+/// each reset() (the DataLoader's begin()), batches [first, end) of `batch_size` only. It wraps
+/// DataLoaderSampler (distributed_sampler.h): the same indices, and its check that the data set
+/// and the sampler agree on the size. `sampler` must outlive it. next() with another batch size
+/// than `batch_size` throws std::invalid_argument naming both (the loader's must be the same).
 class BatchRangeSampler final : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
-  // Throws std::invalid_argument unless batch_size >= 1 and 0 <= first <= end.
+  /// Throws std::invalid_argument unless batch_size >= 1 and 0 <= first <= end.
   BatchRangeSampler(const DistributedSampler& sampler, int64_t batch_size, int64_t first,
                     int64_t end);
 
   void reset(std::optional<size_t> new_size = std::nullopt) override;
   std::optional<std::vector<size_t>> next(size_t batch_size) override;
-  // DataLoaderSampler's: the epoch and the position in it.
+  /// DataLoaderSampler's: the epoch and the position in it.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
  private:
   DataLoaderSampler indices_;
-  size_t batch_size_, begin_, end_;  // the range in samples
+  size_t batch_size_, begin_, end_;  ///< the range in samples
 };
 
-// LibTorch's DataLoader as a DataSource: at each start(), a loader over a copy of `dataset` (a
-// torch::data dataset whose batch type is the task's, e.g. dataset.map(Stack<>())) reading a
-// BatchRangeSampler, with `workers` threads (0: on the training thread). The loader and its
-// threads live for one pass: LibTorch's refuses a new pass while batches its workers fetched
-// ahead are unread, which a stop inside an epoch leaves. Batches come as the dataset makes
-// them (on the CPU for LibTorch's datasets).
+/// LibTorch's DataLoader as a DataSource: at each start(), a loader over a copy of `dataset` (a
+/// torch::data dataset whose batch type is the task's, e.g. dataset.map(Stack<>())) reading a
+/// BatchRangeSampler, with `workers` threads (0: on the training thread). The loader and its
+/// threads live for one pass: LibTorch's refuses a new pass while batches its workers fetched
+/// ahead are unread, which a stop inside an epoch leaves. Batches come as the dataset makes
+/// them (on the CPU for LibTorch's datasets).
 template <typename Dataset>
 class DataLoaderSource final : public DataSource<typename Dataset::BatchType> {
  public:
@@ -158,7 +159,7 @@ class DataLoaderSource final : public DataSource<typename Dataset::BatchType> {
   Dataset dataset_;
   size_t workers_;
   std::unique_ptr<Loader> loader_;
-  std::optional<torch::data::Iterator<Batch>> iterator_;  // over loader_; destroyed before it
+  std::optional<torch::data::Iterator<Batch>> iterator_;  ///< over loader_; destroyed before it
 };
 
 }  // namespace ddp

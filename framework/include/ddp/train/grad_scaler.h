@@ -1,36 +1,37 @@
 #pragma once
-// Loss scaling for fp16 mixed precision, as torch.amp.GradScaler (PyTorch 2.x), with the overflow
-// decision agreed over the ranks.
-//
-//   ddp::GradScaler scaler(&group.cpu());
-//   {
-//     ddp::Autocast autocast(torch::kCUDA, torch::kHalf);   // nn/autocast.h
-//     loss = loss_fn(model(inputs), targets);
-//   }
-//   scaler.scale(loss).backward();      // gradients averaged, still scaled
-//   scaler.unscale_(optimizer);         // optional: before ddp::clip_grad_norm
-//   scaler.step(optimizer);             // skipped when a gradient is inf or NaN
-//   scaler.update();                    // backoff after a skipped step, growth after
-//                                       // growth_interval good ones
-//
-// The numbers are PyTorch's: the same ATen kernels unscale and check the gradients
-// (_amp_foreach_non_finite_check_and_unscale_, with 1/scale computed in double) and update the
-// scale (_amp_update_scale_), so the sequence of scales and skipped steps is torch's on the same
-// gradients (tests/reference/grad_scaler.py checks it).
-//
-// What ddp adds: unscale_() all-reduces the found-inf flag (max) over `comm`, so every rank skips
-// the same steps and keeps the same scale. DistributedDataParallel averages the gradients, so an
-// inf on one rank normally reaches all of them through the all-reduce, which is all PyTorch's
-// GradScaler relies on. But it is not guaranteed: the flag comes from the local unscale (an
-// average that overflows only after the multiplication by 1/scale, a gradient written outside the
-// reducer, gradient compression rounding differently), and a single rank that skipped a step its
-// peers took would silently leave the replicas apart. One all-reduce of one float per step
-// removes the question. On a GPU the flag is copied to the host for it (PyTorch's step() syncs
-// there too, to read the flag).
-//
-// Gradients must be fp32 (fp32 master weights; the forward runs in fp16 under autocast); fp16
-// gradients are refused, as PyTorch does. One scaler may serve several optimizers: each gets
-// unscale_/step once per iteration, then one update().
+/// \file
+/// Loss scaling for fp16 mixed precision, as torch.amp.GradScaler (PyTorch 2.x), with the overflow
+/// decision agreed over the ranks.
+///
+///   ddp::GradScaler scaler(&group.cpu());
+///   {
+///     ddp::Autocast autocast(torch::kCUDA, torch::kHalf);   // nn/autocast.h
+///     loss = loss_fn(model(inputs), targets);
+///   }
+///   scaler.scale(loss).backward();      // gradients averaged, still scaled
+///   scaler.unscale_(optimizer);         // optional: before ddp::clip_grad_norm
+///   scaler.step(optimizer);             // skipped when a gradient is inf or NaN
+///   scaler.update();                    // backoff after a skipped step, growth after
+///                                       // growth_interval good ones
+///
+/// The numbers are PyTorch's: the same ATen kernels unscale and check the gradients
+/// (_amp_foreach_non_finite_check_and_unscale_, with 1/scale computed in double) and update the
+/// scale (_amp_update_scale_), so the sequence of scales and skipped steps is torch's on the same
+/// gradients (tests/reference/grad_scaler.py checks it).
+///
+/// What ddp adds: unscale_() all-reduces the found-inf flag (max) over `comm`, so every rank skips
+/// the same steps and keeps the same scale. DistributedDataParallel averages the gradients, so an
+/// inf on one rank normally reaches all of them through the all-reduce, which is all PyTorch's
+/// GradScaler relies on. But it is not guaranteed: the flag comes from the local unscale (an
+/// average that overflows only after the multiplication by 1/scale, a gradient written outside the
+/// reducer, gradient compression rounding differently), and a single rank that skipped a step its
+/// peers took would silently leave the replicas apart. One all-reduce of one float per step
+/// removes the question. On a GPU the flag is copied to the host for it (PyTorch's step() syncs
+/// there too, to read the flag).
+///
+/// Gradients must be fp32 (fp32 master weights; the forward runs in fp16 under autocast); fp16
+/// gradients are refused, as PyTorch does. One scaler may serve several optimizers: each gets
+/// unscale_/step once per iteration, then one update().
 
 #include <ddp/communicator.h>
 
@@ -44,40 +45,40 @@
 namespace ddp {
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;  // 2^16, PyTorch's default
+  double init_scale = 65536.0;  ///< 2^16, PyTorch's default
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
-  // false: scale() returns the loss, step() is optimizer.step(), update() does nothing.
+  /// false: scale() returns the loss, step() is optimizer.step(), update() does nothing.
   bool enabled = true;
 };
 
 class GradScaler {
  public:
-  // `comm`: where the found-inf flag is agreed (ProcessGroup::cpu()); null for one process.
-  // std::invalid_argument for options out of range (GradScalerOptions::growth_factor, ...).
+  /// `comm`: where the found-inf flag is agreed (ProcessGroup::cpu()); null for one process.
+  /// std::invalid_argument for options out of range (GradScalerOptions::growth_factor, ...).
   explicit GradScaler(Communicator* comm, GradScalerOptions options = {});
 
-  // loss * scale. The scale lives on the device of the first loss scaled.
+  /// loss * scale. The scale lives on the device of the first loss scaled.
   torch::Tensor scale(const torch::Tensor& loss);
-  // Divides the optimizer's gradients by the scale and records whether any is inf or NaN on any
-  // rank (collective when comm has more than one rank). At most once per optimizer between
-  // update()s (std::logic_error otherwise).
+  /// Divides the optimizer's gradients by the scale and records whether any is inf or NaN on any
+  /// rank (collective when comm has more than one rank). At most once per optimizer between
+  /// update()s (std::logic_error otherwise).
   void unscale_(torch::optim::Optimizer& optimizer);
-  // unscale_() unless done, then optimizer.step() unless a gradient was inf or NaN. Returns
-  // whether the optimizer stepped (the same on every rank).
+  /// unscale_() unless done, then optimizer.step() unless a gradient was inf or NaN. Returns
+  /// whether the optimizer stepped (the same on every rank).
   bool step(torch::optim::Optimizer& optimizer);
-  // Backs the scale off after a skipped step, grows it after growth_interval steps in a row
-  // without; then a new iteration begins. std::logic_error if no optimizer was unscaled since
-  // the last update().
+  /// Backs the scale off after a skipped step, grows it after growth_interval steps in a row
+  /// without; then a new iteration begins. std::logic_error if no optimizer was unscaled since
+  /// the last update().
   void update();
 
-  double get_scale() const;        // the current scale (init_scale before the first scale())
-  int64_t growth_tracker() const;  // successful steps since the last change of scale
+  double get_scale() const;        ///< the current scale (init_scale before the first scale())
+  int64_t growth_tracker() const;  ///< successful steps since the last change of scale
   bool is_enabled() const { return options_.enabled; }
   const GradScalerOptions& options() const { return options_; }
 
-  // The scale and the growth tracker (PyTorch's state_dict); load() keeps this scaler's options.
+  /// The scale and the growth tracker (PyTorch's state_dict); load() keeps this scaler's options.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 
@@ -85,14 +86,14 @@ class GradScaler {
   enum class Stage { Ready, Unscaled, Stepped };
   struct PerOptimizer {
     Stage stage = Stage::Ready;
-    torch::Tensor found_inf;  // float32 scalar on the scale's device, agreed over ranks
+    torch::Tensor found_inf;  ///< float32 scalar on the scale's device, agreed over ranks
   };
   void lazy_init(const torch::Device& device);
 
   Communicator* comm_;
   GradScalerOptions options_;
-  torch::Tensor scale_;           // float32 scalar
-  torch::Tensor growth_tracker_;  // int32 scalar
+  torch::Tensor scale_;           ///< float32 scalar
+  torch::Tensor growth_tracker_;  ///< int32 scalar
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
 };
 

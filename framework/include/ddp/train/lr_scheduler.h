@@ -1,15 +1,16 @@
 #pragma once
-// Learning-rate schedules stepped once per epoch, matching torch.optim.lr_scheduler.
-//
-// LibTorch's StepLR counts epochs one behind torch.optim.lr_scheduler.StepLR: Python's
-// constructor takes an initial step, LibTorch's does not, so LibTorch decays the learning rate
-// one epoch late (the same in 1.13 and 2.x). This StepLR takes that initial step, so C++ and
-// Python runs use the same learning rate in every epoch.
-//
-// LibTorch 1.13 has no cosine schedule; CosineAnnealingLR is Python's closed form
-// (eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2, rising again past t_max as
-// Python's does), which depends only on the step count, so replaying the steps restores it
-// exactly (snapshot.h relies on that).
+/// \file
+/// Learning-rate schedules stepped once per epoch, matching torch.optim.lr_scheduler.
+///
+/// LibTorch's StepLR counts epochs one behind torch.optim.lr_scheduler.StepLR: Python's
+/// constructor takes an initial step, LibTorch's does not, so LibTorch decays the learning rate
+/// one epoch late (the same in 1.13 and 2.x). This StepLR takes that initial step, so C++ and
+/// Python runs use the same learning rate in every epoch.
+///
+/// LibTorch 1.13 has no cosine schedule; CosineAnnealingLR is Python's closed form
+/// (eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2, rising again past t_max as
+/// Python's does), which depends only on the step count, so replaying the steps restores it
+/// exactly (snapshot.h relies on that).
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -25,7 +26,7 @@ namespace ddp {
 
 class StepLR : public torch::optim::StepLR {
  private:
-  // LibTorch checks neither: step_size 0 divides by zero, a NaN gamma makes every rate NaN.
+  /// LibTorch checks neither: step_size 0 divides by zero, a NaN gamma makes every rate NaN.
   static unsigned checked_step_size(unsigned step_size) {
     if (step_size == 0) throw std::invalid_argument("StepLR: step_size must be >= 1 (got 0)");
     return step_size;
@@ -47,7 +48,7 @@ class StepLR : public torch::optim::StepLR {
 
 class CosineAnnealingLR : public torch::optim::LRScheduler {
  public:
-  // `t_max`: epochs from the base learning rate (the optimizer's now) down to eta_min.
+  /// `t_max`: epochs from the base learning rate (the optimizer's now) down to eta_min.
   CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t t_max, double eta_min = 0.0)
       : torch::optim::LRScheduler(optimizer),
         base_lrs_(get_current_lrs()),

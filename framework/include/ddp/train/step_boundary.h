@@ -1,43 +1,44 @@
 #pragma once
-// The step boundary of any training loop, in one part: the ranks' one agreement per step (a stop
-// signal, a loss that was not finite, the snapshot timer), the snapshots (it owns the
-// Checkpointer), and where the loop starts after a resume, at the same or another world size:
-//
-//   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, model, optimizer, options));
-//   const ddp::ResumePoint& resumed = boundary.resume();                // collective
-//   for (int64_t epoch = resumed.position.epoch; epoch <= epochs; ++epoch) {
-//     const ddp::EpochStart start = boundary.start_epoch(epoch, sampler, batch_size);
-//     ... if (start.rank_state.generator.defined()) restore it (and .values) ...
-//     const int64_t batches = start.batches(sampler, batch_size);
-//     // the sampler's batches start.sampler_batch(start.first_batch) ..
-//     start.sampler_batch(batches) for (int64_t b = start.first_batch; b < batches; ++b) {
-//       if (boundary.at_step(b, step, [&] { return ddp::RankState{...}; })) {
-//         reporter.stopped(boundary.stop(), boundary.position(), boundary.snapshot());
-//         return ddp::kStoppedExitCode;                                 // 75: saved
-//       }
-//       ... the step ...
-//     }
-//     boundary.checkpointer().save_epoch(epoch, step);
-//   }
-//
-// The agreement: one all-reduce per stop check (StopAgreement's, stop_agreement.h) carries this
-// rank's stop signal, the first step whose loss was not finite on it (at_step's argument) and
-// whether its snapshot timer is due (Checkpointer::time_due; clocks differ between ranks, and a
-// snapshot is collective). Timed snapshots therefore fall on stop checks only.
-//
-// Where an epoch starts: the resumed epoch continues after the snapshot's batches. At the same
-// world size and per-rank batch size each rank continues its own shard at the snapshot's batch,
-// with its RankState. At another (or with a snapshot whose per-rank batch size differs), the rest
-// of the epoch's sample order (from the snapshot's samples done) is re-sharded over this run's
-// ranks (DistributedSampler::set_epoch's start): every sample of the epoch is still trained once,
-// batches are counted on from the snapshot's, and at another world size no rank's state is
-// restored (it is per rank).
-//
-// State: the stop agreement, the Checkpointer, the resume point (consumed by the epoch it names),
-// the current epoch's start and the per-rank batch size (for the samples a snapshot records),
-// the newest boundary and the snapshot written there. Invariants: every rank makes the same
-// calls in the same order (they are collective); an epoch's start_epoch() comes before its
-// at_step() calls.
+/// \file
+/// The step boundary of any training loop, in one part: the ranks' one agreement per step (a stop
+/// signal, a loss that was not finite, the snapshot timer), the snapshots (it owns the
+/// Checkpointer), and where the loop starts after a resume, at the same or another world size:
+///
+///   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, model, optimizer, options));
+///   const ddp::ResumePoint& resumed = boundary.resume();                // collective
+///   for (int64_t epoch = resumed.position.epoch; epoch <= epochs; ++epoch) {
+///     const ddp::EpochStart start = boundary.start_epoch(epoch, sampler, batch_size);
+///     ... if (start.rank_state.generator.defined()) restore it (and .values) ...
+///     const int64_t batches = start.batches(sampler, batch_size);
+///     // the sampler's batches start.sampler_batch(start.first_batch) ..
+///     start.sampler_batch(batches) for (int64_t b = start.first_batch; b < batches; ++b) {
+///       if (boundary.at_step(b, step, [&] { return ddp::RankState{...}; })) {
+///         reporter.stopped(boundary.stop(), boundary.position(), boundary.snapshot());
+///         return ddp::kStoppedExitCode;                                 // 75: saved
+///       }
+///       ... the step ...
+///     }
+///     boundary.checkpointer().save_epoch(epoch, step);
+///   }
+///
+/// The agreement: one all-reduce per stop check (StopAgreement's, stop_agreement.h) carries this
+/// rank's stop signal, the first step whose loss was not finite on it (at_step's argument) and
+/// whether its snapshot timer is due (Checkpointer::time_due; clocks differ between ranks, and a
+/// snapshot is collective). Timed snapshots therefore fall on stop checks only.
+///
+/// Where an epoch starts: the resumed epoch continues after the snapshot's batches. At the same
+/// world size and per-rank batch size each rank continues its own shard at the snapshot's batch,
+/// with its RankState. At another (or with a snapshot whose per-rank batch size differs), the rest
+/// of the epoch's sample order (from the snapshot's samples done) is re-sharded over this run's
+/// ranks (DistributedSampler::set_epoch's start): every sample of the epoch is still trained once,
+/// batches are counted on from the snapshot's, and at another world size no rank's state is
+/// restored (it is per rank).
+///
+/// State: the stop agreement, the Checkpointer, the resume point (consumed by the epoch it names),
+/// the current epoch's start and the per-rank batch size (for the samples a snapshot records),
+/// the newest boundary and the snapshot written there. Invariants: every rank makes the same
+/// calls in the same order (they are collective); an epoch's start_epoch() comes before its
+/// at_step() calls.
 
 #include <ddp/distributed_sampler.h>
 #include <ddp/process_group.h>
@@ -53,54 +54,54 @@
 
 namespace ddp {
 
-// Where a loop trains an epoch (StepBoundary::start_epoch). Batch b of the epoch is the sampler's
-// batch b - sampler_offset (its indices [(b - sampler_offset) * batch_size, ...)).
+/// Where a loop trains an epoch (StepBoundary::start_epoch). Batch b of the epoch is the sampler's
+/// batch b - sampler_offset (its indices [(b - sampler_offset) * batch_size, ...)).
 struct EpochStart {
-  int64_t first_batch = 0;     // the first batch to train; > 0: the epoch resumed inside
-  int64_t sampler_offset = 0;  // > 0 only in an epoch re-sharded at its batch sampler_offset
-  int64_t sampler_start = 0;   // the position of the epoch's order the sampler starts from
-  // Resumed inside the epoch at the same world size: this rank's state as saved; else empty
-  // (at another world size no rank's state is restored).
+  int64_t first_batch = 0;     ///< the first batch to train; > 0: the epoch resumed inside
+  int64_t sampler_offset = 0;  ///< > 0 only in an epoch re-sharded at its batch sampler_offset
+  int64_t sampler_start = 0;   ///< the position of the epoch's order the sampler starts from
+  /// Resumed inside the epoch at the same world size: this rank's state as saved; else empty
+  /// (at another world size no rank's state is restored).
   RankState rank_state;
 
-  // The epoch's batches on this rank, counted from its first (batch 0), for a `sampler` that
-  // start_epoch() set.
+  /// The epoch's batches on this rank, counted from its first (batch 0), for a `sampler` that
+  /// start_epoch() set.
   int64_t batches(const DistributedSampler& sampler, int64_t batch_size) const {
     return sampler_offset + (sampler.num_samples() + batch_size - 1) / batch_size;
   }
-  // The sampler's batch that is the epoch's batch `b`.
+  /// The sampler's batch that is the epoch's batch `b`.
   int64_t sampler_batch(int64_t b) const { return b - sampler_offset; }
 };
 
 class StepBoundary {
  public:
-  // `stop_check_every`: steps between the agreements (StopAgreement's `every`; 0: none, and no
-  // signal handlers). Throws std::invalid_argument naming the option when it is negative, or 0
-  // with CheckpointerOptions::every_seconds (the timer is agreed at the checks).
+  /// `stop_check_every`: steps between the agreements (StopAgreement's `every`; 0: none, and no
+  /// signal handlers). Throws std::invalid_argument naming the option when it is negative, or 0
+  /// with CheckpointerOptions::every_seconds (the timer is agreed at the checks).
   StepBoundary(ProcessGroup& group, Checkpointer checkpointer, int64_t stop_check_every = 1);
 
-  // Collective: Checkpointer::resume; the point is kept for start_epoch().
+  /// Collective: Checkpointer::resume; the point is kept for start_epoch().
   const ResumePoint& resume(torch::optim::LRScheduler* scheduler = nullptr);
   const ResumePoint& resumed() const { return resume_; }
 
-  // Collective only through its checks (none communicate). Sets `sampler` to `epoch` and says
-  // where the epoch starts (above), `batch_size` per rank. The resumed epoch's start is handed
-  // out once: a second start_epoch of it starts at its beginning. Throws std::runtime_error
-  // naming the snapshot when it records more samples done than the sampler's data set has.
+  /// Collective only through its checks (none communicate). Sets `sampler` to `epoch` and says
+  /// where the epoch starts (above), `batch_size` per rank. The resumed epoch's start is handed
+  /// out once: a second start_epoch of it starts at its beginning. Throws std::runtime_error
+  /// naming the snapshot when it records more samples done than the sampler's data set has.
   EpochStart start_epoch(int64_t epoch, DistributedSampler& sampler, int64_t batch_size);
 
-  // Collective, at the step boundary before batch `batch` of the epoch start_epoch() started,
-  // after `step` optimizer steps: agrees (one all-reduce, every stop_check_every steps), then
-  // writes a step snapshot when the ranks stop or one is due (Checkpointer::at_boundary; calls
-  // `rank_state` only then; `{}` for none). `nonfinite_loss_step`: the first step whose loss was
-  // not finite on this rank, -1 for none. Returns whether the ranks stop here. Throws
-  // TrainingDiverged (divergence.h) on every rank, before any snapshot, when some rank's loss was
-  // not finite: what() is "the loss of rank R was not finite (first at step S)".
+  /// Collective, at the step boundary before batch `batch` of the epoch start_epoch() started,
+  /// after `step` optimizer steps: agrees (one all-reduce, every stop_check_every steps), then
+  /// writes a step snapshot when the ranks stop or one is due (Checkpointer::at_boundary; calls
+  /// `rank_state` only then; `{}` for none). `nonfinite_loss_step`: the first step whose loss was
+  /// not finite on this rank, -1 for none. Returns whether the ranks stop here. Throws
+  /// TrainingDiverged (divergence.h) on every rank, before any snapshot, when some rank's loss was
+  /// not finite: what() is "the loss of rank R was not finite (first at step S)".
   bool at_step(int64_t batch, int64_t step, const std::function<RankState()>& rank_state,
                int64_t nonfinite_loss_step = -1);
 
-  // The newest boundary (its position, with the samples done) and the snapshot written there
-  // ("" when none).
+  /// The newest boundary (its position, with the samples done) and the snapshot written there
+  /// ("" when none).
   const TrainingPosition& position() const { return position_; }
   const std::string& snapshot() const { return snapshot_; }
 
@@ -113,8 +114,8 @@ class StepBoundary {
   StopAgreement stop_;
   Checkpointer checkpointer_;
   ResumePoint resume_;
-  EpochStart epoch_;        // the epoch in progress
-  int64_t batch_size_ = 0;  // its per-rank batch size
+  EpochStart epoch_;        ///< the epoch in progress
+  int64_t batch_size_ = 0;  ///< its per-rank batch size
   TrainingPosition position_;
   std::string snapshot_;
 };

@@ -1,33 +1,34 @@
 #pragma once
-// Stopping every rank before the same step when a scheduler asks one of them to stop (SIGTERM,
-// SIGUSR1, SIGUSR2: <ddp/stop_signal.h>), for any training loop:
-//
-//   ddp::StopAgreement stop(group);                      // installs the signal handlers
-//   for (...) {
-//     if (at_step_boundary) {
-//       const bool stopping = stop.should_stop(step);    // collective: every rank, same step
-//       ... save a snapshot when stopping (Checkpointer::at_boundary) ...
-//       if (stopping) return ddp::kStoppedExitCode;      // 75: saved, requeue me
-//     }
-//     ... the step ...
-//   }
-//
-// Why an agreement: a signal reaches one rank (SIGTERM to one task) or all of them at slightly
-// different moments (mpirun and srun forward it). A rank that stopped on its own would leave the
-// others waiting in the next gradient all-reduce. So every `every` steps the ranks all-reduce
-// (Max) three doubles on the group's CPU communicator: the signal each got (0: none), its rank
-// and the seconds since it arrived. Every rank gets the same answer, so all stop before the same
-// step, and the answer says which signal, which rank (the highest that got one) and how long ago
-// (the longest wait).
-//
-// Other facts that must be agreed at the same boundary ride on the same all-reduce, so that they
-// cost no message of their own: should_stop's `agreed` values (StepBoundary, step_boundary.h,
-// sends a non-finite loss and the snapshot timer that way).
-//
-// State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
-// counted, so several may live at once), and the decision once made.
-// Invariants: every rank calls should_stop() with the same step sequence; once it has returned
-// true it keeps returning true without communicating.
+/// \file
+/// Stopping every rank before the same step when a scheduler asks one of them to stop (SIGTERM,
+/// SIGUSR1, SIGUSR2: <ddp/stop_signal.h>), for any training loop:
+///
+///   ddp::StopAgreement stop(group);                      // installs the signal handlers
+///   for (...) {
+///     if (at_step_boundary) {
+///       const bool stopping = stop.should_stop(step);    // collective: every rank, same step
+///       ... save a snapshot when stopping (Checkpointer::at_boundary) ...
+///       if (stopping) return ddp::kStoppedExitCode;      // 75: saved, requeue me
+///     }
+///     ... the step ...
+///   }
+///
+/// Why an agreement: a signal reaches one rank (SIGTERM to one task) or all of them at slightly
+/// different moments (mpirun and srun forward it). A rank that stopped on its own would leave the
+/// others waiting in the next gradient all-reduce. So every `every` steps the ranks all-reduce
+/// (Max) three doubles on the group's CPU communicator: the signal each got (0: none), its rank
+/// and the seconds since it arrived. Every rank gets the same answer, so all stop before the same
+/// step, and the answer says which signal, which rank (the highest that got one) and how long ago
+/// (the longest wait).
+///
+/// Other facts that must be agreed at the same boundary ride on the same all-reduce, so that they
+/// cost no message of their own: should_stop's `agreed` values (StepBoundary, step_boundary.h,
+/// sends a non-finite loss and the snapshot timer that way).
+///
+/// State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
+/// counted, so several may live at once), and the decision once made.
+/// Invariants: every rank calls should_stop() with the same step sequence; once it has returned
+/// true it keeps returning true without communicating.
 
 #include <ddp/process_group.h>
 #include <ddp/stop_signal.h>
@@ -42,29 +43,29 @@ namespace ddp {
 
 class StopAgreement {
  public:
-  // `every`: steps between the checks (the check runs when step % every == 0). 0: no checks,
-  // and no handlers: the signals keep their default action (the process dies). Throws
-  // std::invalid_argument naming StopAgreement's `every` when it is negative.
+  /// `every`: steps between the checks (the check runs when step % every == 0). 0: no checks,
+  /// and no handlers: the signals keep their default action (the process dies). Throws
+  /// std::invalid_argument naming StopAgreement's `every` when it is negative.
   explicit StopAgreement(ProcessGroup& group, int64_t every = 1);
 
-  // Collective at a step boundary, before optimizer step `step` + 1: whether the ranks stop
-  // here. Communicates only when step % every == 0 (and not yet stopping).
+  /// Collective at a step boundary, before optimizer step `step` + 1: whether the ranks stop
+  /// here. Communicates only when step % every == 0 (and not yet stopping).
   bool should_stop(int64_t step);
-  // The same, and `agreed` (this rank's values; every rank passes as many) rides on the same
-  // all-reduce: after a check that communicated (checked()) it holds the maximum of each value
-  // over the ranks; otherwise it is left as it was.
+  /// The same, and `agreed` (this rank's values; every rank passes as many) rides on the same
+  /// all-reduce: after a check that communicated (checked()) it holds the maximum of each value
+  /// over the ranks; otherwise it is left as it was.
   bool should_stop(int64_t step, std::vector<double>& agreed);
-  // Whether the last should_stop() communicated (the ranks' `agreed` values are in).
+  /// Whether the last should_stop() communicated (the ranks' `agreed` values are in).
   bool checked() const { return checked_; }
 
   bool stopping() const { return signal_ != 0; }
-  // After should_stop() returned true: the highest signal number any rank got (SIGTERM,
-  // SIGUSR1, SIGUSR2), the highest rank that got one, and the seconds from that signal to now
-  // on the rank that waited longest. 0, -1 and 0 before.
+  /// After should_stop() returned true: the highest signal number any rank got (SIGTERM,
+  /// SIGUSR1, SIGUSR2), the highest rank that got one, and the seconds from that signal to now
+  /// on the rank that waited longest. 0, -1 and 0 before.
   int signal() const { return signal_; }
   int rank() const { return rank_; }
   double seconds_since_signal() const;
-  // "SIGTERM (rank 1)".
+  /// "SIGTERM (rank 1)".
   std::string describe() const;
 
   int64_t every() const { return every_; }
@@ -76,7 +77,7 @@ class StopAgreement {
   int signal_ = 0;
   int rank_ = -1;
   bool checked_ = false;
-  double waited_ = 0;  // at the check, on the rank that waited longest
+  double waited_ = 0;  ///< at the check, on the rank that waited longest
   std::chrono::steady_clock::time_point decided_at_{};
 };
 

@@ -1,7 +1,8 @@
 #pragma once
-// ddp's training kit (target ddp::train), on top of the core (<ddp/ddp.h>): parts that a
-// hand-written training loop composes in a few lines each, and the Trainer built from the same
-// parts.
+/// \file
+/// ddp's training kit (target ddp::train), on top of the core (<ddp/ddp.h>): parts that a
+/// hand-written training loop composes in a few lines each, and the Trainer built from the same
+/// parts.
 
 #include <ddp/ddp.h>
 

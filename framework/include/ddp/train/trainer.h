@@ -1,39 +1,40 @@
 #pragma once
-// The training loop for any model, batch type and loss, composed from the kit's parts: a task
-// (task.h) says how to gather a batch and what its loss and metric sums are; the Trainer shards
-// the data (DistributedSampler), runs the step (accumulation, clipping, mixed precision, a
-// per-step schedule), and hands the rest to the parts a hand-written loop uses too:
-//   StepBoundary  (step_boundary.h)   a stop signal on any rank stops every rank before the same
-//                                     step (fit() returns, stopped_by() says why); snapshots
-//                                     (its Checkpointer, checkpointer.h) at epoch ends, every N
-//                                     steps or S seconds and on a stop; resuming continues
-//                                     exactly where the run was, or re-sharded on other ranks;
-//   Reporter      (reporter.h)        the progress bar or log lines, the epoch's lines, the
-//                                     metrics file and the summary table, in its format;
-//   EpochMeter    (metrics.h)         the epoch's sums, reduced over ranks;
-//   divergence.h                      a loss or gradient that is not finite stops every rank
-//                                     (TrainingDiverged) or drops the step (OnNonFinite);
-//   DataSource    (data_source.h)     the task's batches: by index, or a DataLoader's workers.
-// Every epoch reports where the time went (data, forward+backward, gradient sync, optimizer).
-// The same Trainer runs a single process (world size 1, no DistributedDataParallel).
-//
-//   MyTask task(...);                                     // a Task<Batch>
-//   ddp::TrainerOptions options;
-//   options.batch_size = 64;
-//   ddp::Trainer trainer(group, *net, task, optimizer, options, &model);
-//   trainer.fit(epochs);        // throws TrainingDiverged (exit with kDivergedExitCode)
-//   return trainer.stopped_by() ? ddp::kStoppedExitCode : 0;
-//
-// The examples train the classification preset (classification.h): a ClassificationTask over
-// ImageDatasets, with options.report.format a ClassificationFormat for the seed scripts' lines.
-// docs/training_loop.md has a task of one's own.
-//
-// State: references to the group, model, task, optimizer and wrapper (all must outlive the
-// Trainer); the options; the parts; the global step; the sampler; where a resumed run continues.
-// Invariants: every rank builds the same Trainer and makes the same calls (the parts'
-// collectives run in the same order everywhere); everything random in an epoch is a function of
-// (seed, epoch, rank) or restored by a snapshot, so a resumed run ends bit-identical to an
-// uninterrupted one on the CPU.
+/// \file
+/// The training loop for any model, batch type and loss, composed from the kit's parts: a task
+/// (task.h) says how to gather a batch and what its loss and metric sums are; the Trainer shards
+/// the data (DistributedSampler), runs the step (accumulation, clipping, mixed precision, a
+/// per-step schedule), and hands the rest to the parts a hand-written loop uses too:
+///   StepBoundary  (step_boundary.h)   a stop signal on any rank stops every rank before the same
+///                                     step (fit() returns, stopped_by() says why); snapshots
+///                                     (its Checkpointer, checkpointer.h) at epoch ends, every N
+///                                     steps or S seconds and on a stop; resuming continues
+///                                     exactly where the run was, or re-sharded on other ranks;
+///   Reporter      (reporter.h)        the progress bar or log lines, the epoch's lines, the
+///                                     metrics file and the summary table, in its format;
+///   EpochMeter    (metrics.h)         the epoch's sums, reduced over ranks;
+///   divergence.h                      a loss or gradient that is not finite stops every rank
+///                                     (TrainingDiverged) or drops the step (OnNonFinite);
+///   DataSource    (data_source.h)     the task's batches: by index, or a DataLoader's workers.
+/// Every epoch reports where the time went (data, forward+backward, gradient sync, optimizer).
+/// The same Trainer runs a single process (world size 1, no DistributedDataParallel).
+///
+///   MyTask task(...);                                     // a Task<Batch>
+///   ddp::TrainerOptions options;
+///   options.batch_size = 64;
+///   ddp::Trainer trainer(group, *net, task, optimizer, options, &model);
+///   trainer.fit(epochs);        // throws TrainingDiverged (exit with kDivergedExitCode)
+///   return trainer.stopped_by() ? ddp::kStoppedExitCode : 0;
+///
+/// The examples train the classification preset (classification.h): a ClassificationTask over
+/// ImageDatasets, with options.report.format a ClassificationFormat for the seed scripts' lines.
+/// docs/training_loop.md has a task of one's own.
+///
+/// State: references to the group, model, task, optimizer and wrapper (all must outlive the
+/// Trainer); the options; the parts; the global step; the sampler; where a resumed run continues.
+/// Invariants: every rank builds the same Trainer and makes the same calls (the parts'
+/// collectives run in the same order everywhere); everything random in an epoch is a function of
+/// (seed, epoch, rank) or restored by a snapshot, so a resumed run ends bit-identical to an
+/// uninterrupted one on the CPU.
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
@@ -66,75 +67,75 @@
 namespace ddp {
 
 struct TrainerOptions {
-  int64_t batch_size = 64;          // per rank
-  int64_t test_batch_size = 1000;   // per rank
-  int64_t limit_train_batches = 0;  // per epoch; 0: the whole shard
-  bool dry_run = false;             // one batch per epoch, one epoch
+  int64_t batch_size = 64;          ///< per rank
+  int64_t test_batch_size = 1000;   ///< per rank
+  int64_t limit_train_batches = 0;  ///< per epoch; 0: the whole shard
+  bool dry_run = false;             ///< one batch per epoch, one epoch
   bool shuffle = true;
-  int64_t seed = 0;              // seeds the sampler's permutation and the task's generator
-  Timeline* timeline = nullptr;  // records data/forward/backward/optimizer spans when set
-  // Every N optimizer steps, verify bit for bit that all replicas hold the same parameters and
-  // buffers (replica_check.h); a difference stops the job naming the tensor and ranks. 0: never.
+  int64_t seed = 0;              ///< seeds the sampler's permutation and the task's generator
+  Timeline* timeline = nullptr;  ///< records data/forward/backward/optimizer spans when set
+  /// Every N optimizer steps, verify bit for bit that all replicas hold the same parameters and
+  /// buffers (replica_check.h); a difference stops the job naming the tensor and ranks. 0: never.
   int64_t check_sync_every = 0;
 
-  // The training step (docs/training_loop.md has the same pieces in a loop of one's own).
-  // Micro-batches per optimizer step: backward runs under DistributedDataParallel::no_sync() on
-  // all but the last of each group, and each micro-batch's loss is divided by `accumulate`, so a
-  // step sees the mean over batch_size * ranks * accumulate samples. An epoch's last group may be
-  // shorter. Stop checks, replica checks and snapshots happen only between groups. 1: a step per
-  // batch.
+  /// The training step (docs/training_loop.md has the same pieces in a loop of one's own).
+  /// Micro-batches per optimizer step: backward runs under DistributedDataParallel::no_sync() on
+  /// all but the last of each group, and each micro-batch's loss is divided by `accumulate`, so a
+  /// step sees the mean over batch_size * ranks * accumulate samples. An epoch's last group may be
+  /// shorter. Stop checks, replica checks and snapshots happen only between groups. 1: a step per
+  /// batch.
   int64_t accumulate = 1;
-  // > 0: the gradients are clipped to this global 2-norm (clip_grad_norm) before every step.
+  /// > 0: the gradients are clipped to this global 2-norm (clip_grad_norm) before every step.
   double clip_grad_norm = 0;
-  // The forward and the loss under Autocast on the rank's device: bf16, or fp16 with a
-  // GradScaler (options below; its state goes into snapshots). Off: fp32.
+  /// The forward and the loss under Autocast on the rank's device: bf16, or fp16 with a
+  /// GradScaler (options below; its state goes into snapshots). Off: fp32.
   AmpMode amp = AmpMode::Off;
   GradScalerOptions grad_scaler;
-  // Stepped after every optimizer step (not per epoch), its position saved in snapshots. Built by
-  // the caller on the same optimizer; it must outlive the Trainer. Null: none. fit() refuses a
-  // per-epoch scheduler as well.
+  /// Stepped after every optimizer step (not per epoch), its position saved in snapshots. Built by
+  /// the caller on the same optimizer; it must outlive the Trainer. Null: none. fit() refuses a
+  /// per-epoch scheduler as well.
   LRSchedule* lr_schedule = nullptr;
 
-  // A step whose gradients are not finite (NaN or inf): every rank sees the same averaged
-  // gradients, so every rank decides alike without a message; checked before the optimizer
-  // step, reading the gradients only (their largest |value|, or clip_grad_norm's total norm when
-  // clipping). Stop: fit() throws TrainingDiverged before the step, so no snapshot holds a
-  // diverged model. Skip: the step is dropped and said (the schedule and the step count still
-  // advance, as with GradScaler); after max_skipped_steps dropped steps in a row, Stop. With
-  // AmpMode::Fp16 the GradScaler's own skip handles non-finite gradients (its loss scale causes
-  // most of them); they are neither checked again nor counted here.
-  // A loss that is not finite (any rank) always stops: it is agreed at the next stop check
-  // (stop_check_every) and at the epoch's end, before evaluation and the epoch's snapshot; by
-  // then the step was taken. An update of finite gradients that overflows (a huge rate) shows
-  // in the next step's gradients; at an epoch's end the parameters are read once instead, and
-  // the Checkpointer refuses to write non-finite ones anyway.
+  /// A step whose gradients are not finite (NaN or inf): every rank sees the same averaged
+  /// gradients, so every rank decides alike without a message; checked before the optimizer
+  /// step, reading the gradients only (their largest |value|, or clip_grad_norm's total norm when
+  /// clipping). Stop: fit() throws TrainingDiverged before the step, so no snapshot holds a
+  /// diverged model. Skip: the step is dropped and said (the schedule and the step count still
+  /// advance, as with GradScaler); after max_skipped_steps dropped steps in a row, Stop. With
+  /// AmpMode::Fp16 the GradScaler's own skip handles non-finite gradients (its loss scale causes
+  /// most of them); they are neither checked again nor counted here.
+  /// A loss that is not finite (any rank) always stops: it is agreed at the next stop check
+  /// (stop_check_every) and at the epoch's end, before evaluation and the epoch's snapshot; by
+  /// then the step was taken. An update of finite gradients that overflows (a huge rate) shows
+  /// in the next step's gradients; at an epoch's end the parameters are read once instead, and
+  /// the Checkpointer refuses to write non-finite ones anyway.
   OnNonFinite on_nonfinite = OnNonFinite::Stop;
-  int64_t max_skipped_steps = 10;  // >= 1
+  int64_t max_skipped_steps = 10;  ///< >= 1
 
-  // On resuming from a snapshot written by another number of ranks (or with another per-rank
-  // batch size): true sets batch_size to the snapshot's global batch (its per-rank batch size x
-  // its ranks) / this run's ranks, so training continues on the same global batches (and the
-  // same steps per epoch, so the learning-rate schedule means the same); fit() throws
-  // GlobalBatchNotDivisible when it does not divide, and std::runtime_error when the snapshot does
-  // not record its batch size (older files). False: batch_size stays, so the global batch
-  // changes by the ratio of the world sizes and the schedule continues on the global step count
-  // (docs/reliability.md: what that means under the linear scaling rule). No effect on a fresh
-  // start.
+  /// On resuming from a snapshot written by another number of ranks (or with another per-rank
+  /// batch size): true sets batch_size to the snapshot's global batch (its per-rank batch size x
+  /// its ranks) / this run's ranks, so training continues on the same global batches (and the
+  /// same steps per epoch, so the learning-rate schedule means the same); fit() throws
+  /// GlobalBatchNotDivisible when it does not divide, and std::runtime_error when the snapshot does
+  /// not record its batch size (older files). False: batch_size stays, so the global batch
+  /// changes by the ratio of the world sizes and the schedule continues on the global step count
+  /// (docs/reliability.md: what that means under the linear scaling rule). No effect on a fresh
+  /// start.
   bool keep_global_batch = false;
 
-  // The parts. `checkpoint.seed` and `checkpoint.batch_size` are set from `seed` and `batch_size`.
+  /// The parts. `checkpoint.seed` and `checkpoint.batch_size` are set from `seed` and `batch_size`.
   ReporterOptions report;
   CheckpointerOptions checkpoint;
-  // Steps between the checks whether a rank got a stop signal (StepBoundary's): one
-  // all-reduce of 6 doubles on the group's CPU communicator, which also agrees on a timed
-  // snapshot (checkpoint.every_seconds needs it > 0). 0: no check, and the signals keep their
-  // default action (the process dies).
+  /// Steps between the checks whether a rank got a stop signal (StepBoundary's): one
+  /// all-reduce of 6 doubles on the group's CPU communicator, which also agrees on a timed
+  /// snapshot (checkpoint.every_seconds needs it > 0). 0: no check, and the signals keep their
+  /// default action (the process dies).
   int64_t stop_check_every = 1;
 };
 
-// Thrown by Trainer::fit on every rank alike when TrainerOptions::keep_global_batch cannot keep
-// the resumed snapshot's global batch on this run's ranks: a usage error (ddp::cli exits 2,
-// naming its flag). what() names the option and the numbers.
+/// Thrown by Trainer::fit on every rank alike when TrainerOptions::keep_global_batch cannot keep
+/// the resumed snapshot's global batch on this run's ranks: a usage error (ddp::cli exits 2,
+/// naming its flag). what() names the option and the numbers.
 class GlobalBatchNotDivisible : public std::invalid_argument {
  public:
   GlobalBatchNotDivisible(int64_t snapshot_batch_size, int snapshot_ranks, int ranks);
@@ -149,48 +150,48 @@ class GlobalBatchNotDivisible : public std::invalid_argument {
 
 class Trainer {
  public:
-  // `task` gathers the batches and computes the loss, running `model` (the module whose
-  // parameters `optimizer` steps, and that snapshots save). `ddp` is the wrapper around `model`
-  // when training data-parallel, or null for a single process. Checks the options (errors name
-  // the field, e.g. TrainerOptions::batch_size), the task's metric names, and the checkpoint
-  // directory (Checkpointer); installs the stop handlers (StepBoundary). When the wrapper's
-  // backward steps `optimizer` (its comm hook, hook_then_optimizer(), registered before this),
-  // the Trainer does not step it after backward, and refuses (std::invalid_argument) what needs
-  // every gradient before the step: clip_grad_norm, AmpMode::Fp16, OnNonFinite::Skip. The
-  // gradient check then reads the gradients after the step: a non-finite one still stops the job
-  // before any snapshot, but the model in memory has taken the step.
+  /// `task` gathers the batches and computes the loss, running `model` (the module whose
+  /// parameters `optimizer` steps, and that snapshots save). `ddp` is the wrapper around `model`
+  /// when training data-parallel, or null for a single process. Checks the options (errors name
+  /// the field, e.g. TrainerOptions::batch_size), the task's metric names, and the checkpoint
+  /// directory (Checkpointer); installs the stop handlers (StepBoundary). When the wrapper's
+  /// backward steps `optimizer` (its comm hook, hook_then_optimizer(), registered before this),
+  /// the Trainer does not step it after backward, and refuses (std::invalid_argument) what needs
+  /// every gradient before the step: clip_grad_norm, AmpMode::Fp16, OnNonFinite::Skip. The
+  /// gradient check then reads the gradients after the step: a non-finite one still stops the job
+  /// before any snapshot, but the model in memory has taken the step.
   Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& task,
           torch::optim::Optimizer& optimizer, TrainerOptions options,
           DistributedDataParallel* ddp = nullptr);
   ~Trainer();
 
-  // One pass over this rank's shard of the task's training set (collective). After a stop
-  // inside it, stopped_by() is set and the result is empty (epoch 0).
+  /// One pass over this rank's shard of the task's training set (collective). After a stop
+  /// inside it, stopped_by() is set and the result is empty (epoch 0).
   EpochResult train_epoch(int64_t epoch);
-  // Exact evaluation over all of the task's test set: each sample is counted once over all ranks.
+  /// Exact evaluation over all of the task's test set: each sample is counted once over all ranks.
   Evaluation evaluate();
-  // Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
-  // has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
-  // the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws
-  // TrainingDiverged on every rank when training diverged (TrainerOptions::on_nonfinite),
-  // GlobalBatchNotDivisible (TrainerOptions::keep_global_batch).
-  //
-  // A snapshot taken inside an epoch by another number of ranks, or with another per-rank batch
-  // size, continues that epoch with the rest of its sample order re-sharded over this run's
-  // ranks (DistributedSampler's start): every sample of the epoch is trained once. Its batches
-  // are counted on from the snapshot's (the batch limit and the step count go on as they were).
+  /// Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
+  /// has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
+  /// the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws
+  /// TrainingDiverged on every rank when training diverged (TrainerOptions::on_nonfinite),
+  /// GlobalBatchNotDivisible (TrainerOptions::keep_global_batch).
+  ///
+  /// A snapshot taken inside an epoch by another number of ranks, or with another per-rank batch
+  /// size, continues that epoch with the rest of its sample order re-sharded over this run's
+  /// ranks (DistributedSampler's start): every sample of the epoch is trained once. Its batches
+  /// are counted on from the snapshot's (the batch limit and the step count go on as they were).
   std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
-  // Optimizer steps taken so far, counting those before a resume.
+  /// Optimizer steps taken so far, counting those before a resume.
   int64_t global_step() const { return global_step_; }
-  // The fp16 loss scaler (TrainerOptions::amp is Fp16), else null.
+  /// The fp16 loss scaler (TrainerOptions::amp is Fp16), else null.
   const GradScaler* grad_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
-  // Whether backward steps the optimizer (the wrapper's comm hook), so the Trainer does not.
+  /// Whether backward steps the optimizer (the wrapper's comm hook), so the Trainer does not.
   bool optimizer_step_overlapped() const { return backward_steps_; }
-  // Optimizer steps dropped for non-finite gradients (OnNonFinite::Skip) in this run.
+  /// Optimizer steps dropped for non-finite gradients (OnNonFinite::Skip) in this run.
   int64_t skipped_steps() const { return skipped_total_; }
-  // The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
-  // then stop_snapshot() is the snapshot it wrote ("" without a checkpoint directory).
+  /// The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
+  /// then stop_snapshot() is the snapshot it wrote ("" without a checkpoint directory).
   int stopped_by() const { return boundary_.stop().signal(); }
   const std::string& stop_snapshot() const { return stop_snapshot_; }
 
@@ -201,50 +202,50 @@ class Trainer {
   torch::optim::Optimizer& optimizer_;
   TrainerOptions options_;
   DistributedDataParallel* ddp_;
-  std::optional<GradScaler> scaler_;  // with AmpMode::Fp16
-  bool backward_steps_ = false;       // the wrapper's backward steps optimizer_
-  StepBoundary boundary_;             // the stop agreement, the Checkpointer, where an epoch starts
+  std::optional<GradScaler> scaler_;  ///< with AmpMode::Fp16
+  bool backward_steps_ = false;       ///< the wrapper's backward steps optimizer_
+  StepBoundary boundary_;  ///< the stop agreement, the Checkpointer, where an epoch starts
   Reporter reporter_;
   std::unique_ptr<DataSource<std::any>> source_;
   DistributedSampler sampler_;
   int64_t global_step_ = 0;
-  EpochStart epoch_;  // where the epoch in progress started (StepBoundary::start_epoch)
+  EpochStart epoch_;  ///< where the epoch in progress started (StepBoundary::start_epoch)
   std::string stop_snapshot_;
-  // The divergence check (divergence.h).
-  struct PendingBatch {  // a micro-batch's meter entries, added when its group's step is kept
+  /// The divergence check (divergence.h).
+  struct PendingBatch {  ///< a micro-batch's meter entries, added when its group's step is kept
     torch::Tensor loss;
     int64_t samples;
     std::vector<torch::Tensor> sums;
   };
   std::vector<PendingBatch> pending_;
-  int64_t nonfinite_loss_step_ = -1;  // this rank's first step with a non-finite loss
+  int64_t nonfinite_loss_step_ = -1;  ///< this rank's first step with a non-finite loss
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
-  // The latest optimizer step's, for the step records (StepScalars): the learning rate it used
-  // and, when clipping, the gradients' 2-norm before clipping.
+  /// The latest optimizer step's, for the step records (StepScalars): the learning rate it used
+  /// and, when clipping, the gradients' 2-norm before clipping.
   std::optional<double> step_lr_, step_grad_norm_;
 
-  int64_t batches_per_epoch() const;  // of the whole shard (counted from batch 0 on)
-  int64_t batches_to_train() const;   // with limit_train_batches and dry_run
-  // After resuming: the per-rank batch size of TrainerOptions::keep_global_batch.
+  int64_t batches_per_epoch() const;  ///< of the whole shard (counted from batch 0 on)
+  int64_t batches_to_train() const;   ///< with limit_train_batches and dry_run
+  /// After resuming: the per-rank batch size of TrainerOptions::keep_global_batch.
   void keep_global_batch();
-  // The first batch of the epoch epoch_ starts; restores its generator and sums when resumed.
+  /// The first batch of the epoch epoch_ starts; restores its generator and sums when resumed.
   int64_t restore_epoch(at::Generator& generator, EpochMeter& meter);
-  // At the boundary before batch b (StepBoundary::at_step). True when the ranks stop here.
+  /// At the boundary before batch b (StepBoundary::at_step). True when the ranks stop here.
   bool stop_at(int64_t b, at::Generator& generator, const EpochMeter& meter, double sync_at_start);
-  // Batch `b` of `batches`: data, forward, backward (and the optimizer step at the end of a
-  // group), added to `meter`. Returns the task's output (its loss detached).
+  /// Batch `b` of `batches`: data, forward, backward (and the optimizer step at the end of a
+  /// group), added to `meter`. Returns the task's output (its loss detached).
   StepOutput step(int64_t epoch, int64_t b, int64_t batches, at::Generator& generator,
                   EpochMeter& meter);
-  // Unscale and clip as configured, check the gradients (divergence.h), step (or skip: fp16
-  // overflow, OnNonFinite::Skip), update the scaler, step the per-step schedule. Returns whether
-  // the optimizer stepped; throws TrainingDiverged (Stop).
+  /// Unscale and clip as configured, check the gradients (divergence.h), step (or skip: fp16
+  /// overflow, OnNonFinite::Skip), update the scaler, step the per-step schedule. Returns whether
+  /// the optimizer stepped; throws TrainingDiverged (Stop).
   bool optimizer_step(int64_t epoch);
-  // Throws TrainingDiverged saying where, what and the learning rate (every rank alike).
+  /// Throws TrainingDiverged saying where, what and the learning rate (every rank alike).
   [[noreturn]] void diverged(const std::string& what, int64_t step, int64_t epoch);
-  double sync_seconds() const;  // the wrapper's gradient sync so far (0 without one)
-  // What the Reporter's step record takes of the batch just trained: the step, its learning
-  // rate and gradient norm, and its phase times (the meter's from `before` to `after`, and the
-  // sync since `sync_before`).
+  double sync_seconds() const;  ///< the wrapper's gradient sync so far (0 without one)
+  /// What the Reporter's step record takes of the batch just trained: the step, its learning
+  /// rate and gradient norm, and its phase times (the meter's from `before` to `after`, and the
+  /// sync since `sync_before`).
   StepScalars batch_scalars(const PhaseTimes& before, double sync_before,
                             const PhaseTimes& after) const;
 };
