@@ -19,20 +19,11 @@ ranks=$((2 * per_host))
 . "$root/tests/cluster/netns_hosts.sh"
 
 netns_bench_hosts hosts "$per_host"
-agent=$root/tests/cluster/netns_agent.sh
 
 # Runs the job (all ranks) logged in on h1, as a user on a real cluster would with ddprun.
 launch() {
   echo "ddprun --hostfile hostfile --iface eth0 -n $ranks -t 1 $*" | sed "s|$root/||g" >> "$results/commands.txt"
-  # The agent starts h1's shell with a fresh environment, as sshd would: the caller's DDP_* and
-  # OMP_* settings (DDP_MPI_MESSAGE_KIB, say) are passed on explicitly, as a user would export
-  # them on h1; ddprun then forwards them to the ranks.
-  local line var passed=()
-  for var in $(compgen -e | grep -E '^(DDP_|OMP_)' || true); do passed+=("$var=${!var}"); done
-  printf -v line '%q ' env "${passed[@]}" OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
-    DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
-    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t 1 -x MASTER_ADDR "$@"
-  "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
+  netns_launch "$ranks" 1 "$@"  # the caller's DDP_* and OMP_* settings go along
 }
 
 # launch, then the bytes that crossed h1's link during the run (both directions).

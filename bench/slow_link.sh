@@ -23,15 +23,7 @@ jsonl=$out/slow_link.jsonl
 : > "$jsonl"
 . "$root/tests/cluster/netns_hosts.sh"
 netns_bench_hosts slow "$per_host"
-agent=$root/tests/cluster/netns_agent.sh
-launch() {
-  local line
-  printf -v line '%q ' env OMP_NUM_THREADS=1 OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
-    DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
-    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t "$per_host" \
-    -x MASTER_ADDR "$@"
-  "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
-}
+launch() { netns_launch "$ranks" "$per_host" "$@"; }
 netns_shape h1 "$rate"
 netns_shape h2 "$rate"
 

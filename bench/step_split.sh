@@ -14,14 +14,7 @@ out=$1 rate=${2:-100mbit} rounds=${3:-2}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 . "$root/tests/cluster/netns_hosts.sh"
 netns_bench_hosts split 1
-agent=$root/tests/cluster/netns_agent.sh
-launch() {
-  local line
-  printf -v line '%q ' env OMP_NUM_THREADS=1 OMPI_MCA_plm_rsh_agent="$agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
-    DDP_NETNS_PREFIX="$prefix" DDP_NETNS_HOSTS="$work/hosts" MASTER_ADDR=192.0.2.1 \
-    "$root/launch/ddprun" --hostfile "$work/hostfile" --iface eth0 -n 2 -t 1 -x MASTER_ADDR "$@"
-  "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
-}
+launch() { netns_launch 2 1 "$@"; }
 netns_shape h1 "$rate"
 netns_shape h2 "$rate"
 for round in $(seq 1 "$rounds"); do

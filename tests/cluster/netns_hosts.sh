@@ -19,6 +19,11 @@ NETNS_CREATED=()
 NETNS_PREFIX=
 NETNS_BRIDGE=
 NETNS_ERROR=
+#   netns_launch RANKS PER_HOST COMMAND...  COMMAND's ranks started by ddprun on those hosts,
+#                                            as a user logged in on h1 would (ssh: the agent);
+#                                            the caller's DDP_* and OMP_* settings go along
+#                                            (OMP_NUM_THREADS 1 unless set); ddp's "ddp:" lines
+#                                            are left out of the output
 
 _netns_add() {
   NETNS_ERROR=$(ip netns add "$1" 2>&1) || { NETNS_ERROR="cannot create network namespaces here: $NETNS_ERROR"; return 1; }
@@ -80,4 +85,18 @@ netns_bench_hosts() {
   trap 'exit 1' INT TERM
   netns_create "$work" "$prefix" "$2" h1 h2 || { echo "emulated hosts: $NETNS_ERROR" >&2; exit 1; }
   export DDP_NETNS_PREFIX=$prefix DDP_NETNS_HOSTS=$work/hosts
+}
+
+NETNS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+netns_launch() {
+  local ranks=$1 per_host=$2 line var passed=(OMP_NUM_THREADS=1)
+  local agent=$NETNS_ROOT/tests/cluster/netns_agent.sh
+  shift 2
+  # The agent starts h1's shell with a fresh environment, as sshd would: the settings are passed
+  # on explicitly, as a user would export them on h1; ddprun then forwards them to the ranks.
+  for var in $(compgen -e | grep -E '^(DDP_|OMP_)' || true); do passed+=("$var=${!var}"); done
+  printf -v line '%q ' env "${passed[@]}" OMPI_MCA_plm_rsh_agent="$agent" \
+    OMPI_MCA_plm_rsh_no_tree_spawn=1 MASTER_ADDR=192.0.2.1 "$NETNS_ROOT/launch/ddprun" \
+    --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t "$per_host" -x MASTER_ADDR "$@"
+  "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
 }
