@@ -186,7 +186,8 @@ configure_args=(-DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENC
 # The GPU rows' targets first (the CPU tests' two, a third of the build, come after those rows).
 gpu_targets=(gpu_tests nccl_timeout_probe)
 [ $examples = ON ] && gpu_targets+=(mnist ddp_mnist ddp_cifar ddp_mnist_signal_at_step
-                                    ddp_compare_models bench_throughput make_cifar_data)
+                                    ddp_compare_models bench_throughput bench_data_path
+                                    make_cifar_data)
 cpu_targets=(unit_tests distributed_tests)
 if [ $dry -eq 0 ]; then
   step configure cmake -S "$root" -B "$build" "${configure_args[@]}"
@@ -208,7 +209,8 @@ else
   binaries=(tests/unit_tests tests/distributed_tests)
   [ $examples = ON ] && binaries+=(examples/mnist examples/ddp_mnist examples/ddp_cifar
                                    tests/ddp_mnist_signal_at_step tools/ddp_compare_models
-                                   bench/bench_throughput tests/make_cifar_data)
+                                   bench/bench_throughput bench/bench_data_path
+                                   tests/make_cifar_data)
   step build bash -c "cmake --build '$scratch/configure-check' --target help > '$out/targets.txt' &&
     for t in ${targets[*]}; do grep -Eq \"(^|[ .:/])\$t(\$|[ :])\" '$out/targets.txt' ||
       { echo \"the configured tree has no target \$t\"; exit 1; }; done &&
@@ -226,6 +228,7 @@ if [ $dry -eq 0 ]; then
   # ResNet-18 with AMP: 100 steps of batch 128 in ddp_cifar; 3 windows of 100 in the benchmark.
   cifar_train=12800 cifar_test=1000 cifar_batch=128 cifar_limit=100
   amp_bench=(--model resnet18 --batch-size 128 --warmup-steps 20 --window-steps 100 --windows 3)
+  data_path_calls=2000
 else
   device=cpu no_cuda=(--no-cuda) limit=4 unit_filter='Bucketing*'
   # The training steps read 1024 training and 500 test images: evaluating all 10000 on a CPU
@@ -238,6 +241,7 @@ else
   # fp16 on a CPU is emulated (seconds per ResNet-18 step): two samples, two steps.
   cifar_train=8 cifar_test=4 cifar_batch=2 cifar_limit=2
   amp_bench=(--model resnet18 --batch-size 2 --warmup-steps 1 --window-steps 1 --windows 1)
+  data_path_calls=20
 fi
 
 gpu_steps() {
@@ -321,6 +325,10 @@ gpu_steps() {
       tee -a "$out/summary.txt"
   done
 
+  # What each part of the data phase costs the host (its share above is the host's time).
+  step data_path bash -c "'$build/bench/bench_data_path' $device 256 $data_path_calls |
+    tee '$out/data_path.txt'"
+
   # Training steps on this GPU, ddp (C++) against PyTorch DDP from this python, both at one rank
   # over NCCL, the same model, batch, precision and synthetic data: the seed CNN at batch 64 in
   # fp32, then ResNet-18 with AMP in bf16 and in fp16 with the GradScaler (ddp's and torch.amp's).
@@ -380,6 +388,7 @@ rows=(
   "mnist_gpu|mnist, one epoch on the GPU, to a test result; its epoch line gives the data's share of the step"
   "ddp_mnist_nccl|ddp_mnist, one epoch on one rank over NCCL (NCCL_DEBUG=INFO shows NCCL starting)"
   "resume_gpu|a mid-epoch SIGTERM and --resume of ddp_mnist on the GPU (dropout on the GPU): the resumed model equals the uninterrupted one bit for bit, with the CUDA generator state from the snapshot (after two uninterrupted runs were equal: the kernels are deterministic)"
+  "data_path|the host's time a call for each part of the data phase (the gather from the GPU and from host memory, RandomCropFlip, normalise, and mnist's and ddp_cifar's whole data phase) at batch 256, until the call returns and until the GPU is done (bench_data_path)"
   "throughput_ddp|the seed CNN at batch 64, one rank: ddp's samples/s (bench_throughput)"
   "throughput_pytorch|the same with PyTorch DDP over NCCL from the same python (bench/pytorch_ddp.py); the ratio below"
   "cifar_amp|ddp_cifar's ResNet-18 on synthetic CIFAR-format data, 100 steps of batch 128 with --amp bf16 and with --amp fp16 (the GradScaler), to a test result; its epoch lines give samples/s, the data's share of the step and the GPU memory peak"
