@@ -30,10 +30,11 @@
 
 namespace ddp::cli {
 
+/// What ddp::cli::run says of the program: its name and usage text, and how it runs.
 struct Program {
   std::string name;         ///< begins every error line; in the usage line
   std::string description;  ///< the usage's second line
-  Parallelism parallelism = Parallelism::DataParallel;
+  Parallelism parallelism = Parallelism::DataParallel;  ///< SingleProcess: one rank only
   /// For a SingleProcess program: the program to use instead for several ranks (named in the
   /// error), or empty.
   std::string data_parallel_program;

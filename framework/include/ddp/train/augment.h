@@ -16,6 +16,8 @@ namespace ddp {
 /// and epoch, the same on every run with the same seed.
 at::Generator augmentation_generator(uint64_t seed, int rank, int64_t epoch);
 
+/// torchvision's RandomCrop(size, padding) then RandomHorizontalFlip, as CIFAR-10 training uses
+/// them, on a whole batch at once.
 struct RandomCropFlip {
   int64_t padding = 4;  ///< zero padding on each side before the crop; 0: no crop
   bool flip = true;     ///< mirror left-right with probability 1/2

@@ -27,9 +27,11 @@ namespace ddp {
 
 /// The training precisions of the examples' --amp and TrainerOptions: "off", "bf16", "fp16".
 enum class AmpMode { Off, Bf16, Fp16 };
-std::string amp_mode_name(AmpMode mode);
+std::string amp_mode_name(AmpMode mode);          ///< "off", "bf16" or "fp16"
 AmpMode parse_amp_mode(const std::string& text);  ///< std::invalid_argument naming the text
 
+/// The scope guard of torch.autocast (see the file's text): sets ATen's autocast state of
+/// `device_type` for its lifetime, on this thread, and restores the previous state when it ends.
 class Autocast {
  public:
   /// `dtype`: torch::kBFloat16 or torch::kHalf. `enabled` false: autocast is off inside, as with

@@ -43,7 +43,7 @@
 ///
 /// At construction (rank 0): the directory is created if missing and checked writable, so that
 /// a read-only or uncreatable directory is reported before any training; rank 0 takes the
-/// directory's lock (<dir>/.ddp.lock, flock; held until the Checkpointer goes), so that a second
+/// directory's lock (`<dir>/.ddp.lock`, flock; held until the Checkpointer goes), so that a second
 /// job on the same directory is refused naming the first (its host, pid, start, Slurm job), and a
 /// lock left by a job that is gone is taken over, saying whose it was; then temporary files of
 /// writes that a killed run left behind are removed (remove_stale_temporaries), each named.
@@ -71,6 +71,7 @@ class DirectoryLock;  ///< internal (src/train/directory_lock.h): the directory'
 class ReachedRecord;  ///< internal (src/train/reached_position.h): how far the run got, rank 0's
 }  // namespace detail
 
+/// What the Checkpointer writes, where, how often, and what it resumes from.
 struct CheckpointerOptions {
   /// Where snapshots and model_with_epoch<N>.pt go (rank 0 writes). Empty: nothing is written,
   /// and resume() can only take a path.
@@ -113,12 +114,14 @@ struct ResumePoint {
   /// Inside an epoch (position.batch > 0) at the same world size: this rank's RankState as
   /// saved, else empty (at another world size no rank's state is restored).
   RankState rank_state;
+  ///@{
   /// The run that wrote the snapshot: its ranks and per-rank batch size (0: not recorded); 0 and
   /// 0 on a fresh start. position.samples is its samples_done (snapshot.h).
   int world_size = 0;
   int64_t batch_size = 0;
+  ///@}
 
-  bool resumed() const { return !path.empty(); }
+  bool resumed() const { return !path.empty(); }  ///< a snapshot was read (not a fresh start)
   /// The epochs the snapshot had finished (0 on a fresh start).
   int64_t epochs_done() const { return position.epoch - 1; }
 };
@@ -131,9 +134,13 @@ struct SnapshotCost {
   int64_t at_epoch_end = 0;  ///< of them, at epoch ends
   double seconds = 0;        ///< their total
   double max_seconds = 0;    ///< the slowest
-  double mean_seconds() const { return written ? seconds / written : 0.0; }
+  double mean_seconds() const { return written ? seconds / written : 0.0; }  ///< 0 when none
 };
 
+/// Saves and resumes a run's whole training state (snapshot.h) in CheckpointerOptions::dir:
+/// snapshots at epoch ends, inside epochs (every_steps, every_seconds) and at a stop, and the
+/// model's weights at epoch ends; rotates the old files out. Each collective call is made on
+/// every rank in the same order.
 class Checkpointer {
  public:
   /// Collective only through its checks' failure (rank 0 checks the directory). Throws
@@ -145,7 +152,7 @@ class Checkpointer {
                CheckpointerOptions options, TrainingExtras extras = {});
   /// The same for any number of named modules and optimizers (SnapshotParts, snapshot.h: a GAN's
   /// generator and discriminator with an optimizer each), saved and resumed together, each
-  /// module's weights at an epoch end as <name>_with_epoch<N>.pt. Throws std::invalid_argument
+  /// module's weights at an epoch end as `<name>_with_epoch<N>.pt`. Throws std::invalid_argument
   /// naming a part whose name is not valid (check_snapshot_parts).
   Checkpointer(ProcessGroup& group, SnapshotParts parts, CheckpointerOptions options,
                TrainingExtras extras = {});
@@ -193,6 +200,7 @@ class Checkpointer {
   /// and the files of the epoch `keep` epochs back. Nothing without a directory.
   void save_epoch(int64_t epoch, int64_t step);
 
+  /// As constructed, but for set_batch_size's change.
   const CheckpointerOptions& options() const { return options_; }
   /// The per-rank batch size saved from now on (CheckpointerOptions::batch_size): for a run that
   /// changed it on resuming (TrainerOptions::keep_global_batch).

@@ -15,6 +15,7 @@ namespace ddp {
 /// Where scripts/download_cifar10.sh unpacks the archive, relative to the working directory.
 inline constexpr const char* kDefaultCifar10Dir = "data/cifar-10-batches-bin";
 
+/// Which part of CIFAR-10 load_cifar10 reads.
 enum class CifarSplit { Train, Test };
 
 /// Reads one binary file into images uint8 [N,3,32,32] and labels int64 [N], with CIFAR-10's

@@ -35,6 +35,10 @@ namespace ddp {
 /// `generator` (seeded per rank and epoch: augment.h), e.g. RandomCropFlip.
 using Augment = std::function<torch::Tensor(const torch::Tensor&, at::Generator&)>;
 
+/// Image classification on ImageDatasets (the examples' task): train_batch() gathers uint8
+/// pixels, prepare() augments (when `augment` is set) and normalises, loss() is the NLL loss of
+/// `forward`'s log-probabilities; evaluate() also sums the test loss per sample and the correct
+/// predictions (argmax) as the metric "accuracy".
 class ClassificationTask : public Task<Batch> {
  public:
   /// Maps a batch of normalised inputs to log-probabilities [B, classes].
@@ -48,6 +52,7 @@ class ClassificationTask : public Task<Batch> {
 
   int64_t train_size() const override { return train_.size(); }
   int64_t test_size() const override { return test_ ? test_->size() : 0; }
+  /// "accuracy": the correct predictions.
   std::vector<std::string> test_metrics() const override { return {"accuracy"}; }
 
   Batch train_batch(const std::vector<int64_t>& indices, torch::Device device) override;

@@ -40,6 +40,8 @@
 
 namespace ddp {
 
+/// Where the Trainer's training batches come from, one pass (part of an epoch) at a time, on
+/// the training thread: start(), then next() once per batch. Task::train_source makes one.
 template <typename Batch>
 class DataSource {
  public:
@@ -61,8 +63,9 @@ class DataSource {
 template <typename Batch>
 class IndexSource final : public DataSource<Batch> {
  public:
+  /// Makes the batch of `indices` (this rank's, in order) on `device`.
   using Gather = std::function<Batch(const std::vector<int64_t>& indices, torch::Device device)>;
-  explicit IndexSource(Gather gather) : gather_(std::move(gather)) {}
+  explicit IndexSource(Gather gather) : gather_(std::move(gather)) {}  ///< `gather`: not empty
 
   void start(const DistributedSampler& sampler, int64_t batch_size, int64_t first, int64_t end,
              torch::Device device) override {
@@ -113,11 +116,16 @@ class BatchRangeSampler final : public torch::data::samplers::Sampler<std::vecto
   BatchRangeSampler(const DistributedSampler& sampler, int64_t batch_size, int64_t first,
                     int64_t end);
 
+  /// Back to the range's first batch of the sampler's current epoch (`new_size`: as
+  /// DataLoaderSampler::reset).
   void reset(std::optional<size_t> new_size = std::nullopt) override;
+  /// The next batch's indices (the last one may be shorter), nullopt after the range's end.
   std::optional<std::vector<size_t>> next(size_t batch_size) override;
+  ///@{
   /// DataLoaderSampler's: the epoch and the position in it.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  ///@}
 
  private:
   DataLoaderSampler indices_;
@@ -133,7 +141,8 @@ class BatchRangeSampler final : public torch::data::samplers::Sampler<std::vecto
 template <typename Dataset>
 class DataLoaderSource final : public DataSource<typename Dataset::BatchType> {
  public:
-  using Batch = typename Dataset::BatchType;
+  using Batch = typename Dataset::BatchType;  ///< the dataset's batch type: the task's
+  /// Keeps `dataset`, copied into each pass's loader; `workers`: threads (0: none).
   DataLoaderSource(Dataset dataset, size_t workers)
       : dataset_(std::move(dataset)), workers_(workers) {}
 

@@ -46,10 +46,11 @@ OnNonFinite parse_on_nonfinite(const std::string& name);
 /// Thrown on every rank at the same point when training diverged; what() says where and what.
 class TrainingDiverged : public std::runtime_error {
  public:
+  /// `message` becomes what(); `step` and `epoch` as their getters say.
   TrainingDiverged(const std::string& message, int64_t step, int64_t epoch)
       : std::runtime_error(message), step_(step), epoch_(epoch) {}
-  int64_t step() const { return step_; }  // the optimizer step (global, 1-based) that diverged
-  int64_t epoch() const { return epoch_; }
+  int64_t step() const { return step_; }    ///< the optimizer step (global, 1-based) that diverged
+  int64_t epoch() const { return epoch_; }  ///< the epoch it happened in (1-based)
 
  private:
   int64_t step_;

@@ -44,15 +44,17 @@
 
 namespace ddp {
 
+/// torch.amp.GradScaler's arguments and defaults; GradScaler's constructor checks each.
 struct GradScalerOptions {
-  double init_scale = 65536.0;  ///< 2^16, PyTorch's default
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
+  double init_scale = 65536.0;     ///< 2^16, PyTorch's default; finite and > 0
+  double growth_factor = 2.0;      ///< the scale's factor after growth_interval good steps; > 1
+  double backoff_factor = 0.5;     ///< the scale's factor after a skipped step; in (0, 1)
+  int64_t growth_interval = 2000;  ///< steps in a row without inf or NaN before growing; >= 1
   /// false: scale() returns the loss, step() is optimizer.step(), update() does nothing.
   bool enabled = true;
 };
 
+/// The fp16 loss scaler of the file's text: scale(), unscale_(), step(), update() per iteration.
 class GradScaler {
  public:
   /// `comm`: where the found-inf flag is agreed (ProcessGroup::cpu()); null for one process.
@@ -75,12 +77,15 @@ class GradScaler {
 
   double get_scale() const;        ///< the current scale (init_scale before the first scale())
   int64_t growth_tracker() const;  ///< successful steps since the last change of scale
-  bool is_enabled() const { return options_.enabled; }
-  const GradScalerOptions& options() const { return options_; }
+  bool is_enabled() const { return options_.enabled; }           ///< GradScalerOptions::enabled
+  const GradScalerOptions& options() const { return options_; }  ///< as constructed
 
-  /// The scale and the growth tracker (PyTorch's state_dict); load() keeps this scaler's options.
+  ///@{
+  /// The scale and the growth tracker (PyTorch's state_dict); load() keeps this scaler's options
+  /// and throws std::runtime_error when the archive's are not scalars.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+  ///@}
 
  private:
   enum class Stage { Ready, Unscaled, Stepped };

@@ -11,18 +11,22 @@
 
 namespace ddp {
 
+/// A batch of samples and their labels, on one device (ImageDataset::batch; gather() leaves the
+/// inputs as uint8 pixels).
 struct Batch {
   torch::Tensor inputs;   ///< float32 [B, C, H, W], normalised
   torch::Tensor targets;  ///< int64 [B]
 };
 
+/// A whole image data set in memory (load_mnist, load_cifar10): raw pixels and labels, with the
+/// normalisation constants applied when a batch is made.
 struct ImageDataset {
   torch::Tensor images;        ///< uint8 [N, C, H, W]
   torch::Tensor labels;        ///< int64 [N]
   std::vector<double> mean;    ///< per channel, on the 0..1 scale
   std::vector<double> stddev;  ///< per channel
 
-  int64_t size() const { return labels.size(0); }
+  int64_t size() const { return labels.size(0); }  ///< the number of samples, N
 
   /// Pixels and labels.
   int64_t bytes() const { return images.nbytes() + labels.nbytes(); }

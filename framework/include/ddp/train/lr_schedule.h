@@ -33,15 +33,20 @@
 
 namespace ddp {
 
+/// What follows the warmup (the formulas above): the base rate, a cosine decay or a step decay.
 enum class LRDecay { Constant, Cosine, Step };
 
+///@{
 /// "constant", "cosine", "step"; parse_lr_decay throws std::invalid_argument naming the text.
 std::string lr_decay_name(LRDecay decay);
 LRDecay parse_lr_decay(const std::string& text);
+///@}
 
+/// The schedule's shape (the file's text gives the formulas); LRSchedule checks each field.
 struct LRScheduleOptions {
   int64_t warmup_steps = 0;          ///< W; 0: no warmup
   double warmup_start_factor = 0.1;  ///< f: the first step's rate is f * base; 0 < f <= 1
+  /// What follows the warmup.
   LRDecay decay = LRDecay::Constant;
   int64_t decay_steps = 0;  ///< Cosine: T, steps from the end of warmup down to min_lr
   double min_lr = 0.0;      ///< Cosine: the rate reached after T steps
@@ -50,8 +55,10 @@ struct LRScheduleOptions {
   /// Linear scaling rule (Goyal et al.): base = optimizer rate * global_batch / reference_batch.
   /// 0: no scaling. global_batch is the samples of one optimizer step over all ranks (batch per
   /// rank * ranks * accumulation steps).
+  ///@{
   int64_t reference_batch = 0;
   int64_t global_batch = 0;
+  ///@}
 };
 
 /// The linear scaling rule (Goyal et al., "Accurate, Large Minibatch SGD"): a rate tuned for a
@@ -69,6 +76,8 @@ void scale_lr_with_batch(torch::optim::Optimizer& optimizer, int64_t global_batc
 /// (micro-batches per step). std::invalid_argument naming the argument when one is < 1.
 int64_t global_batch_size(int64_t batch_size, int64_t ranks, int64_t accumulate);
 
+/// A per-step schedule on an optimizer's parameter groups (the file's text); it sets their
+/// rates, and must not outlive the optimizer.
 class LRSchedule {
  public:
   /// Reads the base rates from `optimizer`'s parameter groups, scales them, and sets the rates of
@@ -84,14 +93,16 @@ class LRSchedule {
   std::vector<double> lrs_at(int64_t t) const;
   /// The base rates after scaling.
   const std::vector<double>& base_lrs() const { return base_lrs_; }
-  const LRScheduleOptions& options() const { return options_; }
+  const LRScheduleOptions& options() const { return options_; }  ///< as constructed
 
   /// The position and the base rates (so that a schedule built after the optimizer's state was
   /// loaded, whose rates are then mid-schedule, still restores its base); load() sets the
   /// optimizer's rates of that position. load() throws std::runtime_error when the archive's
   /// parameter groups differ in number from the optimizer's.
+  ///@{
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+  ///@}
 
  private:
   void apply();

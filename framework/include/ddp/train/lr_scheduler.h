@@ -24,6 +24,8 @@
 
 namespace ddp {
 
+/// torch.optim.lr_scheduler.StepLR: the rate times `gamma` every `step_size` epochs (step() once
+/// per epoch), with Python's initial step (the file's text).
 class StepLR : public torch::optim::StepLR {
  private:
   /// LibTorch checks neither: step_size 0 divides by zero, a NaN gamma makes every rate NaN.
@@ -40,12 +42,15 @@ class StepLR : public torch::optim::StepLR {
   }
 
  public:
+  /// Throws std::invalid_argument for step_size 0 or a gamma not finite and >= 0.
   StepLR(torch::optim::Optimizer& optimizer, unsigned step_size, double gamma = 0.1)
       : torch::optim::StepLR(optimizer, checked_step_size(step_size), checked_gamma(gamma)) {
     step();  // Python's initial step: leaves the learning rate as it is
   }
 };
 
+/// torch.optim.lr_scheduler.CosineAnnealingLR's closed form (the file's text), step() once per
+/// epoch.
 class CosineAnnealingLR : public torch::optim::LRScheduler {
  public:
   /// `t_max`: epochs from the base learning rate (the optimizer's now) down to eta_min.

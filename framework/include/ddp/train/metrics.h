@@ -36,9 +36,10 @@ namespace ddp {
 
 /// A metric of an epoch, over all ranks.
 struct Metric {
-  std::string name;
+  std::string name;     ///< the task's name for it (TrainingTask::train_metrics, test_metrics)
   double sum = 0;       ///< over every batch of every rank
   int64_t samples = 0;  ///< the samples those batches held
+  /// sum / samples, the mean per sample; 0 when there were no samples.
   double mean() const { return samples > 0 ? sum / static_cast<double>(samples) : 0.0; }
 };
 
@@ -50,30 +51,37 @@ struct PhaseTimes {
   double optimizer = 0;         ///< zero_grad + step
 };
 
+/// An epoch's training (and evaluation) over all ranks: what the Reporter prints and writes.
 struct EpochResult {
-  int64_t epoch = 0;
+  int64_t epoch = 0;           ///< 1-based; 0: an epoch stopped early (Trainer::train_epoch)
   double train_loss = 0;       ///< mean over every sample trained on, all ranks
   int64_t samples = 0;         ///< all ranks
   double seconds = 0;          ///< wall time of the training phase (slowest rank)
   double samples_per_sec = 0;  ///< samples / seconds
-  PhaseTimes phases;
+  PhaseTimes phases;           ///< where the training phase's time went, averaged over ranks
   /// The most GPU memory tensors held at once during the epoch, the largest over the ranks, in
   /// MiB (the caching allocator's count, as torch.cuda.max_memory_allocated; the Trainer resets
   /// the device's peak when an epoch starts). -1 when training on the CPU.
   double gpu_memory_peak_mb = -1;
-  std::vector<Metric> train_metrics;
-  /// Set when the epoch was evaluated:
+  std::vector<Metric> train_metrics;  ///< one per TrainingTask::train_metrics name, in order
+  ///@{
+  /// Set when the epoch was evaluated: the mean test loss per sample, and one Metric per
+  /// TrainingTask::test_metrics name (empty when not evaluated).
   std::optional<double> test_loss;
   std::vector<Metric> test_metrics;
+  ///@}
 };
 
 /// An evaluation over a whole test set, all ranks.
 struct Evaluation {
   double loss = 0;      ///< mean loss per sample
   int64_t samples = 0;  ///< test samples, all ranks
+  /// One per TrainingTask::test_metrics name, in order.
   std::vector<Metric> metrics;
 };
 
+/// Sums one rank's epoch (loss, samples, metric sums, phase times) on the device without a sync
+/// per batch, and reduces it over the ranks once, at the epoch's end (reduce()).
 class EpochMeter {
  public:
   /// `metrics`: the names of the sums add() takes, in that order. Sums are kept in float64 on
@@ -91,7 +99,7 @@ class EpochMeter {
   /// reduce() adds it to `sync` and takes it out of forward_backward.
   PhaseTimes& phases() { return phases_; }
 
-  const std::vector<std::string>& metrics() const { return names_; }
+  const std::vector<std::string>& metrics() const { return names_; }  ///< as constructed
 
   /// What a step snapshot keeps of this rank's epoch so far: float64 [7 + metrics] (loss sum,
   /// samples, seconds, the four phases, then the metric sums). Reads the device. `sync_seconds`:

@@ -21,6 +21,7 @@ inline constexpr const char* kDefaultMnistDir = "/usr/share/datasets/fashion-mni
 /// or trailing bytes.
 torch::Tensor read_idx(const std::string& path);
 
+/// Which part of MNIST load_mnist reads: the train-* (60000) or the t10k-* (10000) files.
 enum class MnistSplit { Train, Test };
 
 /// Loads train-* or t10k-* images and labels from `dir` as [N,1,28,28] uint8 + int64 labels,

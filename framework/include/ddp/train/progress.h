@@ -15,6 +15,7 @@
 
 namespace ddp {
 
+/// What rank 0 prints during an epoch (--progress).
 enum class ProgressMode {
   Auto,  ///< Bar when rank 0's output is a terminal, else Log
   Bar,   ///< the live bar, redrawn at most 10 times a second

@@ -41,7 +41,7 @@ void check_replicas_in_sync(const torch::nn::Module& module, Communicator& comm,
 
 /// One tensor (or other value) that differs between two state files.
 struct TensorDifference {
-  std::string name;
+  std::string name;  ///< the qualified name in the files ("fc1.weight")
   /// "max abs difference 0.0123 (3 of 16 elements differ)", "shape [3] vs [4]",
   /// "dtype Float vs Double", "missing in B", "missing in A"
   std::string what;

@@ -73,7 +73,7 @@ class TensorBoardWriter;  ///< src/train/tensorboard_writer.h
 
 /// A progress line's numbers (ProgressMode::Log).
 struct ProgressLine {
-  int64_t epoch = 0;
+  int64_t epoch = 0;         ///< 1-based
   int64_t seen = 0;          ///< samples of the epoch before this batch, over all ranks
   int64_t dataset_size = 0;  ///< samples in the training set
   double percent = 0;        ///< of the epoch's batches done before this one
@@ -94,8 +94,10 @@ class ReportFormat {
   /// A metric's column in the summary table: its heading and its cell for an epoch, right
   /// aligned in the heading's width. `set` is "train" or "test". Generic: "test_<name>" (at least
   /// 10 wide) and the mean per sample.
+  ///@{
   virtual std::string metric_heading(const std::string& set, const Metric& metric) const;
   virtual std::string metric_cell(const std::string& set, const Metric& metric, int width) const;
+  ///@}
 
   /// The end-of-run table, one row per epoch: train loss and metrics, test loss and metrics
   /// (when the first epoch has them), time, samples/s over all ranks, the gradient sync's share.
@@ -110,6 +112,7 @@ class ReportFormat {
   static std::string snapshot_line(const SnapshotCost& cost, double run_seconds);
 };
 
+/// What the Reporter shows and writes.
 struct ReporterOptions {
   ProgressMode progress = ProgressMode::Auto;  ///< rank 0's bar or log lines (progress.h)
   /// Batches between loss averages (and log lines, and step records); 0: none.
@@ -137,7 +140,7 @@ struct StepScalars {
 
 /// An epoch as the progress display counts it.
 struct EpochPlan {
-  int64_t epoch = 1;
+  int64_t epoch = 1;              ///< 1-based
   int64_t first_batch = 0;        ///< > 0 in a resumed epoch
   int64_t batches = 0;            ///< the epoch trains batches [first_batch, batches)
   int64_t batches_per_epoch = 0;  ///< of this rank's whole shard: the percentage's denominator
@@ -145,6 +148,8 @@ struct EpochPlan {
   int64_t dataset_size = 0;       ///< samples in the training set
 };
 
+/// Shows and writes a run's progress and results (see the file's text): rank 0 prints and
+/// writes, every rank makes the same calls in the same order.
 class Reporter {
  public:
   /// Throws std::invalid_argument naming ReporterOptions::log_interval when it is negative.
@@ -157,6 +162,7 @@ class Reporter {
   /// a new file, a resumed one keeps the lines of start.epochs_done() epochs). Throws
   /// std::runtime_error naming the file and the reason (strerror) when it cannot be written.
   void start_run(const ResumePoint& start);
+  /// Before the epoch's first batch: restarts the epoch's clock, counts and bar. Local.
   void start_epoch(const EpochPlan& plan);
   /// After batch `b` of the epoch, with its mean loss (on any device), its samples and what else
   /// the loop knows of it. Every log_interval batches (b % log_interval == 0) the loss (and the
@@ -187,6 +193,7 @@ class Reporter {
   /// 0.12 s after the signal; resume from it to continue" (or that nothing was saved).
   void stopped(const StopAgreement& stop, const TrainingPosition& at, const std::string& snapshot);
 
+  /// ReporterOptions::format, or the generic ReportFormat when that is null.
   const ReportFormat& format() const { return *format_; }
   /// "2 rank(s)".
   std::string ranks() const;

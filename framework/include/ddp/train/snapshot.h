@@ -88,15 +88,17 @@ using Settings = std::vector<std::pair<std::string, std::string>>;
 /// its snapshots inside an epoch resume only on as many ranks as wrote them). (A snapshot records
 /// it as TrainingProgress: epochs finished, batches_done, samples_done.)
 struct TrainingPosition {
-  int64_t epoch = 1;
-  int64_t batch = 0;
-  int64_t step = 0;
-  int64_t samples = -1;
+  int64_t epoch = 1;     ///< the epoch in progress, 1-based
+  int64_t batch = 0;     ///< its batches trained: the next batch's index
+  int64_t step = 0;      ///< optimizer steps taken in all
+  int64_t samples = -1;  ///< the epoch's sample order trained by all ranks; -1: not said
 };
 
+/// A run's progress as a snapshot records it (TrainingPosition counts the same another way).
 struct TrainingProgress {
   int64_t epoch = 0;        ///< epochs finished
   int64_t global_step = 0;  ///< optimizer steps taken
+  /// The data order's seed (CheckpointerOptions::seed).
   int64_t seed = 0;
   int world_size = 1;  ///< of the run that wrote it
   /// Batches of epoch `epoch + 1` already trained: > 0 for a snapshot taken inside an epoch.
@@ -122,8 +124,8 @@ struct RankState {
 
 /// Training state beyond the model and the optimizer; null: the run has none.
 struct TrainingExtras {
-  LRSchedule* lr_schedule = nullptr;
-  GradScaler* grad_scaler = nullptr;
+  LRSchedule* lr_schedule = nullptr;  ///< a per-step schedule: its position
+  GradScaler* grad_scaler = nullptr;  ///< the fp16 loss scaler: its scale and growth count
   /// The wrapper around the model: its comm hook's state (PowerSGD's error feedback and
   /// matrices, per rank) and its rebuilt bucket order (DistributedDataParallel::save_state), for
   /// every rank. Without it a stateful hook restarts from scratch on resume.
@@ -134,7 +136,8 @@ struct TrainingExtras {
 /// and '_', unique among the modules (among the optimizers); one module and one optimizer named ""
 /// are one model (the layout of a single model's snapshot). The pointers must outlive the use.
 struct SnapshotParts {
-  std::vector<std::pair<std::string, torch::nn::Module*>> modules;
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules;  ///< (name, module), not owned
+  /// (name, optimizer), not owned.
   std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;
 };
 

@@ -73,6 +73,8 @@ struct EpochStart {
   int64_t sampler_batch(int64_t b) const { return b - sampler_offset; }
 };
 
+/// The step boundary of the file's text: a StopAgreement and the Checkpointer it owns; every
+/// rank makes its collective calls at the same boundaries.
 class StepBoundary {
  public:
   /// `stop_check_every`: steps between the agreements (StopAgreement's `every`; 0: none, and no
@@ -82,6 +84,7 @@ class StepBoundary {
 
   /// Collective: Checkpointer::resume; the point is kept for start_epoch().
   const ResumePoint& resume(torch::optim::LRScheduler* scheduler = nullptr);
+  /// resume()'s point (before it: a fresh start's).
   const ResumePoint& resumed() const { return resume_; }
 
   /// Collective only through its checks (none communicate). Sets `sampler` to `epoch` and says
@@ -100,14 +103,19 @@ class StepBoundary {
   bool at_step(int64_t batch, int64_t step, const std::function<RankState()>& rank_state,
                int64_t nonfinite_loss_step = -1);
 
+  ///@{
   /// The newest boundary (its position, with the samples done) and the snapshot written there
   /// ("" when none).
   const TrainingPosition& position() const { return position_; }
   const std::string& snapshot() const { return snapshot_; }
+  ///@}
 
-  const StopAgreement& stop() const { return stop_; }
+  const StopAgreement& stop() const { return stop_; }  ///< the agreement: whether, why, who
+  ///@{
+  /// The Checkpointer it owns: for the epoch-end snapshots (save_epoch) and its cost().
   Checkpointer& checkpointer() { return checkpointer_; }
   const Checkpointer& checkpointer() const { return checkpointer_; }
+  ///@}
 
  private:
   ProcessGroup& group_;

@@ -41,6 +41,8 @@
 
 namespace ddp {
 
+/// The agreement of the file's text: should_stop() on every rank at the same step boundaries;
+/// installs the stop signal handlers for its lifetime (unless `every` is 0).
 class StopAgreement {
  public:
   /// `every`: steps between the checks (the check runs when step % every == 0). 0: no checks,
@@ -58,17 +60,20 @@ class StopAgreement {
   /// Whether the last should_stop() communicated (the ranks' `agreed` values are in).
   bool checked() const { return checked_; }
 
+  /// Whether should_stop() has returned true (the ranks agreed to stop). Local.
   bool stopping() const { return signal_ != 0; }
+  ///@{
   /// After should_stop() returned true: the highest signal number any rank got (SIGTERM,
   /// SIGUSR1, SIGUSR2), the highest rank that got one, and the seconds from that signal to now
   /// on the rank that waited longest. 0, -1 and 0 before.
   int signal() const { return signal_; }
   int rank() const { return rank_; }
   double seconds_since_signal() const;
+  ///@}
   /// "SIGTERM (rank 1)".
   std::string describe() const;
 
-  int64_t every() const { return every_; }
+  int64_t every() const { return every_; }  ///< steps between the checks, as constructed
 
  private:
   ProcessGroup& group_;

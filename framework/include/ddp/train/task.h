@@ -54,6 +54,7 @@
 
 namespace ddp {
 
+/// What a task's loss() or evaluate() returns for one batch on this rank.
 struct StepOutput {
   /// The batch's mean loss, a scalar. Training calls backward() on it.
   torch::Tensor loss;
@@ -77,20 +78,28 @@ class TrainingTask {
   virtual int64_t train_size() const = 0;
   /// Samples of the test set; 0: fit() does not evaluate.
   virtual int64_t test_size() const { return 0; }
+  ///@{
   /// Names of the sums loss() (train_metrics) and evaluate() (test_metrics) return. Lower case
   /// letters, digits and '_', unique: they become keys of the metrics file ("train_<name>",
   /// "test_<name>").
   virtual std::vector<std::string> train_metrics() const { return {}; }
   virtual std::vector<std::string> test_metrics() const { return {}; }
+  ///@}
 
   /// The training batches (Task::train_source, or train_batch() by index), type-erased.
   virtual std::unique_ptr<DataSource<std::any>> train_source_any() = 0;
+  /// Task::prepare on the batch `batch` holds.
   virtual void prepare_any(std::any& batch, at::Generator& generator) = 0;
+  /// Task::loss on the batch `batch` holds.
   virtual StepOutput loss_any(std::any& batch) = 0;
+  /// Task::test_batch, wrapped in std::any.
   virtual std::any test_batch_any(const std::vector<int64_t>& indices, torch::Device device) = 0;
+  /// Task::evaluate on the batch `batch` holds.
   virtual StepOutput evaluate_any(std::any& batch) = 0;
 };
 
+/// The base of a task whose batches are `Batch` (see the file's text for the contract); it
+/// implements TrainingTask's type-erased calls on top of these.
 template <typename Batch>
 class Task : public TrainingTask {
  public:

@@ -66,11 +66,14 @@
 
 namespace ddp {
 
+/// How the Trainer trains: batches, the step, precision, non-finite handling, and its parts'
+/// options (reporting, checkpoints). The constructor checks them, naming the field.
 struct TrainerOptions {
   int64_t batch_size = 64;          ///< per rank
   int64_t test_batch_size = 1000;   ///< per rank
   int64_t limit_train_batches = 0;  ///< per epoch; 0: the whole shard
   bool dry_run = false;             ///< one batch per epoch, one epoch
+  /// A new order of the data set every epoch (DistributedSampler's shuffle); false: in order.
   bool shuffle = true;
   int64_t seed = 0;              ///< seeds the sampler's permutation and the task's generator
   Timeline* timeline = nullptr;  ///< records data/forward/backward/optimizer spans when set
@@ -90,7 +93,7 @@ struct TrainerOptions {
   /// The forward and the loss under Autocast on the rank's device: bf16, or fp16 with a
   /// GradScaler (options below; its state goes into snapshots). Off: fp32.
   AmpMode amp = AmpMode::Off;
-  GradScalerOptions grad_scaler;
+  GradScalerOptions grad_scaler;  ///< the fp16 loss scaler's; used only with AmpMode::Fp16
   /// Stepped after every optimizer step (not per epoch), its position saved in snapshots. Built by
   /// the caller on the same optimizer; it must outlive the Trainer. Null: none. fit() refuses a
   /// per-epoch scheduler as well.
@@ -123,9 +126,11 @@ struct TrainerOptions {
   /// start.
   bool keep_global_batch = false;
 
+  ///@{
   /// The parts. `checkpoint.seed` and `checkpoint.batch_size` are set from `seed` and `batch_size`.
   ReporterOptions report;
   CheckpointerOptions checkpoint;
+  ///@}
   /// Steps between the checks whether a rank got a stop signal (StepBoundary's): one
   /// all-reduce of 6 doubles on the group's CPU communicator, which also agrees on a timed
   /// snapshot (checkpoint.every_seconds needs it > 0). 0: no check, and the signals keep their
@@ -138,16 +143,20 @@ struct TrainerOptions {
 /// naming its flag). what() names the option and the numbers.
 class GlobalBatchNotDivisible : public std::invalid_argument {
  public:
+  /// The snapshot's per-rank batch size and ranks, and this run's ranks.
   GlobalBatchNotDivisible(int64_t snapshot_batch_size, int snapshot_ranks, int ranks);
-  int64_t snapshot_batch_size() const { return snapshot_batch_size_; }  // per rank
-  int snapshot_ranks() const { return snapshot_ranks_; }
-  int ranks() const { return ranks_; }  // this run's
+  int64_t snapshot_batch_size() const { return snapshot_batch_size_; }  ///< per rank
+  int snapshot_ranks() const { return snapshot_ranks_; }  ///< the snapshot's run's ranks
+  int ranks() const { return ranks_; }                    ///< this run's
 
  private:
   int64_t snapshot_batch_size_;
   int snapshot_ranks_, ranks_;
 };
 
+/// The training loop of the file's text: fit() trains a TrainingTask's model data-parallel (or
+/// in one process), with every part the options ask for. Its calls are collective: every rank
+/// makes them in the same order.
 class Trainer {
  public:
   /// `task` gathers the batches and computes the loss, running `model` (the module whose
@@ -193,7 +202,7 @@ class Trainer {
   /// The stop signal that ended the last fit() early (stop_signal.h), 0 when it ran to the end;
   /// then stop_snapshot() is the snapshot it wrote ("" without a checkpoint directory).
   int stopped_by() const { return boundary_.stop().signal(); }
-  const std::string& stop_snapshot() const { return stop_snapshot_; }
+  const std::string& stop_snapshot() const { return stop_snapshot_; }  ///< see stopped_by()
 
  private:
   ProcessGroup& group_;
