@@ -235,7 +235,7 @@ else
   # took most of the dry run.
   mnist_data=$scratch/mnist_subset
   mkdir -p "$mnist_data"
-  /usr/bin/python3 "$root/tests/mnist_subset.py" "$data" "$mnist_data" 1024 500 || exit 1
+  /usr/bin/python3 "$root/tests/system/mnist_subset.py" "$data" "$mnist_data" 1024 500 || exit 1
   dist_filter='ReducerAtOneRank.*:SnapshotCudaGenerator.*' ctest_dist='^distributed_np1$'
   bench_steps=(--warmup-steps 2 --window-steps 3 --windows 1)
   # fp16 on a CPU is emulated (seconds per ResNet-18 step): two samples, two steps.

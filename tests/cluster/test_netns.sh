@@ -99,7 +99,7 @@ case "$scenario" in
     expect check.log "replicas identical: 4 ranks on 2 nodes" "replicas"
     ;;
   lost_host)
-    # The test build of ddp_mnist: DDP_TEST_SAMPLE_LOG (tests/testing_hooks_from_env.cpp).
+    # The test build of ddp_mnist: DDP_TEST_SAMPLE_LOG (tests/system/testing_hooks_from_env.cpp).
     ddp_mnist=$(realpath "$DDP_MNIST_SIGNAL_AT_STEP")
     # h2 dies mid-epoch: every process in it is killed and its namespace deleted, so the agent
     # (ssh) cannot reach it any more. ddprun --max-restarts finds h1 alone answering and starts

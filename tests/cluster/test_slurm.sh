@@ -231,7 +231,7 @@ SCRIPT
     chmod +x crash_task2.sh
     job_must_fail early.out "task 2: Segmentation fault" ./crash_task2.sh
     # (2) A rank killed while training: PMIx sees it and Slurm cancels the step. The ddp_mnist
-    # that kills rank 1 after step 3 is its test build (tests/signal_at_step.cpp).
+    # that kills rank 1 after step 3 is its test build (tests/system/signal_at_step.cpp).
     job_must_fail killed.out "task 1: Killed" "$(realpath "$DDP_MNIST_SIGNAL_AT_STEP")" \
       --signal-at-step=3:1:KILL --no-cuda --epochs 1 --limit-train-batches 50 --log-interval 0
     expect killed.out "^signal_at_step: rank 1 raises signal 9 after step 3$" "the kill"
@@ -286,7 +286,7 @@ SCRIPT
     ;;
 
   node_loss)
-    # The test build of ddp_mnist: DDP_TEST_SAMPLE_LOG (tests/testing_hooks_from_env.cpp).
+    # The test build of ddp_mnist: DDP_TEST_SAMPLE_LOG (tests/system/testing_hooks_from_env.cpp).
     ddp_mnist=$(realpath "$DDP_MNIST_SIGNAL_AT_STEP")
     # 2 nodes x 2 ranks under the 2-node script; node n2 dies mid-epoch: its ranks, their
     # slurmstepd and its slurmd are killed. Slurm marks n2 down (SlurmdTimeout 6 s here) and

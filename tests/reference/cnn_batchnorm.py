@@ -1,5 +1,5 @@
 """PyTorch DDP (gloo, CPU) training a small CNN with BatchNorm: the reference of
-tests/test_cnn_batchnorm_reference.cpp, which must match it bit for bit.
+tests/core/test_cnn_batchnorm_reference.cpp, which must match it bit for bit.
 
 Usage: cnn_batchnorm.py WORLD_SIZE TMP_DIR. Spawns WORLD_SIZE processes on one machine (gloo over
 a file store in TMP_DIR), one intra-op thread each, that train conv(1->4, 3x3, pad 1) ->

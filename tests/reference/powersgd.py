@@ -1,5 +1,5 @@
 """PyTorch DDP (gloo) with register_comm_hook(PowerSGDState(...), powerSGD_hook), the reference of
-tests/test_powersgd.cpp.
+tests/core/test_powersgd.cpp.
 
 Usage: powersgd.py WORLD_SIZE TMP_DIR. Spawns WORLD_SIZE processes on one machine (gloo over a
 file store in TMP_DIR) that train a small fixed MLP for STEPS plain SGD steps on fixed data, each

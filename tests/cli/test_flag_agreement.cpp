@@ -1,6 +1,7 @@
 // The ranks' flag agreement (src/cli/flag_agreement.h): the fingerprint covers every option
 // generically, and the message names the first differing setting and which ranks hold which
-// value. tests/bad_input_check.sh starts real ranks with different flags (mpirun's MPMD syntax).
+// value. tests/system/bad_input_check.sh starts real ranks with different flags (mpirun's MPMD
+// syntax).
 #include "cli/flag_agreement.h"
 
 #include <ddp/cli/training_flags.h>

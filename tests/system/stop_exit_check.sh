@@ -4,7 +4,7 @@
 # the job can resume (issue 26; docs/reliability.md). 2 ranks of ddp_cifar on the synthetic
 # data set, 1 epoch of 4 steps; each case's resumed run must end bit-identical to the same run
 # uninterrupted. DDP_CIFAR_SIGNAL_AT_STEP is ddp_cifar built to raise a signal at a known point
-# (tests/signal_at_step.cpp). Cases:
+# (tests/system/signal_at_step.cpp). Cases:
 #   start-init    rank 1 raises SIGUSR1 inside MPI_Init_thread: every rank stops before training
 #                 (nothing to save), status 75; the same command with --resume trains it all.
 #                 Before: rank 1 died of SIGUSR1, status 138.

@@ -1,7 +1,7 @@
 // One job per checkpoint directory (src/train/directory_lock.h): a second process is refused
 // naming the holder, a lock of a process that is gone is taken over naming it, and the locks of
 // one process share the file. The other processes are fork()ed children (flock is per open
-// file, so a second process is the real case); tests/checkpoint_lock_check.sh runs two jobs.
+// file, so a second process is the real case); tests/system/checkpoint_lock_check.sh runs two jobs.
 #include "train/directory_lock.h"
 
 #include "test_support.h"

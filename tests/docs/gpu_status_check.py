@@ -1,6 +1,6 @@
 """README's GPU status agrees with docs/gpu.md's.
 
-Usage: python3 tests/gpu_status_check.py README.md docs/gpu.md
+Usage: python3 tests/docs/gpu_status_check.py README.md docs/gpu.md
 
 docs/gpu.md opens with one "**Status:**" line. Each GPU run it names (a device such as H100 or
 H200 and a date YYYY-MM-DD) must be named in README.md's GPU paragraph (the one that mentions

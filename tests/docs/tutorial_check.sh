@@ -23,7 +23,7 @@
 # first command that fails, naming the block and its line in the tutorial.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
+root=$(cd "$here/../.." && pwd)
 
 fail() { echo "tutorial_check: FAIL: $*" >&2; exit 1; }
 

@@ -2,7 +2,7 @@
 # Usage: preempt_resume_check.sh MPIEXEC DDP_CIFAR DDP_CIFAR_SIGNAL_AT_STEP COMPARE_MODELS DATA_DIR WORK_DIR
 # Preemption and resume at 2 ranks (docs/reliability.md), each against the same run
 # uninterrupted (2 epochs of 6 steps: steps 1-6 in epoch 1, 7-12 in epoch 2). DDP_CIFAR_SIGNAL_AT_STEP
-# is ddp_cifar built to raise a signal at a known step (tests/signal_at_step.cpp):
+# is ddp_cifar built to raise a signal at a known step (tests/system/signal_at_step.cpp):
 #   1. SIGTERM on rank 1 only, right after step 9 (--signal-at-step=9:1:TERM): both ranks stop
 #      before batch 3 of epoch 2, write snapshot_epoch2_batch3.pt, exit 75; --resume continues
 #      from step 9 and ends bit-identical (model, metrics of epoch 2); the metrics file of the

@@ -1,7 +1,7 @@
 // A test build of an example program (ddp_mnist or ddp_cifar: DDP_SIGNAL_EXAMPLE names it) that
 // raises a signal at a known optimizer step, so that the shell tests can say where the ranks must
-// stop (preempt_resume_check.sh, rank_faults_check.sh, cluster/test_slurm.sh). The first arguments
-// are the signals:
+// stop (preempt_resume_check.sh, rank_faults_check.sh, tests/cluster/test_slurm.sh). The first
+// arguments are the signals:
 //
 //   mpirun -np 2 ddp_cifar_signal_at_step --signal-at-step=9:1:TERM <ddp_cifar's flags>
 //
@@ -17,7 +17,7 @@
 //   setup  after the data loading and the DistributedDataParallel constructor, when the example
 //          makes the Trainer's options.
 // The rest is the example as built. Without --signal-at-step it is the example with the testing
-// hooks of tests/testing_hooks_from_env.cpp (DDP_TEST_SAMPLE_LOG, DDP_TEST_STOP_IN_PHASE,
+// hooks of tests/system/testing_hooks_from_env.cpp (DDP_TEST_SAMPLE_LOG, DDP_TEST_STOP_IN_PHASE,
 // DDP_TEST_HOST_SPLIT), which it links.
 #include "cifar_example.h"
 #include "mnist_example.h"

@@ -13,7 +13,7 @@
 
 #include <torch/torch.h>
 
-namespace test_train_api_mpi {
+namespace test_ddp_training_loop {
 
 using ddp_test::identical_on_all_ranks;
 
@@ -255,4 +255,4 @@ TEST(GradScalerDistributed, EveryRankTakesTheSameOverflowDecision) {
   EXPECT_TRUE(identical_on_all_ranks(torch::tensor({scaler.get_scale()}, torch::kDouble)));
 }
 
-}  // namespace test_train_api_mpi
+}  // namespace test_ddp_training_loop

@@ -26,7 +26,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace test_training_parts {
+namespace test_hand_written_loop {
 
 ddp::Runtime& rt() { return ddp_test::runtime(); }
 ddp::ProcessGroup& pg() { return ddp_test::group(); }
@@ -262,7 +262,7 @@ TEST(Checkpointer, OptionsOutOfRangeAndUnwritableDirectoriesNameTheField) {
             "search");
   if (rt().is_main()) {  // only rank 0 checks the directory
     o = {};
-    o.dir = std::string(DDP_TEST_DIR) + "/test_training_parts.cpp/checkpoints";
+    o.dir = std::string(DDP_TEST_DIR) + "/kit/test_hand_written_loop.cpp/checkpoints";
     EXPECT_NE(error(o).find("CheckpointerOptions::dir: " + o.dir +
                             ": cannot create the checkpoint "
                             "directory: Not a directory"),
@@ -415,4 +415,4 @@ TEST(BatchRangeSampler, ADataLoaderWithWorkersReadsExactlyTheRangeOfTheEpoch) {
   EXPECT_THROW(ddp::BatchRangeSampler(sampler, batch, 3, 2), std::invalid_argument);
 }
 
-}  // namespace test_training_parts
+}  // namespace test_hand_written_loop

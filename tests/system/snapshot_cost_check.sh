@@ -2,7 +2,7 @@
 # Usage: snapshot_cost_check.sh MPIEXEC DDP_MNIST DDP_MNIST_SIGNAL_AT_STEP COMPARE_MODELS WORK_DIR
 # --checkpoint-every-seconds at 2 ranks (issue 25), each run against the same run uninterrupted
 # (2 epochs of 8 steps: steps 1-8 in epoch 1, 9-16 in epoch 2). The timer's moment is made
-# certain by a slow step on one rank: DDP_MNIST_SIGNAL_AT_STEP (tests/signal_at_step.cpp) sleeps
+# certain by a slow step on one rank: DDP_MNIST_SIGNAL_AT_STEP (tests/system/signal_at_step.cpp) sleeps
 # 2.5 s on rank 1 after step 3, so with --checkpoint-every-seconds 2 rank 1's timer is due at the
 # boundary after step 3 while rank 0's is not (it waits in the stop check's all-reduce): a
 # snapshot of step 3 is written only if the ranks agree.

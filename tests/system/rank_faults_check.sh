@@ -2,7 +2,7 @@
 # Usage: rank_faults_check.sh stop|kill MPIEXEC DDP_MNIST_SIGNAL_AT_STEP WORK_DIR
 # A rank that stops or dies in the middle of training ends the job, naming it
 # (docs/reliability.md). The rank raises the signal on itself right after an optimizer step
-# (DDP_MNIST_SIGNAL_AT_STEP: ddp_mnist built with tests/signal_at_step.cpp, which first prints a
+# (DDP_MNIST_SIGNAL_AT_STEP: ddp_mnist built with tests/system/signal_at_step.cpp, which first prints a
 # line this script times the end from):
 #   stop  rank 1 of 2 is SIGSTOPped after step 4, with --timeout 5: the job must end non-zero,
 #         at least 5 s and at most 30 s after the stop, with the MPI watchdog's message naming
