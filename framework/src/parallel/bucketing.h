@@ -1,7 +1,7 @@
 #pragma once
 // Which gradients share a bucket: a pure function of the parameters' sizes and dtypes, the caps
 // and the order the gradients are expected in (c10d's compute_bucket_assignment_by_size, with
-// one difference, below). Unit-tested without MPI (tests/test_bucketing.cpp).
+// one difference, below). Unit-tested without MPI (tests/core/test_bucketing.cpp).
 
 #include <c10/core/ScalarType.h>
 

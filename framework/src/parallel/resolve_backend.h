@@ -1,5 +1,5 @@
 #pragma once
-// Which backend DistributedDataParallel uses (internal; tests/test_placement.cpp covers it).
+// Which backend DistributedDataParallel uses (internal; tests/core/test_placement.cpp covers it).
 
 #include <ddp/distributed_data_parallel.h>
 

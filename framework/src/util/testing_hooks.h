@@ -3,9 +3,9 @@
 // that stops itself in a phase, emulated hosts for the hierarchical all-reduce on one machine,
 // and the Trainer telling which step and which samples it trained. Internal (never installed):
 // the library calls these hooks, and only a test sets them, directly in a gtest binary
-// (ddp_use_internals) or through tests/testing_hooks_from_env.cpp, which a test-only build of an
-// example links to turn its environment into hooks. All empty by default: then the library does
-// exactly what it does without them.
+// (ddp_use_internals) or through tests/system/testing_hooks_from_env.cpp, which a test-only
+// build of an example links to turn its environment into hooks. All empty by default: then the
+// library does exactly what it does without them.
 //
 // Set them before the work they watch starts (before the Runtime for entered_phase, before the
 // ProcessGroup for host_split, before fit() for the Trainer's) and reset them when done: they are
