@@ -325,9 +325,9 @@ gpu_steps() {
       tee -a "$out/summary.txt"
   done
 
-  # What each part of the data phase costs the host (its share above is the host's time).
-  step data_path bash -c "'$build/bench/bench_data_path' $device 256 $data_path_calls |
-    tee '$out/data_path.txt'"
+  # What each part of the data phase costs the host (its share above is the host's time); the
+  # table is in data_path.log.
+  step data_path "$build/bench/bench_data_path" $device 256 $data_path_calls
 
   # Training steps on this GPU, ddp (C++) against PyTorch DDP from this python, both at one rank
   # over NCCL, the same model, batch, precision and synthetic data: the seed CNN at batch 64 in
