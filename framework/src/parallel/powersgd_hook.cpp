@@ -91,7 +91,7 @@ struct PendingBucket {
   torch::Tensor uncompressed_memory;
   torch::Tensor p_memory, q_memory;  // the state's, held: without warm_start it drops them
   std::vector<torch::Tensor> matrices, ps, qs;  // [1, n, m], [1, n, r], [1, m, r]
-  std::unique_ptr<Work> p_sum;                  // the all-reduce of p_memory, started with the hook
+  std::unique_ptr<Work> q_sum;                  // the all-reduce of q_memory, started by the hook
 };
 
 // What a PowerSGD run keeps between steps (PowerSGDState's second half), for snapshots. Tensors
@@ -296,17 +296,26 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
       torch::bmm_out(job->ps[k], job->matrices[k], job->qs[k]);
     }
 
-    // The uncompressed tensors and the Ps start at once, so both travel while backward goes on
-    // (PyTorch starts the Ps only once the uncompressed tensors are done: the sums are the same,
-    // each all-reduce on its own). The Qs need the summed Ps: they run when the reducer waits
-    // (in bucket order, on the training thread), as in PyTorch's chain.
+    // The uncompressed tensors and the Ps start at once. The Ps' sum is waited for here, inside
+    // backward, and the Qs start from here too: so the Qs travel while backward goes on (as in
+    // PyTorch, where P's completion starts them), and every rank issues its collectives in hook
+    // order on one thread (PyTorch's callback can issue them in another order on each rank,
+    // which gloo reports as a collective mismatch). The wait costs backward one round trip of a
+    // small tensor per bucket; the sums are the same, each all-reduce on its own.
     std::unique_ptr<Work> first;
     if (job->uncompressed_memory.numel() > 0) {
       first = comm.all_reduce_async(job->uncompressed_memory, ReduceOp::Sum);
     }
-    if (job->p_memory.numel() > 0) job->p_sum = comm.all_reduce_async(job->p_memory, ReduceOp::Sum);
-    Communicator* group = &comm;
-    return BucketFuture(std::move(first), input).then([job, group, index, world](torch::Tensor) {
+    if (job->p_memory.numel() > 0) {
+      comm.all_reduce_async(job->p_memory, ReduceOp::Sum)->wait();
+      // compute_qs
+      for (const torch::Tensor& p : job->ps) orthogonalize(p, s.orthogonalization_epsilon);
+      for (size_t k = 0; k < job->matrices.size(); ++k) {
+        torch::bmm_out(job->qs[k], job->matrices[k].transpose(1, 2), job->ps[k]);
+      }
+      job->q_sum = comm.all_reduce_async(job->q_memory, ReduceOp::Sum);
+    }
+    return BucketFuture(std::move(first), input).then([job, index, world](torch::Tensor) {
       PowerSGDState& s = *job->state;
       // unpack_uncompressed_tensors_and_allreduce_ps
       job->uncompressed_memory.div_(world);
@@ -315,13 +324,7 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
         t.copy_(job->uncompressed_memory.narrow(0, at, t.numel()).view_as(t));
         at += t.numel();
       }
-      if (job->p_sum) job->p_sum->wait();
-      // compute_qs
-      for (const torch::Tensor& p : job->ps) orthogonalize(p, s.orthogonalization_epsilon);
-      for (size_t k = 0; k < job->matrices.size(); ++k) {
-        torch::bmm_out(job->qs[k], job->matrices[k].transpose(1, 2), job->ps[k]);
-      }
-      if (job->q_memory.numel() > 0) group->all_reduce(job->q_memory, ReduceOp::Sum);
+      if (job->q_sum) job->q_sum->wait();
       // decompress
       job->q_memory.div_(world);
       for (size_t k = 0; k < job->matrices.size(); ++k) {
