@@ -288,13 +288,9 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   FashionMnist train_set(flags.data_dir, /*train=*/true), test_set(flags.data_dir, /*train=*/false);
   ddp::DistributedSampler sampler(train_set.size().value(), world_size, rank, /*shuffle=*/true,
                                   flags.seed);
-  // Batches per rank and epoch: of its shard, at most --limit-train-batches.
-  auto limited = [&](int64_t batches_of_shard) {
-    return flags.limit_train_batches > 0 ? std::min(batches_of_shard, flags.limit_train_batches)
-                                         : batches_of_shard;
-  };
-  const int64_t batches = limited((sampler.num_samples() + flags.batch_size - 1) / flags.batch_size);
-  const int64_t steps_per_epoch = (batches + flags.accumulate - 1) / flags.accumulate;
+  // Batches per rank and epoch (of its shard, at most --limit-train-batches), and the steps they make.
+  const ddp::EpochLength length =
+      ddp::epoch_length(sampler.num_batches(flags.batch_size), flags.limit_train_batches, flags.accumulate);
 
   // Model, wrapper, optimizer, schedule.
   torch::manual_seed(static_cast<uint64_t>(flags.seed));
@@ -305,7 +301,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   ddp::LRScheduleOptions schedule_options;
   schedule_options.warmup_steps = flags.warmup_steps;
   schedule_options.decay = ddp::LRDecay::Cosine;
-  schedule_options.decay_steps = std::max<int64_t>(1, flags.epochs * steps_per_epoch - flags.warmup_steps);
+  schedule_options.decay_steps = std::max<int64_t>(1, flags.epochs * length.steps - flags.warmup_steps);
   ddp::LRSchedule schedule(optimizer, schedule_options);
   const bool bf16 = flags.amp == "bf16";
 
@@ -327,7 +323,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
   reporter.start_run(resumed);
   if (rank == 0) {
     std::cout << "Training a denoising autoencoder on " << world_size << " rank(s), device "
-              << device << ", " << batches << " batches of " << flags.batch_size
+              << device << ", " << length.batches << " batches of " << flags.batch_size
               << " per rank and epoch" << std::endl;
   }
 
@@ -345,7 +341,8 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
       meter.restore(start.rank_state.values);
     }
     const int64_t batches_per_epoch = start.batches(sampler, flags.batch_size);
-    const int64_t last = limited(batches_per_epoch), first = start.first_batch;
+    const int64_t last = ddp::epoch_length(batches_per_epoch, flags.limit_train_batches).batches;
+    const int64_t first = start.first_batch;
     // A loader per epoch, over the batches of it still to train (counted in the sampler's).
     auto loader = torch::data::make_data_loader(
         train_set.map(StackImages()),

@@ -1,5 +1,5 @@
 #include <ddp/distributed_sampler.h>
-#include <ddp/distributed_sampler.h>
+#include <ddp/train/step_boundary.h>
 
 #include "test_support.h"
 
@@ -49,6 +49,33 @@ TEST(DistributedSampler, ShardsCoverTheDataSetWithPadding) {
   }
   EXPECT_EQ(seen.size(), 12u);  // padded to 3 per rank
   for (int64_t i = 0; i < size; ++i) EXPECT_GE(seen.count(i), 1u) << i;
+}
+
+// len(DataLoader(dataset, batch_size, sampler=DistributedSampler(...))) without drop_last: the
+// padded shard's batches, the last one short; in a resumed epoch, of the rest (set_epoch's start).
+TEST(DistributedSampler, NumBatchesIsTheLoadersLength) {
+  ddp::DistributedSampler s(10, 4, 3);  // 3 samples per rank (padded)
+  EXPECT_EQ(s.num_batches(1), 3);
+  EXPECT_EQ(s.num_batches(2), 2);
+  EXPECT_EQ(s.num_batches(3), 1);
+  EXPECT_EQ(s.num_batches(64), 1);
+  s.set_epoch(0, 6);  // 4 samples left: 1 per rank
+  EXPECT_EQ(s.num_batches(2), 1);
+  EXPECT_THROW(s.num_batches(0), std::invalid_argument);
+}
+
+// The one epoch length of the Trainer, its schedules and a hand-written loop.
+TEST(EpochLength, LimitsTheBatchesThenGroupsThemIntoSteps) {
+  EXPECT_EQ(ddp::epoch_length(10).batches, 10);
+  EXPECT_EQ(ddp::epoch_length(10).steps, 10);
+  EXPECT_EQ(ddp::epoch_length(10, 4).batches, 4);  // --limit-train-batches 4
+  EXPECT_EQ(ddp::epoch_length(10, 40).batches, 10);
+  EXPECT_EQ(ddp::epoch_length(10, 0, 3).steps, 4);  // 3 + 3 + 3 + 1
+  EXPECT_EQ(ddp::epoch_length(10, 4, 3).steps, 2);
+  EXPECT_EQ(ddp::epoch_length(0, 0, 2).steps, 0);
+  EXPECT_THROW(ddp::epoch_length(-1), std::invalid_argument);
+  EXPECT_THROW(ddp::epoch_length(1, -1), std::invalid_argument);
+  EXPECT_THROW(ddp::epoch_length(1, 0, 0), std::invalid_argument);
 }
 
 TEST(DistributedSampler, EpochChangesTheOrderSeedKeepsIt) {

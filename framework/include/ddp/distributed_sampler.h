@@ -45,7 +45,11 @@ class DistributedSampler {
   /// list is padded by repeating the start of the permutation, as PyTorch does.
   std::vector<int64_t> indices() const;
 
-  int64_t num_samples() const { return num_samples_; }    ///< per rank (of the rest after start())
+  int64_t num_samples() const { return num_samples_; }  ///< per rank (of the rest after start())
+  /// The batches of `batch_size` that num_samples() make, the last one short where it does not
+  /// divide (a DataLoader's length without drop_last). Throws std::invalid_argument unless
+  /// batch_size > 0.
+  int64_t num_batches(int64_t batch_size) const;
   int64_t dataset_size() const { return dataset_size_; }  ///< as given
   /// num_samples() over all ranks (the data set, or its rest after start(), padded or cut with
   /// drop_last).

@@ -6,6 +6,8 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/comm_hook.h>
 #include <ddp/train/progress.h>
+#include <ddp/train/step_boundary.h>
+#include <ddp/distributed_sampler.h>
 
 #include "cli/number_text.h"
 
@@ -342,12 +344,12 @@ Schedules make_schedules(const TrainingFlags& flags, torch::optim::Optimizer& op
     }
     return s;
   }
-  // The Trainer's count: the sampler's shard (padded), its batches, the limit, then groups.
-  const int64_t shard = (train_size + world_size - 1) / world_size;
-  int64_t batches = (shard + flags.batch_size - 1) / flags.batch_size;
-  if (flags.limit_train_batches > 0) batches = std::min(batches, flags.limit_train_batches);
-  if (flags.dry_run) batches = std::min<int64_t>(batches, 1);
-  const int64_t steps_per_epoch = (batches + flags.accumulate - 1) / flags.accumulate;
+  // The Trainer's count (a fresh epoch's: every rank's shard has the same size).
+  const int64_t steps_per_epoch =
+      ddp::epoch_length(
+          ddp::DistributedSampler(train_size, world_size, 0).num_batches(flags.batch_size),
+          flags.dry_run ? 1 : flags.limit_train_batches, flags.accumulate)
+          .steps;
   ddp::LRScheduleOptions o;
   o.warmup_steps = flags.warmup_steps;
   if (flags.schedule == "cosine") {

@@ -106,6 +106,14 @@ std::vector<int64_t> DistributedSampler::indices() const {
   return mine;
 }
 
+int64_t DistributedSampler::num_batches(int64_t batch_size) const {
+  if (batch_size < 1) {
+    throw std::invalid_argument("DistributedSampler::num_batches: batch_size must be >= 1 (got " +
+                                std::to_string(batch_size) + ")");
+  }
+  return (num_samples_ + batch_size - 1) / batch_size;
+}
+
 std::vector<int64_t> evaluation_shard(int64_t dataset_size, int64_t num_replicas, int64_t rank) {
   if (num_replicas < 1 || rank < 0 || rank >= num_replicas) {
     throw std::invalid_argument("evaluation_shard: rank " + std::to_string(rank) + " outside [0, " +

@@ -2,7 +2,9 @@
 
 #include <ddp/train/divergence.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,6 +24,19 @@ int64_t checked_every(int64_t every, const Checkpointer& checkpointer) {
 }
 
 }  // namespace
+
+EpochLength epoch_length(int64_t batches, int64_t limit, int64_t accumulate) {
+  if (batches < 0 || limit < 0 || accumulate < 1) {
+    throw std::invalid_argument(
+        "epoch_length: needs batches >= 0, limit >= 0, accumulate >= 1 (got " +
+        std::to_string(batches) + ", " + std::to_string(limit) + ", " + std::to_string(accumulate) +
+        ")");
+  }
+  EpochLength length;
+  length.batches = limit > 0 ? std::min(batches, limit) : batches;
+  length.steps = (length.batches + accumulate - 1) / accumulate;
+  return length;
+}
 
 StepBoundary::StepBoundary(ProcessGroup& group, Checkpointer checkpointer, int64_t stop_check_every)
     : group_(group),

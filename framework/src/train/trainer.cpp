@@ -191,10 +191,8 @@ int64_t Trainer::batches_per_epoch() const {
 }
 
 int64_t Trainer::batches_to_train() const {
-  int64_t batches = batches_per_epoch();
-  if (options_.limit_train_batches > 0) batches = std::min(batches, options_.limit_train_batches);
-  if (options_.dry_run) batches = std::min<int64_t>(batches, 1);
-  return batches;
+  return epoch_length(batches_per_epoch(), options_.dry_run ? 1 : options_.limit_train_batches)
+      .batches;
 }
 
 double Trainer::sync_seconds() const { return ddp_ ? ddp_->sync_seconds() : 0.0; }

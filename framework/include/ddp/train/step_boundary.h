@@ -67,11 +67,22 @@ struct EpochStart {
   /// The epoch's batches on this rank, counted from its first (batch 0), for a `sampler` that
   /// start_epoch() set.
   int64_t batches(const DistributedSampler& sampler, int64_t batch_size) const {
-    return sampler_offset + (sampler.num_samples() + batch_size - 1) / batch_size;
+    return sampler_offset + sampler.num_batches(batch_size);
   }
   /// The sampler's batch that is the epoch's batch `b`.
   int64_t sampler_batch(int64_t b) const { return b - sampler_offset; }
 };
+
+/// How much of an epoch a loop trains, the one count that the Trainer, the schedules built for it
+/// and a hand-written loop share: `batches` of this rank's (DistributedSampler::num_batches, or
+/// EpochStart::batches in a re-sharded epoch), cut to `limit` when it is > 0, and the optimizer
+/// steps they make in groups of `accumulate` (the last group may be short).
+struct EpochLength {
+  int64_t batches = 0;  ///< trained on each rank
+  int64_t steps = 0;    ///< optimizer steps
+};
+/// Throws std::invalid_argument unless batches >= 0, limit >= 0 and accumulate >= 1.
+EpochLength epoch_length(int64_t batches, int64_t limit = 0, int64_t accumulate = 1);
 
 /// The step boundary of the file's text: a StopAgreement and the Checkpointer it owns; every
 /// rank makes its collective calls at the same boundaries.
