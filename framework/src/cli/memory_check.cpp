@@ -117,8 +117,7 @@ uint64_t training_bytes_per_sample(
     torch::AutoGradMode grad(true);
     const torch::Tensor input = torch::zeros(shape);
     // Once unmeasured first, so that what a first forward sets up for good (caches, the thread
-    // pools' buffers) is not counted per sample: unwarmed, the probe read 17 MB per sample on a
-    // 16-core GPU machine (torch 2.11), where the test allows 10 MB.
+    // pools' buffers) is not counted per sample.
     forward(input);
     const uint64_t before = allocated_bytes();
     torch::Tensor output = forward(input);  // alive, with its graph, while measured

@@ -16,18 +16,13 @@ namespace ddp::detail {
 
 namespace {
 
-// MPI_COMM_WORLD's error handler, in place of MPI's default (MPI_ERRORS_ARE_FATAL). Open MPI
-// 4.1 reports the error of a non-blocking collective's request (MPI_ERR_TRUNCATE in MPI_Test:
-// the ranks called different collectives) through MPI_COMM_WORLD's handler, not through that of
-// the communicator it ran on (a worker's duplicate, which returns its errors:
-// comm/mpi/mpi_worker.h), so the default ended the job with Open MPI's lines alone. Returning from
-// the handler is no way out either: Open MPI has half cleaned up the failed schedule, and a program
-// that goes on crashes (double free). So it never returns: on a worker's thread it names the failed
-// collective as a failed run of it is named (MpiWorker::failing_call_message: the other ranks'
-// calls and the likely cause), on another thread MPI's error and the communicator Open MPI
-// names; and it ends the job as Runtime::abort does (exit status 1). The first thread in says
-// it and another waits for its MPI_Abort; an error while that thread names the call (a second
-// entry on it) ends the job at once with MPI's error.
+// The handler (world_error_handler.h says why). Returning from it is no way out: Open MPI has half
+// cleaned up the failed schedule, and a program that goes on crashes (double free). So it never
+// returns: on a worker's thread it names the failed collective as a failed run of it is named
+// (MpiWorker::failing_call_message: the other ranks' calls and the likely cause), on another thread
+// MPI's error and the communicator Open MPI names; and it ends the job as Runtime::abort does (exit
+// status 1). The first thread in says it and another waits for its MPI_Abort; an error while that
+// thread names the call (a second entry on it) ends the job at once with MPI's error.
 void world_error_handler(MPI_Comm* comm, int* code, ...) {
   static std::atomic<bool> handling{false};
   thread_local bool naming = false;

@@ -95,10 +95,9 @@ ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_
 
 // Whether Open MPI should yield the core while a collective waits (mpi_yield_when_idle), decided
 // before MPI_Init: yes when the node's busy threads, local_size ranks x (intra-op threads + the
-// MPI communicators' worker threads), exceed the CPUs, so spinning would take a core from training
-// (measured: half the speed with 2 ranks on 2 cores); no when there is a core to spare, because
-// a yielding worker thread is scheduled late and the collective slows (measured across
-// two emulated hosts at 100 Mbit/s: 849 vs 665 ms per CNN step). `local_size` < 1 counts as 1.
+// MPI communicators' worker threads), exceed the CPUs, so spinning would take a core from training;
+// no when there is a core to spare, because a yielding worker thread is scheduled late and the
+// collective slows. `local_size` < 1 counts as 1.
 bool yield_when_idle(const Environment& env, int local_size, int cpus);
 
 // One rank's place, gathered on rank 0 for the banner.

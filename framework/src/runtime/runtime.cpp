@@ -280,9 +280,7 @@ void Runtime::report_job(const RuntimeOptions& options) const {
 }
 
 Runtime::~Runtime() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (detail::mpi_finalized()) return;
   if (std::uncaught_exceptions() > uncaught_at_construction_) {
     abort(
         "an exception is unwinding past ddp::Runtime; ending the job (catch it, or use "

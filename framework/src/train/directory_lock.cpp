@@ -1,6 +1,7 @@
 #include "train/directory_lock.h"
 
 #include "util/file_error.h"
+#include "util/host_name.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -41,12 +42,6 @@ std::mutex registry_mutex;
 std::map<std::pair<dev_t, ino_t>, std::unique_ptr<LockFile>>& registry() {
   static std::map<std::pair<dev_t, ino_t>, std::unique_ptr<LockFile>> held;
   return held;
-}
-
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
 }
 
 // The holder line a lock file holds: its first line, trimmed and bounded (the file may be
@@ -140,7 +135,7 @@ DirectoryLockResult DirectoryLock::take(const std::string& dir) {
     }
     result.previous_holder = read_holder(file->fd);
     const char* job = std::getenv("SLURM_JOB_ID");
-    const std::string line = lock_holder_line(host_name(), static_cast<long>(::getpid()),
+    const std::string line = lock_holder_line(detail::host_name(), static_cast<long>(::getpid()),
                                               std::time(nullptr), job ? job : "") +
                              "\n";
     if (::ftruncate(file->fd, 0) != 0) throw_file_error(path, "cannot write the lock file", errno);

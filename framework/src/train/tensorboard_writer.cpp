@@ -1,5 +1,7 @@
 #include "train/tensorboard_writer.h"
 
+#include "util/host_name.h"
+
 #include <tensorboard_event.pb.h>  // protoc's, from tensorboard_event.proto (in the build tree)
 
 #include <boost/crc.hpp>
@@ -26,12 +28,6 @@ double unix_seconds() {
 
 void put_le(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
 }
 
 // A number when the whole text is one (strtod), else nothing.
@@ -73,10 +69,10 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
     throw std::runtime_error(dir + ": cannot create the TensorBoard folder: " + error.message());
   }
   const double now = unix_seconds();
-  const std::string base =
-      (std::filesystem::path(dir) /
-       ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host_name()))
-          .string();
+  const std::string base = (std::filesystem::path(dir) /
+                            ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) +
+                             "." + detail::host_name()))
+                               .string();
   // O_EXCL: never append to (or truncate) another run's file of the same second.
   for (int n = 0; fd_ < 0; ++n) {
     path_ = n == 0 ? base : base + "." + std::to_string(n);

@@ -1,6 +1,7 @@
 #include <ddp/checkpoint_file.h>
 
 #include "util/file_error.h"
+#include "util/host_name.h"
 
 #include <c10/util/Exception.h>
 #include <torch/serialize/input-archive.h>
@@ -44,16 +45,10 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
-
 const std::string kTmp = ".tmp.";
 
 std::string temporary_path(const std::string& path) {
-  return path + kTmp + host_name() + "." + std::to_string(::getpid());
+  return path + kTmp + detail::host_name() + "." + std::to_string(::getpid());
 }
 
 // Renames the complete temporary file onto `path` and makes that durable; on failure removes
@@ -138,7 +133,7 @@ void check_writable_directory(const std::string& dir, const std::string& what) {
   if (error) throw std::runtime_error(dir + ": cannot create the " + what + ": " + error.message());
   // Named like our temporary files, so that a probe left by a killed run is removed as stale.
   const std::string probe =
-      dir + "/.write_probe" + kTmp + host_name() + "." + std::to_string(::getpid());
+      dir + "/.write_probe" + kTmp + detail::host_name() + "." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     throw_file_error(dir, "the " + what + " is not writable (cannot create a file in it)", errno);
@@ -159,7 +154,7 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
   std::vector<std::string> removed;
   std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
   if (!d) return removed;
-  const std::string host = host_name();
+  const std::string host = detail::host_name();
   const auto now = std::chrono::system_clock::now();
   auto all_digits = [](const std::string& s) {
     return !s.empty() && s.size() < 10 && s.find_first_not_of("0123456789") == std::string::npos;

@@ -27,6 +27,13 @@ inline std::string mpi_error_text(int code) {
                    : "");
 }
 
+// Whether MPI_Finalize has run: MPI handles are not freed after it (no MPI call is allowed).
+inline bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
 inline void mpi_check(int code, const char* call, const char* file, int line) {
   if (code == MPI_SUCCESS) return;
   int rank = -1, initialized = 0, finalized = 0;

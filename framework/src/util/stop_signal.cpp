@@ -36,13 +36,13 @@ volatile std::sig_atomic_t stopping = 0;  // mark_stopping()
 // with SIGCONT, 1 s, SIGTERM, 1 s, SIGKILL to its children (odls_base_sigkill_timeout; the
 // second wait ends early when a child dies: Open MPI 4.1's orte/mca/odls/base), and mpirun then
 // reports that failure (its status 1, or the dead rank's 137), not 75. Catching that SIGTERM only
-// made the survivors of a kill -9 wait for the SIGKILL: 2.1 s to the job's end instead of
-// 1.0-1.4 s (issue 26). So a SIGTERM sent by the parent of an ORTE-started rank kills as by
-// default, unless a stop is under way: a stop signal came first (a scheduler signalling every
-// process of the job), or the ranks agreed to stop (mark_stopping: a faster rank exited 75 and
-// mpirun is ending the rest); then the stop may still save or finish before the SIGKILL.
-// Slurm's srun differs: its slurmstepd is the parent too, but it follows SIGTERM with SIGKILL
-// only after KillWait (30 s by default) and srun returns the tasks' 75; parent_is_orte is 0 there.
+// made the survivors of a kill -9 wait for the SIGKILL. So a SIGTERM sent by the parent of an
+// ORTE-started rank kills as by default, unless a stop is under way: a stop signal came first (a
+// scheduler signalling every process of the job), or the ranks agreed to stop (mark_stopping: a
+// faster rank exited 75 and mpirun is ending the rest); then the stop may still save or finish
+// before the SIGKILL. Slurm's srun differs: its slurmstepd is the parent too, but it follows
+// SIGTERM with SIGKILL only after KillWait (30 s by default) and srun returns the tasks' 75;
+// parent_is_orte is 0 there.
 bool launcher_is_ending_the_job(int signal, const siginfo_t* info) {
   return signal == SIGTERM && parent_is_orte && received == 0 && stopping == 0 && info != nullptr &&
          info->si_code == SI_USER && info->si_pid == getppid();  // getppid: async-signal-safe

@@ -30,9 +30,7 @@ struct OwnedComm {
   OwnedComm(const OwnedComm&) = delete;
   OwnedComm& operator=(const OwnedComm&) = delete;
   ~OwnedComm() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    if (!mpi_finalized() && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
 };
 
@@ -153,9 +151,7 @@ struct HierarchicalCommunicator::State {
 
   // Sends `t` to `peer` of the host, or receives it from `peer`, waited for by the worker
   // without its spin: the peer is busy (training, or its leader talking to the other hosts), and
-  // with ranks sharing cores a spinning wait takes the core it needs (MNIST CNN on 2 emulated
-  // hosts x 2 ranks sharing 2 cores, 1 Gbit/s: 862 samples/s with the spin, 1579 and 1803 in two
-  // runs without; 100 Mbit/s: 463 with, 518 and 519 without).
+  // with ranks sharing cores a spinning wait takes the core it needs (docs/records/performance.md).
   void transfer(const torch::Tensor& t, int peer, bool send) const {
     const MPI_Datatype type = detail::mpi_type(t.scalar_type());
     detail::for_each_chunk(t, 0, [&](void* data, int count) {

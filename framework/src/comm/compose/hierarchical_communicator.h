@@ -1,7 +1,7 @@
 #pragma once
 // Hierarchical all-reduce (internal; not installed): ProcessGroup's communicator for CPU tensors
-// when the ranks span several hosts and some host has several ranks (comm/compose/cpu_communicator.h
-// decides). Each all-reduce is made in three phases:
+// when the ranks span several hosts and some host has several ranks
+// (comm/compose/cpu_communicator.h decides). Each all-reduce is made in three phases:
 //   1. reduce on each host: each rank sends its tensor to the host's leader (its lowest rank),
 //      which combines them in host-rank order (MPI point to point on a communicator of the
 //      host's ranks; Open MPI: shared memory);
@@ -12,10 +12,8 @@
 // Avg is summed in every phase and divided by size() on the leader, before the broadcast.
 // Why point to point on the host, not MPI_Reduce and MPI_Bcast: one message per rank, which
 // shared memory moves in a single copy, waited for asleep by the worker (as a ring wait). Open
-// MPI's non-blocking collectives progress only while the worker tests them (with its sleeps
-// between tests a CNN step on 2 emulated hosts x 2 ranks took 2 s instead of 0.3 s), and its
-// blocking ones busy-wait in segments; point to point measured 463 samples/s against 410 with
-// the blocking collectives there (100 Mbit/s, one run each, 2 shared cores).
+// MPI's non-blocking collectives progress only while the worker tests them, so the worker's sleeps
+// between tests slow them, and its blocking ones busy-wait in segments, taking a shared core.
 //
 // Why: a flat ring over N ranks sends 2(N-1)/N of the tensor from every rank, and with several
 // ranks per host several of those hops cross the link between hosts: 4 ranks on 2 hosts put

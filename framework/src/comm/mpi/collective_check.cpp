@@ -32,9 +32,7 @@ CollectiveCheck::CollectiveCheck(MPI_Comm comm) {
 }
 
 CollectiveCheck::~CollectiveCheck() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!detail::mpi_finalized() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 int CollectiveCheck::join(const std::string& name) {

@@ -15,12 +15,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kQuestionTag = 1;  // "what are your workers in?": the question's number
 constexpr int kAnswerTag = 2;    // Inquiry::kAnswerValues int64, the question's number last
 
-bool mpi_finalized() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
-}
-
 }  // namespace
 
 Inquiry::Inquiry(MPI_Comm comm) {

@@ -18,7 +18,8 @@
 // timeout. Smaller ones are one MPI_Iallreduce.
 //
 // Between hosts linked by TCP, ProcessGroup sends the large all-reduces over ddp's TCP ring on
-// this communicator's worker instead (comm/compose/cpu_communicator.h); this class knows nothing of it.
+// this communicator's worker instead (comm/compose/cpu_communicator.h); this class knows nothing of
+// it.
 
 #include "comm/collective.h"
 #include "comm/mpi/mpi_worker.h"
@@ -43,8 +44,8 @@ struct MpiOptions : WorkerOptions {
   // on pieces of at most this many bytes (the result is the same, element by element). 0 (the
   // default): one call per tensor (up to INT_MAX elements). Why it exists: Open MPI moved large
   // messages slower per byte than pieces of a few MiB over shared memory and over TCP
-  // (docs/records/performance.md); the default stays 0 until a quiet-machine
-  // benchmark shows pieces help end to end. DDP_MPI_MESSAGE_KIB sets it for ProcessGroup.
+  // (docs/records/performance.md), though no end-to-end gain was shown. DDP_MPI_MESSAGE_KIB sets
+  // it for ProcessGroup.
   std::size_t max_message_bytes = 0;
 };
 

@@ -83,12 +83,6 @@ class RunningCall {
   RunningCall& operator=(const RunningCall&) = delete;
 };
 
-bool mpi_finalized() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
-}
-
 }  // namespace
 
 torch::Tensor on_host(const torch::Tensor& tensor) {

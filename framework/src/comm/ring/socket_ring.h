@@ -30,11 +30,11 @@
 // order (see cpu_communicator.h). Tensors elsewhere than on the CPU go through a host copy.
 // Checks and dtypes: the MPI backend's (comm/collective.h's host_rules).
 //
-// Connections (comm/ring/ring_connections.h) are made by the first collective, on the worker, and are
-// collective over the worker's communicator: a ring that is never used opens no socket. A
+// Connections (comm/ring/ring_connections.h) are made by the first collective, on the worker, and
+// are collective over the worker's communicator: a ring that is never used opens no socket. A
 // failed connection leaves none, and the next call tries again.
 //
-// Errors: std::runtime_error naming this rank, the peer rank and its address (ring_sockets.h).
+// Errors: std::runtime_error naming this rank, the peer rank and its address (ring_connections.h).
 // After a collective that failed half way, the ring refuses further calls (bytes of the failed
 // one may still be on the wire).
 
@@ -54,8 +54,8 @@ namespace ddp {
 namespace detail {
 class RingConnections;
 // The ring's all-reduce, in place on the calling thread over connected `ring` (the hierarchical
-// all-reduce's leaders use it too: comm/compose/hierarchical_communicator.h). `tensor` contiguous on the
-// CPU; `scratch` is reused between calls. Avg is left to the caller (finish_avg).
+// all-reduce's leaders use it too: comm/compose/hierarchical_communicator.h). `tensor` contiguous
+// on the CPU; `scratch` is reused between calls. Avg is left to the caller (finish_avg).
 void ring_all_reduce(RingConnections& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
                      ReduceOp op);
 }  // namespace detail
