@@ -125,8 +125,10 @@ def parse_args():
                    help="sgd (lr 0.01, momentum 0.9, as bench_throughput) or adadelta (lr 1.0, "
                    "the seed's, as ddp_mnist)")
     p.add_argument("--link", default="", help="tag for emulated-host runs, e.g. 1gbit")
-    p.add_argument("--comm-hook", choices=("allreduce", "powersgd"), default="allreduce",
-                   help="powersgd: torch's powerSGD_hook (as ddp's --comm-hook powersgd)")
+    p.add_argument("--comm-hook", choices=("allreduce", "bf16", "fp16", "powersgd"),
+                   default="allreduce",
+                   help="torch's bf16_compress_hook, fp16_compress_hook or powerSGD_hook (as "
+                        "ddp's --comm-hook of the same name)")
     p.add_argument("--powersgd-rank", type=int, default=1,
                    help="PowerSGDState's matrix_approximation_rank")
     p.add_argument("--powersgd-start-iter", type=int, default=2,
@@ -181,6 +183,9 @@ def main():
             process_group=None, matrix_approximation_rank=args.powersgd_rank,
             start_powerSGD_iter=args.powersgd_start_iter)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif args.comm_hook in ("bf16", "fp16"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, getattr(default_hooks, args.comm_hook + "_compress_hook"))
     if args.optimizer == "adadelta":
         optimizer = torch.optim.Adadelta(ddp.parameters(), lr=1.0)
     else:

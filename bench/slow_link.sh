@@ -2,39 +2,51 @@
 # Where the network is the limit (issue 42's table): ddp_mnist with its defaults against PyTorch
 # DDP (gloo) on two emulated hosts (bench/emulated_hosts.sh's network namespaces), PER_HOST ranks
 # each, joined by a link shaped to RATE; the seed CNN, Adadelta, batch 64 per rank. Rows: fp32,
-# and with one rank per host PowerSGD of rank 4 from step 2 too (ddp's --comm-hook powersgd,
-# torch's powerSGD_hook). With two ranks per host ddp takes its default (the hierarchical
-# all-reduce, one leader per host), PyTorch gloo's ring. ddp and PyTorch alternate, ROUNDS times.
+# bf16 (ddp's --comm-hook bf16, torch's bf16_compress_hook) and PowerSGD of rank 4 from step 2
+# (--comm-hook powersgd, torch's powerSGD_hook). With two ranks per host ddp takes its default
+# (the hierarchical all-reduce, one leader per host), PyTorch gloo's ring. ddp and PyTorch alternate, ROUNDS times.
 # ddp's figures: its median step in ddp_mnist's timeline (steps after the third, epoch boundaries
 # left out), and ddp_mnist's own epoch line for its second epoch (30 steps, with the step after
 # the first epoch's test); PyTorch's: the median of two windows of 10 steps after 2. A PyTorch run that fails is run again, up to 4
 # times, and its failures are counted. The link floor: every rank's fp32 gradients (or its
 # leader's, hierarchical) crossing the link once per step.
 #   bench/slow_link.sh OUT_DIR [RATE (100mbit)] [PER_HOST (1)] [ROUNDS (2)]   needs root and a build
-# Writes OUT_DIR/slow_link.jsonl (one line per run) and prints one table.
+# Writes OUT_DIR/slow_link.jsonl (one line per run) and prints one table. Several rates or
+# layouts in one run ("100mbit 1gbit", "1 2"): one table each, from OUT_DIR/RATE-xPER_HOST.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}
 python=${DDP_PYTHON:-$root/.venv/bin/python}
 out=$1 rate=${2:-100mbit} per_host=${3:-1} rounds=${4:-2}
+if [ "$(wc -w <<< "$rate $per_host")" -gt 2 ]; then
+  for r in $rate; do
+    for p in $per_host; do "$0" "$out/$r-x$p" "$r" "$p" "$rounds"; done
+  done
+  exit 0
+fi
 ranks=$((2 * per_host))
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 jsonl=$out/slow_link.jsonl
 : > "$jsonl"
 . "$root/tests/cluster/netns_hosts.sh"
 netns_bench_hosts slow "$per_host"
-launch() { netns_launch "$ranks" "$per_host" "$@"; }
+# A run that hangs (PyTorch's PowerSGD can, after a collective mismatch) counts as failed.
+export work NETNS_ROOT && export -f netns_launch
+launch() {
+  timeout -k 10 "${DDP_BENCH_RUN_TIMEOUT:-300}" bash -c 'netns_launch "$@"' _ "$ranks" "$per_host" "$@"
+}
 netns_shape h1 "$rate"
 netns_shape h2 "$rate"
 
-rows=(fp32)
-[ "$per_host" -eq 1 ] && rows+=(powersgd)
+rows=(fp32 bf16 powersgd)
 for round in $(seq 1 "$rounds"); do
   for row in "${rows[@]}"; do
     ddp_hook=() torch_hook=()
     if [ "$row" = powersgd ]; then
       ddp_hook=(--comm-hook powersgd --powersgd-rank 4 --powersgd-start-iter 2)
       torch_hook=(--comm-hook powersgd --powersgd-rank 4 --powersgd-start-iter 2)
+    elif [ "$row" = bf16 ]; then
+      ddp_hook=(--comm-hook bf16) torch_hook=(--comm-hook bf16)
     fi
     metrics=$out/ddp_${row}_$round.jsonl
     rm -f "$metrics"
