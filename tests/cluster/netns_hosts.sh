@@ -22,6 +22,7 @@ NETNS_ERROR=
 #   netns_launch RANKS PER_HOST COMMAND...  COMMAND's ranks started by ddprun on those hosts,
 #                                            as a user logged in on h1 would (ssh: the agent);
 #                                            the caller's DDP_* and OMP_* settings go along
+#                                            (threads per rank: OMP_NUM_THREADS, else 1)
 #                                            (OMP_NUM_THREADS 1 unless set); ddp's "ddp:" lines
 #                                            are left out of the output
 
@@ -97,6 +98,6 @@ netns_launch() {
   for var in $(compgen -e | grep -E '^(DDP_|OMP_)' || true); do passed+=("$var=${!var}"); done
   printf -v line '%q ' env "${passed[@]}" OMPI_MCA_plm_rsh_agent="$agent" \
     OMPI_MCA_plm_rsh_no_tree_spawn=1 MASTER_ADDR=192.0.2.1 "$NETNS_ROOT/launch/ddprun" \
-    --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t "$per_host" -x MASTER_ADDR "$@"
+    --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t "${OMP_NUM_THREADS:-1}" -x MASTER_ADDR "$@"
   "$agent" h1 "cd $(printf %q "$work") && $line" 2>&1 | grep -v '^ddp:'
 }
