@@ -4,7 +4,8 @@
 # each, joined by a link shaped to RATE; the seed CNN, Adadelta, batch 64 per rank. Rows: fp32,
 # bf16 (ddp's --comm-hook bf16, torch's bf16_compress_hook) and PowerSGD of rank 4 from step 2
 # (--comm-hook powersgd, torch's powerSGD_hook). With two ranks per host ddp takes its default
-# (the hierarchical all-reduce, one leader per host), PyTorch gloo's ring. ddp and PyTorch alternate, ROUNDS times.
+# (the hierarchical all-reduce, one leader per host), PyTorch gloo's ring. ddp and PyTorch
+# alternate, ROUNDS times.
 # ddp's figures: its median step in ddp_mnist's timeline (steps after the third, epoch boundaries
 # left out), and ddp_mnist's own epoch line for its second epoch (30 steps, with the step after
 # the first epoch's test); PyTorch's: the median of two windows of 10 steps after 2. A PyTorch run that fails is run again, up to 4

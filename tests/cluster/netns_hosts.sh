@@ -22,7 +22,6 @@ NETNS_ERROR=
 #   netns_launch RANKS PER_HOST COMMAND...  COMMAND's ranks started by ddprun on those hosts,
 #                                            as a user logged in on h1 would (ssh: the agent);
 #                                            the caller's DDP_* and OMP_* settings go along
-#                                            (threads per rank: OMP_NUM_THREADS, else 1)
 #                                            (OMP_NUM_THREADS 1 unless set); ddp's "ddp:" lines
 #                                            are left out of the output
 
