@@ -116,5 +116,5 @@ for row in dict.fromkeys(r["row"] for r in runs):
     ratios = [f"{d / p:.2f}" if d and p else "-" for d, p in zip(ddp, pt)]
     of_floor = "/".join(f"{d / floor:.2f}" for d in ddp if d) if row == "fp32" else ""
     print(f"{row:<9} {fmt(ddp):>16} {fmt(epoch):>14} {fmt(pt):>16} {'/'.join(ratios):>12} "
-          f"{of_floor:>10} {fails:>10} of {len(pt) + fails}")
+          f"{of_floor:>10} {fails:>10} of {sum(x is not None for x in pt) + fails}")
 EOF
