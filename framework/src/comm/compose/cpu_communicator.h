@@ -9,8 +9,8 @@
 // beside training (docs/records/performance.md); on the ring the worker
 // sleeps in poll() while the kernel moves the bytes. The ring's result is bitwise the same on
 // every rank, but may differ in the last bits from MPI's (another order of additions). The other
-// collectives, and the all-reduces under 64 KiB (the flags and counts the kit agrees on), stay on
-// MPI, whose latency is lower. From 64 KiB MPI takes its blocking path (mpi_communicator.h), and
+// collectives, and the all-reduces under 64 KiB (agreed flags, small buckets), stay on MPI,
+// whose latency is lower. From 64 KiB MPI takes its blocking path (mpi_communicator.h), and
 // in a training step between hosts a gradient bucket of tens of KiB took several times as long
 // there as on the ring (bench/analysis.md).
 //
