@@ -8,7 +8,7 @@
 //                                [--sockets auto|never|always]
 // --max-message: MpiOptions::max_message_bytes for the ddp column (0: one MPI call per tensor).
 // --sockets: CpuOptions::sockets for the ddp column (auto: the TCP ring between hosts only;
-// always: all-reduces of 256 KiB or more on the ring, on one host too).
+// always: all-reduces of 64 KiB or more on the ring, on one host too).
 #include "comm/compose/cpu_communicator.h"
 #include "runtime/runtime_internals.h"
 #include <ddp/runtime.h>

@@ -115,7 +115,7 @@ def main():
         "",
         "2 ranks, one per network namespace, joined by veths shaped with `tc tbf`; Open MPI "
         "over TCP on that link only (see docs/launching.md for the emulated hosts). ddp's "
-        "all-reduces of 256 KiB or more cross it on ddp's socket ring (`DDP_MPI_SOCKETS=auto`: "
+        "all-reduces of 64 KiB or more cross it on ddp's socket ring (`DDP_MPI_SOCKETS=auto`: "
         "two hosts, no InfiniBand), the rest on MPI; PyTorch DDP uses gloo.",
         "",
         throughput_table(emulated, ["model", "link"]) if emulated else "(not run)",

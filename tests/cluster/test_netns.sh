@@ -80,7 +80,7 @@ case "$scenario" in
     # automatically), and between hosts without InfiniBand the leaders' large ones take ddp's
     # TCP ring, on the interface ddprun --iface names.
     expect mnist.log "^ddp: hierarchical all-reduce: 2 host\(s\), ranks per host 2,2: reduce on each host, all-reduce among the leaders over TCP" "hierarchical all-reduce"
-    expect mnist.log "^ddp: hierarchical all-reduce: the 2 host leaders' all-reduces of 256 KiB or more go over TCP \(rank 0 at 192\.0\.2\.1:[0-9]+\)" "leaders' ring on eth0"
+    expect mnist.log "^ddp: hierarchical all-reduce: the 2 host leaders' all-reduces of 64 KiB or more go over TCP \(rank 0 at 192\.0\.2\.1:[0-9]+\)" "leaders' ring on eth0"
     # Each of the 3 steps averages the CNN's 1,199,882 float gradients: every byte of one host's
     # sum has to reach the other, so at least 3 x 4,799,528 bytes cross the link (each way).
     echo "bytes through h1's link during ddp_mnist: $crossed"
@@ -90,7 +90,7 @@ case "$scenario" in
     # --hierarchical off: the flat ring over the 4 ranks.
     on_h1 flat.log "${mpi_env[@]}" "${ddprun[@]}" "$ddp_mnist" --no-cuda --epochs 1 \
       --limit-train-batches 3 --log-interval 0 --hierarchical off
-    expect flat.log "^ddp: socket ring: all-reduces of 256 KiB or more go over TCP between the 4 ranks \(rank 0 at 192\.0\.2\.1:[0-9]+;" "socket ring on eth0"
+    expect flat.log "^ddp: socket ring: all-reduces of 64 KiB or more go over TCP between the 4 ranks \(rank 0 at 192\.0\.2\.1:[0-9]+;" "socket ring on eth0"
     expect flat.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "evaluation (flat)"
 
     on_h1 check.log "${mpi_env[@]}" "${ddprun[@]}" "$replica_check"

@@ -1,7 +1,7 @@
 #pragma once
 // ProcessGroup's communicator for CPU tensors: the MPI backend (comm/mpi/mpi_communicator.h), and,
-// where CpuOptions::sockets says, ddp's TCP ring (comm/ring/socket_ring.h) for the all-reduces of at
-// least CpuOptions::socket_bytes. make_cpu_communicator() decides; ProcessGroup's communicators
+// where CpuOptions::sockets says, ddp's TCP ring (comm/ring/socket_ring.h) for the all-reduces of
+// at least CpuOptions::socket_bytes. make_cpu_communicator() decides; ProcessGroup's communicators
 // are made by it (parallel/backend_options.h).
 //
 // Why: Open MPI's TCP transport moves bytes only while a thread polls it inside an MPI call, so
@@ -9,7 +9,10 @@
 // beside training (docs/records/performance.md); on the ring the worker
 // sleeps in poll() while the kernel moves the bytes. The ring's result is bitwise the same on
 // every rank, but may differ in the last bits from MPI's (another order of additions). The other
-// collectives, and the small all-reduces, stay on MPI, whose latency is lower.
+// collectives, and the all-reduces under 64 KiB (agreed flags, small buckets), stay on MPI,
+// whose latency is lower. From 64 KiB MPI takes its blocking path (mpi_communicator.h), and
+// in a training step between hosts a gradient bucket of tens of KiB took several times as long
+// there as on the ring (bench/analysis.md).
 //
 // Where (CpuOptions::sockets, agreed by every rank when the communicator is made): Auto when the
 // ranks span more than one host and no rank has an InfiniBand/RoCE or Slingshot device (where MPI
@@ -18,11 +21,12 @@
 //
 // Hierarchy (CpuOptions::hierarchical): with several hosts and several ranks on some host,
 // make_cpu_communicator() returns a HierarchicalCommunicator instead (reduce on each host,
-// all-reduce among one leader per host, broadcast on each host: comm/compose/hierarchical_communicator.h),
-// whose leaders take the ring between hosts by the policy above, applied to the leaders.
+// all-reduce among one leader per host, broadcast on each host:
+// comm/compose/hierarchical_communicator.h), whose leaders take the ring between hosts by the
+// policy above, applied to the leaders.
 //
 // The ring connects at the first large all-reduce (collective, on the worker), and rank 0 then
-// prints once: "ddp: socket ring: all-reduces of 256 KiB or more go over TCP between the N ranks
+// prints once: "ddp: socket ring: all-reduces of 64 KiB or more go over TCP between the N ranks
 // (rank 0 at a.b.c.d:port; DDP_MPI_SOCKETS=never keeps them on MPI)".
 //
 // Order (communicator.h: the collectives of one communicator run in call order; a blocking call
@@ -58,12 +62,13 @@ struct CpuOptions {
   Sockets sockets = Sockets::Auto;
   // All-reduces of at least this many bytes take the ring; smaller ones stay on MPI.
   // ProcessGroup reads DDP_MPI_SOCKET_KIB.
-  std::size_t socket_bytes = 256 << 10;
+  std::size_t socket_bytes = 64 << 10;
   // The interfaces the ring listens on (SocketRingOptions::interfaces). ProcessGroup reads
   // DDP_SOCKET_IFNAME (`ddprun --iface` sets it).
   std::string socket_interfaces;
-  // Whether the all-reduces go through one leader per host (comm/compose/hierarchical_communicator.h).
-  // ProcessGroup sets it from ProcessGroupOptions::hierarchical.
+  // Whether the all-reduces go through one leader per host
+  // (comm/compose/hierarchical_communicator.h). ProcessGroup sets it from
+  // ProcessGroupOptions::hierarchical.
   HierarchicalAllReduce hierarchical = HierarchicalAllReduce::Auto;
   // Tests: ranks per "host", in rank order, instead of the ranks that share memory (empty: the
   // real hosts). ProcessGroup takes it from testing::hooks() (util/testing_hooks.h).
