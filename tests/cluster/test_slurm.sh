@@ -34,7 +34,8 @@
 #                           (scontrol update NumNodes=1-1, as sbatch -N 1-2 may get): its one rank
 #                           resumes the 2 ranks' step snapshot (issue 25)
 #   node_loss               the 2-node script, ddp_mnist with step snapshots: node n2 dies
-#                           mid-epoch (its ranks, slurmstepd and slurmd killed); Slurm marks it
+#                           mid-epoch (its ranks, slurmstepd and slurmd killed; the step is
+#                           cancelled at once, as when the survivors abort); Slurm marks n2
 #                           down, the job lives on (--no-kill) and the script restarts on n1 (2
 #                           ranks), which resume from the newest step snapshot with the same
 #                           global batch; every sample of the epoch is trained once, and the test
@@ -308,9 +309,14 @@ SCRIPT
         victims+=" $pid $(ps -o ppid= -p "$pid")"
       fi
     done
+    # The step ends at once too, before Slurm marks n2 down: as when n1's ranks notice the lost
+    # peer first (the socket ring does: "connection closed by rank 1") and MPI_Abort, which
+    # makes srun cancel the step. Slurm then still counts the step on n1's CPUs until n2 is
+    # cleared, and the restart must start beside it (the script's srun --overlap).
     lost_at=$(date +%s.%N)
     kill -KILL $victims
-    echo "+ n2 is gone: kill -KILL $victims (ranks, slurmstepd, slurmd)"
+    scancel "$id.0"
+    echo "+ n2 is gone: kill -KILL $victims (ranks, slurmstepd, slurmd); scancel $id.0"
     back_at=
     for i in $(seq 1800); do  # up to 3 minutes to train again
       if grep -A1000 "^Resumed from " lost.out 2> /dev/null | grep -q "^Train Epoch: 1 "; then
