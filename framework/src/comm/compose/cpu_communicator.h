@@ -6,13 +6,11 @@
 //
 // Why: Open MPI's TCP transport moves bytes only while a thread polls it inside an MPI call, so
 // between hosts linked by TCP its all-reduce runs at the speed the polling thread gets a core
-// beside training (docs/records/performance.md); on the ring the worker
-// sleeps in poll() while the kernel moves the bytes. The ring's result is bitwise the same on
-// every rank, but may differ in the last bits from MPI's (another order of additions). The other
-// collectives, and the all-reduces under 64 KiB (agreed flags, small buckets), stay on MPI,
-// whose latency is lower. From 64 KiB MPI takes its blocking path (mpi_communicator.h), and
-// in a training step between hosts a gradient bucket of tens of KiB took several times as long
-// there as on the ring (bench/analysis.md).
+// beside training, and from 64 KiB it takes its blocking path (mpi_communicator.h); on the ring
+// the worker sleeps in poll() while the kernel moves the bytes (bench/analysis.md). The ring's
+// result is bitwise the same on every rank, but may differ in the last bits from MPI's (another
+// order of additions). The other collectives, and the all-reduces under 64 KiB (agreed flags,
+// small buckets), stay on MPI, whose latency is lower.
 //
 // Where (CpuOptions::sockets, agreed by every rank when the communicator is made): Auto when the
 // ranks span more than one host and no rank has an InfiniBand/RoCE or Slingshot device (where MPI
