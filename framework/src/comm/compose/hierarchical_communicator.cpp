@@ -115,7 +115,7 @@ struct HierarchicalCommunicator::State {
   std::size_t socket_bytes = 0, blocking_bytes = 0, max_message_bytes = 0;
   std::string interfaces;
   std::unique_ptr<detail::RingConnections> ring;  // the leaders' ring, connected by its first call
-  torch::Tensor scratch;                          // the ring's received segment
+  detail::RingBuffers buffers;                    // the ring's, reused between calls
   torch::Tensor received;                         // the leader's: a host rank's tensor (phase 1)
   bool ring_broken = false;  // a ring call threw half way: bytes may be in flight
 
@@ -145,7 +145,7 @@ struct HierarchicalCommunicator::State {
     }
     ring_broken = true;  // until it completes
     ring->set_call("all_reduce");
-    detail::ring_all_reduce(*ring, scratch, t, op);
+    detail::ring_all_reduce(*ring, buffers, t, op);
     ring_broken = false;
   }
 

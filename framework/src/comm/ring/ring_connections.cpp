@@ -1,5 +1,7 @@
 #include "comm/ring/ring_connections.h"
 
+#include "comm/ring/zero_frame.h"
+
 #include "util/mpi_check.h"
 
 #include <arpa/inet.h>
@@ -12,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -270,9 +273,23 @@ void RingConnections::peer_failed(int peer, const std::string& what) const {
 }
 
 void RingConnections::exchange(const void* out, size_t send_bytes, void* in, size_t recv_bytes) {
+  transfer(out, send_bytes, in, recv_bytes, /*framed=*/false);
+}
+
+size_t RingConnections::exchange_frame(const void* out, size_t send_bytes, void* in,
+                                       size_t recv_capacity) {
+  return transfer(out, send_bytes, in, recv_capacity, /*framed=*/true);
+}
+
+size_t RingConnections::transfer(const void* out, size_t send_bytes, void* in, size_t recv_bytes,
+                                 bool framed) {
   const char* send_data = static_cast<const char*>(out);
   char* recv_data = static_cast<char*>(in);
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  const size_t capacity = recv_bytes;
+  // A frame is read up to its header first, then up to its end.
+  bool sized = !framed;
+  if (framed) recv_bytes = std::min(capacity, kFrameHeaderBytes);
   size_t sent = 0, got = 0;
   while (sent < send_bytes || got < recv_bytes) {
     pollfd p[2] = {{next_.get(), short(sent < send_bytes ? POLLOUT : 0), 0},
@@ -301,7 +318,19 @@ void RingConnections::exchange(const void* out, size_t send_bytes, void* in, siz
         peer_failed(prev, "receiving from (" + errno_text(errno) + ")");
       }
     }
+    if (!sized && got == recv_bytes) {
+      sized = true;
+      recv_bytes = frame_bytes(recv_data);
+      if (recv_bytes > capacity) {
+        throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring " + call_ +
+                                 ": a frame of " + std::to_string(recv_bytes) + " bytes (at most " +
+                                 std::to_string(capacity) + " expected) from rank " +
+                                 std::to_string(prev) + " (" + addresses_[prev] +
+                                 "): the peer is out of step");
+      }
+    }
   }
+  return got;
 }
 
 }  // namespace ddp::detail

@@ -45,11 +45,17 @@ class RingConnections {
   // thread sleeps in poll() while the kernel moves the bytes. No deadline: a peer that hangs is
   // the watchdog's to report.
   void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes);
+  // The same for frames (comm/ring/zero_frame.h), whose size the receiver learns from their
+  // header: sends `send_bytes` while receiving one frame into `recv`; returns its size. A frame
+  // larger than `recv_capacity` is the peer's error (std::runtime_error).
+  size_t exchange_frame(const void* send, size_t send_bytes, void* recv, size_t recv_capacity);
   // The collective the next exchanges belong to, for errors ("all_reduce").
   void set_call(const char* name) { call_ = name; }
 
  private:
   [[noreturn]] void peer_failed(int peer, const std::string& what) const;
+  // exchange() and exchange_frame(): `framed`, the received size comes from the frame's header.
+  size_t transfer(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, bool framed);
 
   // A socket, closed when it goes (also when the constructor throws half way).
   class Fd {

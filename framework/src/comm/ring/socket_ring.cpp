@@ -1,6 +1,7 @@
 #include "comm/ring/socket_ring.h"
 
 #include "comm/ring/ring_connections.h"
+#include "comm/ring/zero_frame.h"
 
 #include <torch/torch.h>
 
@@ -13,6 +14,7 @@ namespace ddp {
 
 using detail::Collective;
 using detail::ring_all_reduce;
+using detail::RingBuffers;
 using detail::RingConnections;
 
 struct SocketRing::State {
@@ -21,7 +23,7 @@ struct SocketRing::State {
   std::function<void(const std::string&)> on_connected;
   std::unique_ptr<RingConnections> sockets;  // made by the first collective
   std::atomic<bool> connected{false};
-  torch::Tensor scratch;    // the received segment of an all-reduce before it is reduced in
+  detail::RingBuffers buffers;
   std::string broken_call;  // a collective that threw half way: its bytes may be in flight
 
   // Runs `body` over the connections, connecting first; nothing to do on one rank.
@@ -60,15 +62,28 @@ struct Segments {
   }
 };
 
+// Sends `out` to the next rank while receiving the previous rank's segment into `in` (of the same
+// dtype), both as frames.
+void exchange_segments(RingConnections& ring, RingBuffers& buffers, const torch::Tensor& out,
+                       const torch::Tensor& in) {
+  const size_t item = out.element_size();
+  const size_t sent = detail::pack_frame(out.data_ptr(), out.numel(), item, buffers.sent);
+  const size_t capacity = detail::kFrameHeaderBytes + in.numel() * item;
+  if (buffers.received.size() < capacity) buffers.received.resize(capacity);
+  const size_t got = ring.exchange_frame(buffers.sent.data(), sent, buffers.received.data(),
+                                         buffers.received.size());
+  detail::unpack_frame(buffers.received.data(), got, in.numel(), item, in.data_ptr());
+}
+
 // The reduce-scatter phase, in place: in size - 1 steps each rank sends a segment to the next
 // rank and reduces the one it receives from the previous rank into its own; at the end this
 // rank's segment rank + `owned` holds the reduction of every rank's values (`owned` 1: the
 // all-reduce's order, kept as it was; 0: reduce_scatter's chunk rank()). Avg is the caller's.
-void reduce_scatter_phase(RingConnections& ring, torch::Tensor& scratch, const Segments& segment,
+void reduce_scatter_phase(RingConnections& ring, RingBuffers& buffers, const Segments& segment,
                           ReduceOp op, int owned) {
   const int rank = ring.rank(), size = ring.size();
   const int64_t n = segment.flat.numel();
-  const size_t item = segment.flat.element_size();
+  torch::Tensor& scratch = buffers.scratch;
   if (!scratch.defined() || scratch.scalar_type() != segment.flat.scalar_type() ||
       scratch.numel() < n / size + 1) {
     scratch = torch::empty({n / size + 1}, segment.flat.options());
@@ -78,7 +93,7 @@ void reduce_scatter_phase(RingConnections& ring, torch::Tensor& scratch, const S
     const torch::Tensor out = segment(rank + owned - 1 - s);
     torch::Tensor in = segment(rank + owned - 2 - s);
     const torch::Tensor got = scratch.slice(0, 0, in.numel());
-    ring.exchange(out.data_ptr(), out.numel() * item, got.data_ptr(), got.numel() * item);
+    exchange_segments(ring, buffers, out, got);
     switch (op) {
       case ReduceOp::Sum:
       case ReduceOp::Avg:
@@ -96,12 +111,11 @@ void reduce_scatter_phase(RingConnections& ring, torch::Tensor& scratch, const S
 
 // The all-gather phase: this rank holds segment rank + `owned`; in size - 1 steps each rank
 // passes on the segment it received last, so every rank ends with every segment.
-void all_gather_phase(RingConnections& ring, const Segments& segment, int owned) {
+void all_gather_phase(RingConnections& ring, RingBuffers& buffers, const Segments& segment,
+                      int owned) {
   const int rank = ring.rank(), size = ring.size();
-  const size_t item = segment.flat.element_size();
   for (int s = 0; s < size - 1; ++s) {
-    const torch::Tensor out = segment(rank + owned - s), in = segment(rank + owned - s - 1);
-    ring.exchange(out.data_ptr(), out.numel() * item, in.data_ptr(), in.numel() * item);
+    exchange_segments(ring, buffers, segment(rank + owned - s), segment(rank + owned - s - 1));
   }
 }
 
@@ -109,12 +123,12 @@ void all_gather_phase(RingConnections& ring, const Segments& segment, int owned)
 
 namespace detail {
 
-void ring_all_reduce(RingConnections& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
+void ring_all_reduce(RingConnections& ring, RingBuffers& buffers, const torch::Tensor& tensor,
                      ReduceOp op) {
   const Segments segment{tensor.view({-1}), ring.size()};
   if (segment.flat.numel() == 0) return;
-  reduce_scatter_phase(ring, scratch, segment, op, 1);
-  all_gather_phase(ring, segment, 1);
+  reduce_scatter_phase(ring, buffers, segment, op, 1);
+  all_gather_phase(ring, buffers, segment, 1);
 }
 
 }  // namespace detail
@@ -172,7 +186,8 @@ std::unique_ptr<Work> SocketRing::all_reduce_async(const torch::Tensor& tensor, 
   const torch::Tensor host = detail::on_host(tensor);
   const int size = this->size();
   return submit(std::move(call), tensor, host, [host, op, size](State& s) {
-    s.call("all_reduce", [&](RingConnections& ring) { ring_all_reduce(ring, s.scratch, host, op); });
+    s.call("all_reduce",
+           [&](RingConnections& ring) { ring_all_reduce(ring, s.buffers, host, op); });
     detail::finish_avg(host, op, size);
   });
 }
@@ -206,7 +221,8 @@ void SocketRing::gather(Collective call, const torch::Tensor& output, const torc
   const Segments segment{output.view({-1}), size()};
   segment(rank()).copy_(input.view({-1}));
   submit(std::move(call), {}, {}, [segment](State& s) {
-    s.call("all_gather", [&](RingConnections& ring) { all_gather_phase(ring, segment, 0); });
+    s.call("all_gather",
+           [&](RingConnections& ring) { all_gather_phase(ring, s.buffers, segment, 0); });
   })->wait();
 }
 
@@ -220,7 +236,7 @@ void SocketRing::reduce_scatter(const torch::Tensor& output, const torch::Tensor
   const int rank = this->rank(), size = this->size();
   submit(std::move(call), output, host, [segment, host, op, rank, size](State& s) {
     s.call("reduce_scatter",
-           [&](RingConnections& ring) { reduce_scatter_phase(ring, s.scratch, segment, op, 0); });
+           [&](RingConnections& ring) { reduce_scatter_phase(ring, s.buffers, segment, op, 0); });
     host.view({-1}).copy_(segment(rank));
     detail::finish_avg(host, op, size);
   })->wait();
@@ -232,7 +248,7 @@ void SocketRing::barrier() {
   const torch::Tensor token = torch::zeros({size()}, torch::kByte);
   submit(Collective::barrier(), {}, {}, [token](State& s) {
     s.call("barrier",
-           [&](RingConnections& ring) { ring_all_reduce(ring, s.scratch, token, ReduceOp::Sum); });
+           [&](RingConnections& ring) { ring_all_reduce(ring, s.buffers, token, ReduceOp::Sum); });
   })->wait();
 }
 

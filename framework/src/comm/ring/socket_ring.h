@@ -13,7 +13,9 @@
 // The all-reduce is the ring of reduce-scatter then all-gather (as gloo's and NCCL's): the
 // tensor is cut into size() segments by element; in size()-1 steps each rank sends one segment
 // to the next rank and adds the one it receives from the previous rank, then in size()-1 more
-// steps the reduced segments go round. Each rank sends and receives 2(n-1)/n of the tensor.
+// steps the reduced segments go round. Each rank sends and receives 2(n-1)/n of the tensor, less
+// its zero elements: a segment travels as a frame that leaves them out where that is shorter
+// (comm/ring/zero_frame.h; lossless).
 // Invariants: every element is reduced in the same order on every rank and then copied, so all
 // ranks hold bitwise the same result, run after run (it may differ in the last bits from MPI's:
 // another order of additions); 16-bit floats are added in float and rounded per element, as the
@@ -48,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -55,8 +58,12 @@ namespace detail {
 class RingConnections;
 // The ring's all-reduce, in place on the calling thread over connected `ring` (the hierarchical
 // all-reduce's leaders use it too: comm/compose/hierarchical_communicator.h). `tensor` contiguous
-// on the CPU; `scratch` is reused between calls. Avg is left to the caller (finish_avg).
-void ring_all_reduce(RingConnections& ring, torch::Tensor& scratch, const torch::Tensor& tensor,
+// on the CPU; `buffers` are reused between calls. Avg is left to the caller (finish_avg).
+struct RingBuffers {
+  torch::Tensor scratch;             // the received segment, before it is reduced in
+  std::vector<char> sent, received;  // frames (comm/ring/zero_frame.h)
+};
+void ring_all_reduce(RingConnections& ring, RingBuffers& buffers, const torch::Tensor& tensor,
                      ReduceOp op);
 }  // namespace detail
 
@@ -96,7 +103,7 @@ class SocketRing final : public Communicator {
   // Whether the connections are made (by the first collective). Any thread.
   bool connected() const;
 
-  struct State;  // the connections and the scratch buffer (worker thread only)
+  struct State;  // the connections and the buffers (worker thread only)
 
  private:
   std::unique_ptr<Work> submit(detail::Collective call, torch::Tensor target, torch::Tensor host,
