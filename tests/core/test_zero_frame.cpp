@@ -12,10 +12,24 @@
 
 namespace zero_frame_test {
 
-using ddp::detail::frame_bytes;
-using ddp::detail::kFrameHeaderBytes;
+using ddp::detail::check_header;
+using ddp::detail::Frame;
+using ddp::detail::is_packed;
 using ddp::detail::pack_frame;
+using ddp::detail::payload_bytes;
 using ddp::detail::unpack_frame;
+
+// What the receiver does with a frame (comm/ring/ring_connections.cpp): checks its header, then
+// takes the payload as it is or unpacks it.
+void receive(const Frame& frame, std::size_t count, std::size_t item, void* data) {
+  check_header(frame.header, count, item);
+  const char* payload = static_cast<const char*>(frame.payload);
+  if (is_packed(frame.header)) {
+    unpack_frame(payload, payload_bytes(frame.header), count, item, data);
+  } else if (count > 0) {
+    std::memcpy(data, payload, payload_bytes(frame.header));
+  }
+}
 
 // `count` elements of `item` random bytes, each one all zero with probability `zeros`; the
 // others keep at least one non-zero byte but may have zero bytes (as -0.0 and small ints do).
@@ -47,18 +61,20 @@ TEST(ZeroFrame, GivesBackEveryByteAndPacksOnlyWhereShorter) {
     for (std::size_t count : {0, 1, 7, 8, 9, 1000, 4099}) {
       for (double zeros : {0.0, 0.05, 0.5, 0.95, 1.0}) {
         const std::vector<char> data = elements(count, item, zeros, unsigned(count * 31 + item));
-        std::vector<char> frame;
-        const std::size_t size = pack_frame(data.data(), count, item, frame);
-        ASSERT_GE(frame.size(), size);
-        EXPECT_EQ(frame_bytes(frame.data()), size);
+        std::vector<char> packed_buffer;
+        const Frame frame = pack_frame(data.data(), count, item, packed_buffer);
         const std::size_t dense = count * item;
         const std::size_t packed = (count + 7) / 8 + nonzero(data, item) * item;
-        // Packed where that saves an eighth, for the element sizes that have an integer type.
-        const bool expect_packed = item != 3 && count > 0 && packed <= dense - dense / 8;
-        EXPECT_EQ(size, kFrameHeaderBytes + (expect_packed ? packed : dense))
+        // Packed where that saves an eighth, for the element sizes that have an integer type;
+        // else the elements themselves, not a copy.
+        const bool expect_packed = item != 3 && packed < dense && packed <= dense - dense / 8;
+        EXPECT_EQ(is_packed(frame.header), expect_packed);
+        EXPECT_EQ(payload_bytes(frame.header), expect_packed ? packed : dense)
             << item << "-byte elements, " << count << ", " << zeros << " zeros";
+        EXPECT_EQ(frame.payload, expect_packed ? static_cast<const void*>(packed_buffer.data())
+                                               : static_cast<const void*>(data.data()));
         std::vector<char> back(dense + 1, 'x');
-        unpack_frame(frame.data(), size, count, item, back.data());
+        receive(frame, count, item, back.data());
         EXPECT_EQ(std::vector<char>(back.begin(), back.begin() + dense), data)
             << item << "-byte elements, " << count << ", " << zeros << " zeros";
         EXPECT_EQ(back[dense], 'x') << "wrote past the elements";
@@ -70,39 +86,51 @@ TEST(ZeroFrame, GivesBackEveryByteAndPacksOnlyWhereShorter) {
 TEST(ZeroFrame, KeepsNegativeZeroAndNan) {
   const std::vector<float> values = {0.0f, -0.0f,  0.0f, std::nanf(""), 0.0f, 0.0f, 0.0f, 0.0f,
                                      0.0f, 1e-45f, 0.0f, 0.0f,          0.0f, 0.0f, 0.0f, 0.0f};
-  std::vector<char> frame;
-  const std::size_t size = pack_frame(values.data(), values.size(), sizeof(float), frame);
-  EXPECT_EQ(size, kFrameHeaderBytes + 2 + 3 * sizeof(float));  // packed: 3 of 16 kept
+  std::vector<char> packed;
+  const Frame frame = pack_frame(values.data(), values.size(), sizeof(float), packed);
+  EXPECT_TRUE(is_packed(frame.header));
+  EXPECT_EQ(payload_bytes(frame.header), 2 + 3 * sizeof(float));  // 3 of 16 kept
   std::vector<float> back(values.size(), 7.0f);
-  unpack_frame(frame.data(), size, values.size(), sizeof(float), back.data());
+  receive(frame, values.size(), sizeof(float), back.data());
   EXPECT_EQ(std::memcmp(back.data(), values.data(), values.size() * sizeof(float)), 0);
 }
 
 TEST(ZeroFrame, RefusesAFrameThatDoesNotHoldWhatIsExpected) {
   const std::vector<std::uint32_t> sparse = {0, 5, 0, 0, 0, 0, 0, 0, 0, 9};  // packed
   const std::vector<std::uint32_t> dense = {1, 2, 3};
-  std::vector<char> a, b;
-  const std::size_t packed = pack_frame(sparse.data(), sparse.size(), 4, a);
-  const std::size_t whole = pack_frame(dense.data(), dense.size(), 4, b);
+  std::vector<char> buffer, unused;
+  const Frame a = pack_frame(sparse.data(), sparse.size(), 4, buffer);
+  const Frame b = pack_frame(dense.data(), dense.size(), 4, unused);
+  ASSERT_TRUE(is_packed(a.header));
+  ASSERT_FALSE(is_packed(b.header));
   std::vector<std::uint32_t> out(32);
-  auto refused = [&](const std::vector<char>& frame, std::size_t size, std::size_t count) {
+  auto refused = [&](const auto& call) {
     try {
-      unpack_frame(frame.data(), size, count, 4, out.data());
+      call();
     } catch (const std::runtime_error& e) {
       return std::string(e.what()).find("out of step") != std::string::npos;
     }
     return false;
   };
-  EXPECT_TRUE(refused(b, whole, 4)) << "a dense frame of another element count";
-  EXPECT_TRUE(refused(a, packed, 17)) << "a bitmap for more elements";
-  EXPECT_TRUE(refused(a, packed - 1, 10)) << "a frame cut short";
-  std::vector<char> extra_bit = a;
-  extra_bit[kFrameHeaderBytes + 1] |= 0x80;  // element 15 of 10
-  EXPECT_TRUE(refused(extra_bit, packed, 10)) << "a bit past the last element";
-  std::vector<char> lost_bit = a;
-  lost_bit[kFrameHeaderBytes] = 0;  // element 1's bit gone: one value too many
-  EXPECT_TRUE(refused(lost_bit, packed, 10)) << "more values than bits";
-  EXPECT_NO_THROW(unpack_frame(a.data(), packed, sparse.size(), 4, out.data()));
+  EXPECT_TRUE(refused([&] { check_header(b.header, 4, 4); })) << "dense, another element count";
+  EXPECT_TRUE(refused([&] { check_header(a.header, 2, 4); })) << "packed, longer than dense";
+  EXPECT_TRUE(refused([&] { check_header(a.header, 200, 4); })) << "shorter than its bitmap";
+  const char* payload = static_cast<const char*>(a.payload);
+  const std::size_t bytes = payload_bytes(a.header);
+  EXPECT_TRUE(refused([&] { unpack_frame(payload, bytes, 17, 4, out.data()); }))
+      << "a bitmap for more elements";
+  EXPECT_TRUE(refused([&] { unpack_frame(payload, bytes - 1, 10, 4, out.data()); }))
+      << "a payload cut short";
+  std::vector<char> extra_bit(payload, payload + bytes);
+  extra_bit[1] |= 0x80;  // element 15 of 10
+  EXPECT_TRUE(refused([&] { unpack_frame(extra_bit.data(), bytes, 10, 4, out.data()); }))
+      << "a bit past the last element";
+  std::vector<char> lost_bit(payload, payload + bytes);
+  lost_bit[0] = 0;  // element 1's bit gone: one value too many
+  EXPECT_TRUE(refused([&] { unpack_frame(lost_bit.data(), bytes, 10, 4, out.data()); }))
+      << "more values than bits";
+  EXPECT_NO_THROW(check_header(a.header, sparse.size(), 4));
+  EXPECT_NO_THROW(unpack_frame(payload, bytes, sparse.size(), 4, out.data()));
   EXPECT_EQ(std::vector<std::uint32_t>(out.begin(), out.begin() + 10), sparse);
 }
 

@@ -12,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -273,27 +274,40 @@ void RingConnections::peer_failed(int peer, const std::string& what) const {
 }
 
 void RingConnections::exchange(const void* out, size_t send_bytes, void* in, size_t recv_bytes) {
-  transfer(out, send_bytes, in, recv_bytes, /*framed=*/false);
+  const Span spans[2] = {{static_cast<char*>(const_cast<void*>(out)), send_bytes}, {nullptr, 0}};
+  transfer(spans, [&](int k) {
+    return k == 0 ? Span{static_cast<char*>(in), recv_bytes} : Span{};
+  });
 }
 
-size_t RingConnections::exchange_frame(const void* out, size_t send_bytes, void* in,
-                                       size_t recv_capacity) {
-  return transfer(out, send_bytes, in, recv_capacity, /*framed=*/true);
+void RingConnections::exchange_frame(const Frame& out, void* in, size_t count, size_t item,
+                                     std::vector<char>& packed) {
+  std::uint64_t header = out.header;
+  const Span spans[2] = {
+      {reinterpret_cast<char*>(&header), kFrameHeaderBytes},
+      {static_cast<char*>(const_cast<void*>(out.payload)), payload_bytes(out.header)}};
+  std::uint64_t got = 0;
+  transfer(spans, [&](int k) {
+    if (k == 0) return Span{reinterpret_cast<char*>(&got), kFrameHeaderBytes};
+    if (k > 1) return Span{};
+    check_header(got, count, item);
+    if (!is_packed(got)) return Span{static_cast<char*>(in), payload_bytes(got)};
+    // unpack_frame() may read one element past the payload.
+    if (packed.size() < payload_bytes(got) + item) packed.resize(payload_bytes(got) + item);
+    return Span{packed.data(), payload_bytes(got)};
+  });
+  if (is_packed(got)) unpack_frame(packed.data(), payload_bytes(got), count, item, in);
 }
 
-size_t RingConnections::transfer(const void* out, size_t send_bytes, void* in, size_t recv_bytes,
-                                 bool framed) {
-  const char* send_data = static_cast<const char*>(out);
-  char* recv_data = static_cast<char*>(in);
+void RingConnections::transfer(const Span (&out)[2], const std::function<Span(int)>& next_span) {
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-  const size_t capacity = recv_bytes;
-  // A frame is read up to its header first, then up to its end.
-  bool sized = !framed;
-  if (framed) recv_bytes = std::min(capacity, kFrameHeaderBytes);
-  size_t sent = 0, got = 0;
-  while (sent < send_bytes || got < recv_bytes) {
+  const size_t send_bytes = out[0].bytes + out[1].bytes;
+  size_t sent = 0, got = 0;  // got: into the current receive span
+  int k = 0;
+  Span in = next_span(k);
+  while (sent < send_bytes || in.bytes > 0) {
     pollfd p[2] = {{next_.get(), short(sent < send_bytes ? POLLOUT : 0), 0},
-                   {prev_.get(), short(got < recv_bytes ? POLLIN : 0), 0}};
+                   {prev_.get(), short(in.bytes > 0 ? POLLIN : 0), 0}};
     // The thread sleeps here while the kernel moves the bytes (see the header).
     if (poll(p, 2, 1000) < 0) {
       if (errno == EINTR) continue;
@@ -301,15 +315,30 @@ size_t RingConnections::transfer(const void* out, size_t send_bytes, void* in, s
                                ": socket ring: poll: " + errno_text(errno));
     }
     if (sent < send_bytes && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t n = send(next_.get(), send_data + sent, send_bytes - sent, MSG_NOSIGNAL);
+      // What is left of the two spans, in one call.
+      iovec left[2];
+      int spans = 0;
+      size_t skip = sent;
+      for (const Span& s : out) {
+        if (skip >= s.bytes) {
+          skip -= s.bytes;
+          continue;
+        }
+        left[spans++] = {s.data + skip, s.bytes - skip};
+        skip = 0;
+      }
+      msghdr message{};
+      message.msg_iov = left;
+      message.msg_iovlen = spans;
+      const ssize_t n = sendmsg(next_.get(), &message, MSG_NOSIGNAL);
       if (n > 0) {
         sent += static_cast<size_t>(n);
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         peer_failed(next, "sending to (" + errno_text(errno) + ")");
       }
     }
-    if (got < recv_bytes && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
-      const ssize_t n = recv(prev_.get(), recv_data + got, recv_bytes - got, 0);
+    if (in.bytes > 0 && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
+      const ssize_t n = recv(prev_.get(), in.data + got, in.bytes - got, 0);
       if (n > 0) {
         got += static_cast<size_t>(n);
       } else if (n == 0) {
@@ -317,20 +346,12 @@ size_t RingConnections::transfer(const void* out, size_t send_bytes, void* in, s
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         peer_failed(prev, "receiving from (" + errno_text(errno) + ")");
       }
-    }
-    if (!sized && got == recv_bytes) {
-      sized = true;
-      recv_bytes = frame_bytes(recv_data);
-      if (recv_bytes > capacity) {
-        throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring " + call_ +
-                                 ": a frame of " + std::to_string(recv_bytes) + " bytes (at most " +
-                                 std::to_string(capacity) + " expected) from rank " +
-                                 std::to_string(prev) + " (" + addresses_[prev] +
-                                 "): the peer is out of step");
+      if (got == in.bytes) {
+        in = next_span(++k);
+        got = 0;
       }
     }
   }
-  return got;
 }
 
 }  // namespace ddp::detail

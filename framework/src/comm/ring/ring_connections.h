@@ -17,9 +17,12 @@
 //
 // Thread safety: none; one thread (the ring's worker) uses it.
 
+#include "comm/ring/zero_frame.h"
+
 #include <mpi.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,17 +48,24 @@ class RingConnections {
   // thread sleeps in poll() while the kernel moves the bytes. No deadline: a peer that hangs is
   // the watchdog's to report.
   void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes);
-  // The same for frames (comm/ring/zero_frame.h), whose size the receiver learns from their
-  // header: sends `send_bytes` while receiving one frame into `recv`; returns its size. A frame
-  // larger than `recv_capacity` is the peer's error (std::runtime_error).
-  size_t exchange_frame(const void* send, size_t send_bytes, void* recv, size_t recv_capacity);
+  // The same for frames (comm/ring/zero_frame.h): sends `out` while receiving one frame of
+  // `count` elements of `item` bytes, straight into `in` when it comes as it is, else into
+  // `packed` (grown to fit) and then unpacked into `in`. A frame that cannot hold them is the
+  // peer's error (std::runtime_error).
+  void exchange_frame(const Frame& out, void* in, size_t count, size_t item,
+                      std::vector<char>& packed);
   // The collective the next exchanges belong to, for errors ("all_reduce").
   void set_call(const char* name) { call_ = name; }
 
  private:
   [[noreturn]] void peer_failed(int peer, const std::string& what) const;
-  // exchange() and exchange_frame(): `framed`, the received size comes from the frame's header.
-  size_t transfer(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, bool framed);
+  struct Span {
+    char* data;
+    size_t bytes;
+  };
+  // Sends `out`'s spans in order while receiving into the spans that next_span(k) gives, k = 0,
+  // 1, ... (each asked for once the one before is full); one of no bytes ends the receiving.
+  void transfer(const Span (&out)[2], const std::function<Span(int)>& next_span);
 
   // A socket, closed when it goes (also when the constructor throws half way).
   class Fd {

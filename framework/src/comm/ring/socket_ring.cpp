@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <utility>
 
@@ -66,13 +67,15 @@ struct Segments {
 // dtype), both as frames.
 void exchange_segments(RingConnections& ring, RingBuffers& buffers, const torch::Tensor& out,
                        const torch::Tensor& in) {
-  const size_t item = out.element_size();
-  const size_t sent = detail::pack_frame(out.data_ptr(), out.numel(), item, buffers.sent);
-  const size_t capacity = detail::kFrameHeaderBytes + in.numel() * item;
-  if (buffers.received.size() < capacity) buffers.received.resize(capacity);
-  const size_t got = ring.exchange_frame(buffers.sent.data(), sent, buffers.received.data(),
-                                         buffers.received.size());
-  detail::unpack_frame(buffers.received.data(), got, in.numel(), item, in.data_ptr());
+  const size_t item = out.element_size(), bytes = std::max(out.nbytes(), in.nbytes());
+  const detail::Frame frame =
+      buffers.fast_link ? detail::unpacked_frame(out.data_ptr(), out.nbytes())
+                        : detail::pack_frame(out.data_ptr(), out.numel(), item, buffers.sent);
+  const auto start = std::chrono::steady_clock::now();
+  ring.exchange_frame(frame, in.data_ptr(), in.numel(), item, buffers.received);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  constexpr double kFastBytesPerSecond = 4e9 / 8;
+  if (bytes >= (size_t{1} << 20)) buffers.fast_link = bytes > kFastBytesPerSecond * took.count();
 }
 
 // The reduce-scatter phase, in place: in size - 1 steps each rank sends a segment to the next

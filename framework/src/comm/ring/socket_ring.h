@@ -15,7 +15,7 @@
 // to the next rank and adds the one it receives from the previous rank, then in size()-1 more
 // steps the reduced segments go round. Each rank sends and receives 2(n-1)/n of the tensor, less
 // its zero elements: a segment travels as a frame that leaves them out where that is shorter
-// (comm/ring/zero_frame.h; lossless).
+// (comm/ring/zero_frame.h; lossless), unless the link is fast (RingBuffers::fast_link).
 // Invariants: every element is reduced in the same order on every rank and then copied, so all
 // ranks hold bitwise the same result, run after run (it may differ in the last bits from MPI's:
 // another order of additions); 16-bit floats are added in float and rounded per element, as the
@@ -62,6 +62,10 @@ class RingConnections;
 struct RingBuffers {
   torch::Tensor scratch;             // the received segment, before it is reduced in
   std::vector<char> sent, received;  // frames (comm/ring/zero_frame.h)
+  // Whether the last exchange of 1 MiB or more moved 4 Gbit/s or more: then segments are sent as
+  // they are, since packing and unpacking a sparse segment (about 1 ns an element) costs more
+  // than the bytes it saves on such a link.
+  bool fast_link = false;
 };
 void ring_all_reduce(RingConnections& ring, RingBuffers& buffers, const torch::Tensor& tensor,
                      ReduceOp op);

@@ -48,13 +48,25 @@ void pack(const char* data, std::size_t count, unsigned char* bitmap, char* valu
   }
 }
 
+// `values` may be read one element past the last kept one (see unpack_frame's callers' padding):
+// each element is loaded, and kept only where its bit is set, so that no branch depends on the
+// data.
 template <class T>
 void unpack(const unsigned char* bitmap, const char* values, std::size_t count, char* data) {
   std::size_t k = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    T x = 0;
-    if ((bitmap[i / 8] >> (i % 8)) & 1) std::memcpy(&x, values + sizeof(T) * k++, sizeof x);
-    std::memcpy(data + i * sizeof(T), &x, sizeof x);
+  for (std::size_t b = 0; b < count; b += 8) {
+    const unsigned bits = bitmap[b / 8];
+    const std::size_t end = std::min(count, b + 8);
+    if (bits == 0) {
+      std::memset(data + b * sizeof(T), 0, (end - b) * sizeof(T));
+      continue;
+    }
+    for (std::size_t i = b; i < end; ++i) {
+      const unsigned kept = (bits >> (i - b)) & 1;
+      const T x = load<T>(values + k * sizeof(T)) & (T(0) - T(kept));
+      std::memcpy(data + i * sizeof(T), &x, sizeof x);
+      k += kept;
+    }
   }
 }
 
@@ -87,62 +99,52 @@ bool by_item(std::size_t item, F&& f) {
 
 }  // namespace
 
-std::size_t pack_frame(const void* data, std::size_t count, std::size_t item,
-                       std::vector<char>& frame) {
+std::size_t payload_bytes(std::uint64_t header) {
+  return static_cast<std::size_t>(header & ~kBitmap);
+}
+
+bool is_packed(std::uint64_t header) { return (header & kBitmap) != 0; }
+
+Frame pack_frame(const void* data, std::size_t count, std::size_t item, std::vector<char>& packed) {
   const char* bytes = static_cast<const char*>(data);
   const std::size_t dense = count * item;
   std::size_t kept = count;
   const bool known = by_item(item, [&]<class T>() { kept = count_nonzero<T>(bytes, count); });
-  const std::size_t packed = bitmap_bytes(count) + kept * item;
-  const bool bitmap = known && count > 0 && packed <= dense - dense / 8;
-  const std::size_t payload = bitmap ? packed : dense;
-  // One element more than a packed payload needs: pack() writes one past the last kept element.
-  if (frame.size() < kFrameHeaderBytes + payload + item) {
-    frame.resize(kFrameHeaderBytes + payload + item);
-  }
-  const std::uint64_t header = payload | (bitmap ? kBitmap : 0);
-  std::memcpy(frame.data(), &header, sizeof header);
-  char* out = frame.data() + kFrameHeaderBytes;
-  if (bitmap) {
-    by_item(item, [&]<class T>() {
-      pack<T>(bytes, count, reinterpret_cast<unsigned char*>(out), out + bitmap_bytes(count));
-    });
-  } else if (dense > 0) {
-    std::memcpy(out, bytes, dense);
-  }
-  return kFrameHeaderBytes + payload;
+  const std::size_t packed_bytes = bitmap_bytes(count) + kept * item;
+  if (!known || packed_bytes >= dense || packed_bytes > dense - dense / 8) return {dense, data};
+  // One element more than the payload: pack() writes one past the last kept element.
+  if (packed.size() < packed_bytes + item) packed.resize(packed_bytes + item);
+  char* out = packed.data();
+  by_item(item, [&]<class T>() {
+    pack<T>(bytes, count, reinterpret_cast<unsigned char*>(out), out + bitmap_bytes(count));
+  });
+  return {packed_bytes | kBitmap, out};
 }
 
-std::size_t frame_bytes(const char* frame) {
-  const auto header = load<std::uint64_t>(frame);
-  return kFrameHeaderBytes + static_cast<std::size_t>(header & ~kBitmap);
+void check_header(std::uint64_t header, std::size_t count, std::size_t item) {
+  const std::size_t bytes = payload_bytes(header), dense = count * item;
+  if (!is_packed(header) && bytes != dense) {
+    bad_frame("holds " + std::to_string(bytes) + " bytes, not " + std::to_string(dense));
+  }
+  // A packed frame is shorter than the elements, and holds at least their bitmap.
+  if (is_packed(header) && (bytes >= dense || bytes < bitmap_bytes(count))) {
+    bad_frame("has a bitmap of " + std::to_string(bytes) + " bytes for " + std::to_string(dense));
+  }
 }
 
-void unpack_frame(const char* frame, std::size_t bytes, std::size_t count, std::size_t item,
+void unpack_frame(const char* payload, std::size_t bytes, std::size_t count, std::size_t item,
                   void* data) {
-  if (bytes < kFrameHeaderBytes || frame_bytes(frame) != bytes) bad_frame("has a broken header");
-  const bool bitmap = (load<std::uint64_t>(frame) & kBitmap) != 0;
-  const char* payload = frame + kFrameHeaderBytes;
-  const std::size_t payload_bytes = bytes - kFrameHeaderBytes;
-  char* out = static_cast<char*>(data);
-  if (!bitmap) {
-    if (payload_bytes != count * item) {
-      bad_frame("holds " + std::to_string(payload_bytes) + " bytes, not " +
-                std::to_string(count * item));
-    }
-    if (payload_bytes > 0) std::memcpy(out, payload, payload_bytes);
-    return;
-  }
   const auto* bits = reinterpret_cast<const unsigned char*>(payload);
   const std::size_t map = bitmap_bytes(count);
   std::size_t kept = 0;
-  if (payload_bytes >= map) {
+  if (bytes >= map) {
     for (std::size_t i = 0; i < map; ++i) kept += std::popcount(unsigned(bits[i]));
   }
-  const bool unused_bits = count % 8 != 0 && payload_bytes >= map && (bits[map - 1] >> (count % 8));
-  if (payload_bytes < map || unused_bits || payload_bytes != map + kept * item) {
-    bad_frame("has a bitmap that does not match its " + std::to_string(payload_bytes) + " bytes");
+  const bool unused_bits = count % 8 != 0 && bytes >= map && (bits[map - 1] >> (count % 8));
+  if (bytes < map || unused_bits || bytes != map + kept * item) {
+    bad_frame("has a bitmap that does not match its " + std::to_string(bytes) + " bytes");
   }
+  char* out = static_cast<char*>(data);
   const bool known = by_item(item, [&]<class T>() { unpack<T>(bits, payload + map, count, out); });
   if (!known) bad_frame("has a bitmap for elements of " + std::to_string(item) + " bytes");
 }

@@ -24,18 +24,33 @@ namespace ddp::detail {
 
 inline constexpr std::size_t kFrameHeaderBytes = sizeof(std::uint64_t);
 
-// Writes `count` elements of `item` bytes each (1, 2, 4 or 8; other sizes are sent as they are)
-// from `data` into `frame` as one frame, growing it if needed; returns the frame's size.
-std::size_t pack_frame(const void* data, std::size_t count, std::size_t item,
-                       std::vector<char>& frame);
+// The payload's size and form, from a frame's header.
+std::size_t payload_bytes(std::uint64_t header);
+bool is_packed(std::uint64_t header);
 
-// The size of the frame whose header `frame` starts with (kFrameHeaderBytes of it are enough).
-std::size_t frame_bytes(const char* frame);
+// A frame to send: its header, then payload_bytes(header) bytes at `payload`.
+struct Frame {
+  std::uint64_t header = 0;
+  const void* payload = nullptr;
+};
 
-// Writes the `count` elements of `item` bytes that the frame of `bytes` bytes holds to `data`.
-// Throws std::runtime_error when the frame does not hold exactly that many: the peer is out of
-// step, or not a ddp ring of this version.
-void unpack_frame(const char* frame, std::size_t bytes, std::size_t count, std::size_t item,
+// The frame of `count` elements of `item` bytes each (1, 2, 4 or 8; other sizes are sent as they
+// are) at `data`: its payload is `data` itself when sent as it is (no copy), else their packed
+// form, written to `packed` (grown if needed). Both must outlive the frame's sending.
+Frame pack_frame(const void* data, std::size_t count, std::size_t item, std::vector<char>& packed);
+
+// The frame of `bytes` at `data` as they are.
+inline Frame unpacked_frame(const void* data, std::size_t bytes) { return {bytes, data}; }
+
+// Throws std::runtime_error when a frame with `header` cannot hold `count` elements of `item`
+// bytes: the peer is out of step, or not a ddp ring of this version.
+void check_header(std::uint64_t header, std::size_t count, std::size_t item);
+
+// Writes the `count` elements of `item` bytes that a packed payload of `bytes` bytes holds to
+// `data`; throws as check_header() when it does not hold exactly that many. `payload` must be
+// readable for `item` bytes past its end (pack_frame's buffer is): every element is loaded, so
+// that no branch depends on the data.
+void unpack_frame(const char* payload, std::size_t bytes, std::size_t count, std::size_t item,
                   void* data);
 
 }  // namespace ddp::detail
