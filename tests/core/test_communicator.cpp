@@ -3,7 +3,9 @@
 #include "comm/compose/cpu_communicator.h"
 #include "comm/mpi/inquiry.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/ring/ring_connections.h"
 #include "comm/ring/socket_ring.h"
+#include "comm/ring/zero_frame.h"
 #include "util/environment.h"
 
 #include "test_support.h"
@@ -302,6 +304,41 @@ TEST(SocketRing, NamesAMissingInterface) {
       std::string::npos)
       << message;
   EXPECT_FALSE(ring->connected());
+}
+
+TEST(SocketRing, NamesAPeerWhoseFrameIsNotOne) {
+  // Rank 1 sends raw bytes where rank 0 expects a frame of 4 floats (as a peer of another ddp
+  // version, without frames, would): rank 0 refuses them, naming rank 1, not a wrong sum.
+  if (comm().size() < 2) return;
+  const int r = comm().rank();
+  MPI_Comm pair = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, r < 2 ? 0 : MPI_UNDEFINED, r, &pair);
+  if (pair != MPI_COMM_NULL) {
+    ddp::detail::RingConnections ring(pair, "", ddp::detail::single_host(pair));
+    ring.set_call("all_reduce");
+    const std::vector<float> values = {1, 2, 3, 4};
+    if (r == 1) {
+      const std::vector<unsigned char> raw(16, 0xff);
+      ring.exchange(raw.data(), raw.size(), nullptr, 0);
+    } else {
+      std::vector<char> packed;
+      std::vector<float> in(4);
+      std::string message;
+      try {
+        ring.exchange_frame(ddp::detail::unpacked_frame(values.data(), 16), in.data(), 4, 4,
+                            packed);
+      } catch (const std::runtime_error& e) {
+        message = e.what();
+      }
+      EXPECT_NE(message.find("rank 0: socket ring all_reduce: from rank 1 (127.0.0.1:"),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find("runs another version of ddp"), std::string::npos) << message;
+    }
+    MPI_Barrier(pair);  // rank 1's ring stays open until rank 0 has read
+    MPI_Comm_free(&pair);
+  }
+  comm().barrier();
 }
 
 TEST(SocketRing, NamesAPeerThatLeft) {

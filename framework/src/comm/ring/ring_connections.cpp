@@ -287,16 +287,29 @@ void RingConnections::exchange_frame(const Frame& out, void* in, size_t count, s
       {reinterpret_cast<char*>(&header), kFrameHeaderBytes},
       {static_cast<char*>(const_cast<void*>(out.payload)), payload_bytes(out.header)}};
   std::uint64_t got = 0;
+  const int prev = (rank_ + size_ - 1) % size_;
+  // A frame that cannot be what this rank expects: named with the peer that sent it.
+  auto checked = [&](const auto& check) {
+    try {
+      check();
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": socket ring " + call_ +
+                               ": from rank " + std::to_string(prev) + " (" + addresses_[prev] +
+                               "), " + e.what());
+    }
+  };
   transfer(spans, [&](int k) {
     if (k == 0) return Span{reinterpret_cast<char*>(&got), kFrameHeaderBytes};
     if (k > 1) return Span{};
-    check_header(got, count, item);
+    checked([&] { check_header(got, count, item); });
     if (!is_packed(got)) return Span{static_cast<char*>(in), payload_bytes(got)};
     // unpack_frame() may read one element past the payload.
     if (packed.size() < payload_bytes(got) + item) packed.resize(payload_bytes(got) + item);
     return Span{packed.data(), payload_bytes(got)};
   });
-  if (is_packed(got)) unpack_frame(packed.data(), payload_bytes(got), count, item, in);
+  if (is_packed(got)) {
+    checked([&] { unpack_frame(packed.data(), payload_bytes(got), count, item, in); });
+  }
 }
 
 void RingConnections::transfer(const Span (&out)[2], const std::function<Span(int)>& next_span) {

@@ -51,7 +51,7 @@ class RingConnections {
   // The same for frames (comm/ring/zero_frame.h): sends `out` while receiving one frame of
   // `count` elements of `item` bytes, straight into `in` when it comes as it is, else into
   // `packed` (grown to fit) and then unpacked into `in`. A frame that cannot hold them is the
-  // peer's error (std::runtime_error).
+  // peer's error: std::runtime_error naming this rank, the call and the peer.
   void exchange_frame(const Frame& out, void* in, size_t count, size_t item,
                       std::vector<char>& packed);
   // The collective the next exchanges belong to, for errors ("all_reduce").

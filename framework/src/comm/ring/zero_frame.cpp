@@ -93,8 +93,8 @@ bool by_item(std::size_t item, F&& f) {
 }
 
 [[noreturn]] void bad_frame(const std::string& what) {
-  throw std::runtime_error("socket ring: a frame from the previous rank " + what +
-                           " (the peer is out of step or runs another ddp)");
+  throw std::runtime_error("a frame that " + what +
+                           " (the peer is out of step, or runs another version of ddp)");
 }
 
 }  // namespace
