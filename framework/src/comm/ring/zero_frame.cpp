@@ -49,8 +49,8 @@ void pack(const char* data, std::size_t count, unsigned char* bitmap, char* valu
 }
 
 // `values` may be read one element past the last kept one (see unpack_frame's callers' padding):
-// each element is loaded, and kept only where its bit is set, so that no branch depends on the
-// data.
+// in a block with a bit set, each element is loaded and kept only where its bit is set, so that no
+// branch depends on each element; a block of 8 zeros is one branch.
 template <class T>
 void unpack(const unsigned char* bitmap, const char* values, std::size_t count, char* data) {
   std::size_t k = 0;

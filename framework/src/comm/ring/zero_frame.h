@@ -48,8 +48,8 @@ void check_header(std::uint64_t header, std::size_t count, std::size_t item);
 
 // Writes the `count` elements of `item` bytes that a packed payload of `bytes` bytes holds to
 // `data`; throws as check_header() when it does not hold exactly that many. `payload` must be
-// readable for `item` bytes past its end (pack_frame's buffer is): every element is loaded, so
-// that no branch depends on the data.
+// readable for `item` bytes past its end (pack_frame's buffer is): elements are loaded whether
+// kept or not, so that no branch depends on each element.
 void unpack_frame(const char* payload, std::size_t bytes, std::size_t count, std::size_t item,
                   void* data);
 
