@@ -39,7 +39,7 @@ launch() {
 netns_shape h1 "$rate"
 netns_shape h2 "$rate"
 
-rows=(fp32 bf16 powersgd)
+rows=(${DDP_BENCH_ROWS:-fp32 bf16 powersgd})  # DDP_BENCH_ROWS: some of them
 for round in $(seq 1 "$rounds"); do
   for row in "${rows[@]}"; do
     ddp_hook=() torch_hook=()

@@ -8,6 +8,7 @@
 #include "comm/ring/zero_frame.h"
 #include "util/environment.h"
 
+#include "fill_check.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
@@ -446,6 +447,15 @@ TEST(SizeRoutedCommunicator, InterleavedSizesGiveMpisResultsInCallOrder) {
   }
   EXPECT_TRUE(torch::equal(last, torch::full({2}, double(comm().size() - 1))));
   EXPECT_EQ(routed.ring().connected(), comm().size() > 1);
+}
+
+TEST(CpuCommunicator, AllReduceAfterFillFillsOnTheWorkerInCallOrder) {
+  ddp_test::check_all_reduce_after_fill(comm(), 10, /*on_worker=*/true, "ProcessGroup::cpu()");
+  const auto ring = own_ring();
+  ddp_test::check_all_reduce_after_fill(*ring, 1000, true, "SocketRing");
+  ddp::SizeRoutedCommunicator routed(MPI_COMM_WORLD, routed_options());
+  ddp_test::check_all_reduce_after_fill(routed, 10, true, "SizeRoutedCommunicator, on MPI");
+  ddp_test::check_all_reduce_after_fill(routed, 5000, true, "SizeRoutedCommunicator, on the ring");
 }
 
 TEST(MpiCommunicator, BroadcastFromLastRank) {

@@ -1,12 +1,14 @@
 // Communicator::reduce_scatter and all_gather_into (the flat collectives of ZeRO-1) on MPI, the
 // TCP ring, the CPU communicator routed to the ring, and the base class's fallback: exact values
-// at every rank count the binary runs with (ctest: 1, 2 and 4).
+// at every rank count the binary runs with (ctest: 1, 2 and 4). And the base class's
+// all_reduce_after_fill.
 #include <ddp/communicator.h>
 #include "comm/compose/cpu_communicator.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/ring/socket_ring.h"
 #include "runtime/runtime_internals.h"
 
+#include "fill_check.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
@@ -141,6 +143,8 @@ TEST(FlatCollectives, CpuCommunicatorRoutesLargeOnesToTheRing) {
 TEST(FlatCollectives, BaseClassFallback) {
   Fallback comm;
   check_flat_collectives(comm);
+  // all_reduce_after_fill's default: the fill at the call, then all_reduce_async.
+  ddp_test::check_all_reduce_after_fill(comm, 10, /*on_worker=*/false, "the base class");
 }
 
 }  // namespace test_flat_collectives

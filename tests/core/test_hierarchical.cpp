@@ -10,6 +10,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "util/testing_hooks.h"
 
+#include "fill_check.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
@@ -137,6 +138,12 @@ TEST(HierarchicalAllReduce, AsynchronousCallsKeepTheirOrder) {
     EXPECT_TRUE(torch::equal(tensors[i], torch::full_like(tensors[i], want))) << "all-reduce " << i;
   }
   EXPECT_TRUE(torch::equal(last, torch::full({2}, static_cast<double>(world()))));
+}
+
+TEST(HierarchicalAllReduce, AllReduceAfterFillFillsOnTheWorker) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 or 4 ranks";
+  const auto hier = hierarchical(two_by_two(), /*ring=*/true);
+  ddp_test::check_all_reduce_after_fill(*hier, 50000, /*on_worker=*/true, "hierarchical");
 }
 
 TEST(HierarchicalAllReduce, ChosenFromTheHosts) {

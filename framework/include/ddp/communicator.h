@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,6 +81,17 @@ class Communicator {
   /// The tensor must be contiguous and live where the backend can reach it.
   virtual std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
                                                  ReduceOp op = ReduceOp::Sum) = 0;
+  /// all_reduce_async(tensor, op), with `fill` writing `tensor` first, when the all-reduce's turn
+  /// comes: the call keeps its place in the order of collectives, and the caller goes on without
+  /// waiting for what `fill` needs. `fill` may wait() for collectives issued before this one (a
+  /// comm hook whose second all-reduce is computed from the first's sum: PowerSGD's Qs from the
+  /// Ps), and issues none. MPI and the TCP ring run it on their worker thread, once the
+  /// collectives issued before have finished (for a CPU tensor); this default, and NCCL, run it
+  /// at the call (NCCL's wait() holds up no host thread). What it throws, Work::wait() rethrows;
+  /// the other ranks then wait in this all-reduce, as for any rank that fails in a collective.
+  virtual std::unique_ptr<Work> all_reduce_after_fill(const torch::Tensor& tensor,
+                                                      std::function<void()> fill,
+                                                      ReduceOp op = ReduceOp::Sum);
   /// all_reduce_async(), then Work::wait().
   void all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) {
     all_reduce_async(tensor, op)->wait();

@@ -8,6 +8,12 @@
 
 namespace ddp {
 
+std::unique_ptr<Work> Communicator::all_reduce_after_fill(const torch::Tensor& tensor,
+                                                          std::function<void()> fill, ReduceOp op) {
+  if (fill) fill();
+  return all_reduce_async(tensor, op);
+}
+
 // The fallbacks: any backend's all_reduce and all_gather, checked as the host backends check.
 void Communicator::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
                                   ReduceOp op) {

@@ -296,24 +296,28 @@ CommHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
       torch::bmm_out(job->ps[k], job->matrices[k], job->qs[k]);
     }
 
-    // The uncompressed tensors and the Ps start at once. The Ps' sum is waited for here, inside
-    // backward, and the Qs start from here too: so the Qs travel while backward goes on (as in
-    // PyTorch, where P's completion starts them), and every rank issues its collectives in hook
-    // order on one thread (PyTorch's callback can issue them in another order on each rank,
-    // which gloo reports as a collective mismatch). The wait costs backward one round trip of a
-    // small tensor per bucket; the sums are the same, each all-reduce on its own.
+    // The uncompressed tensors and the Ps start at once, and the Qs behind them: each Q is
+    // computed from its P's sum when its all-reduce's turn comes (Communicator::
+    // all_reduce_after_fill; the host backends' worker thread does it), so backward goes on
+    // meanwhile, as in PyTorch, where P's completion starts the Qs. And every rank issues its
+    // collectives in hook order from one thread (PyTorch's callback can issue them in another
+    // order on each rank, which gloo reports as a collective mismatch). The sums are the same,
+    // each all-reduce on its own. `fill` holds the tensors, not the job (which holds its Work).
     std::unique_ptr<Work> first;
     if (job->uncompressed_memory.numel() > 0) {
       first = comm.all_reduce_async(job->uncompressed_memory, ReduceOp::Sum);
     }
     if (job->p_memory.numel() > 0) {
-      comm.all_reduce_async(job->p_memory, ReduceOp::Sum)->wait();
-      // compute_qs
-      for (const torch::Tensor& p : job->ps) orthogonalize(p, s.orthogonalization_epsilon);
-      for (size_t k = 0; k < job->matrices.size(); ++k) {
-        torch::bmm_out(job->qs[k], job->matrices[k].transpose(1, 2), job->ps[k]);
-      }
-      job->q_sum = comm.all_reduce_async(job->q_memory, ReduceOp::Sum);
+      std::shared_ptr<Work> p_sum = comm.all_reduce_async(job->p_memory, ReduceOp::Sum);
+      auto compute_qs = [p_sum, ps = job->ps, qs = job->qs, matrices = job->matrices,
+                         epsilon = s.orthogonalization_epsilon]() mutable {
+        p_sum->wait();
+        for (const torch::Tensor& p : ps) orthogonalize(p, epsilon);
+        for (size_t k = 0; k < matrices.size(); ++k) {
+          torch::bmm_out(qs[k], matrices[k].transpose(1, 2), ps[k]);
+        }
+      };
+      job->q_sum = comm.all_reduce_after_fill(job->q_memory, std::move(compute_qs), ReduceOp::Sum);
     }
     return BucketFuture(std::move(first), input).then([job, index, world](torch::Tensor) {
       PowerSGDState& s = *job->state;

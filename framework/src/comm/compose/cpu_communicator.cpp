@@ -99,11 +99,12 @@ Communicator& SizeRoutedCommunicator::route(const torch::Tensor& tensor) {
   return mpi_;
 }
 
-std::unique_ptr<Work> SizeRoutedCommunicator::all_reduce_async(const torch::Tensor& tensor,
-                                                               ReduceOp op) {
+std::unique_ptr<Work> SizeRoutedCommunicator::all_reduce_after_fill(const torch::Tensor& tensor,
+                                                                    std::function<void()> fill,
+                                                                    ReduceOp op) {
   // Checked as MPI checks it, whichever path it takes: the same errors for every size.
   mpi_.check_all_reduce(tensor, op);
-  return route(tensor).all_reduce_async(tensor, op);
+  return route(tensor).all_reduce_after_fill(tensor, std::move(fill), op);
 }
 
 void SizeRoutedCommunicator::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,

@@ -47,6 +47,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,7 +101,12 @@ class SizeRoutedCommunicator final : public Communicator {
   int size() const override { return mpi_.size(); }
 
   std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
-                                         ReduceOp op = ReduceOp::Sum) override;
+                                         ReduceOp op = ReduceOp::Sum) override {
+    return all_reduce_after_fill(tensor, {}, op);
+  }
+  std::unique_ptr<Work> all_reduce_after_fill(const torch::Tensor& tensor,
+                                              std::function<void()> fill,
+                                              ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override {
     mpi_.broadcast(tensor, root);
   }

@@ -282,16 +282,20 @@ int HierarchicalCommunicator::hosts() const { return state_->hosts; }
 bool HierarchicalCommunicator::leader() const { return state_->leader; }
 bool HierarchicalCommunicator::leaders_use_ring() const { return state_->ring_wanted; }
 
-std::unique_ptr<Work> HierarchicalCommunicator::all_reduce_async(const torch::Tensor& tensor,
-                                                                 ReduceOp op) {
+std::unique_ptr<Work> HierarchicalCommunicator::all_reduce_after_fill(const torch::Tensor& tensor,
+                                                                      std::function<void()> fill,
+                                                                      ReduceOp op) {
   // The MPI backend's checks and messages, whichever path: the same errors as without hierarchy.
   Collective call = Collective::all_reduce(detail::host_rules("MpiCommunicator::"), tensor, op);
+  fill = detail::fill_on_worker(tensor, std::move(fill));
   const torch::Tensor host = detail::on_host(tensor);
   State* state = state_.get();
   const int size = this->size();
-  return flat_.worker()->submit(
-      std::move(call), [state, host, op, size] { state->all_reduce(host, op, size); }, tensor,
-      host);
+  auto run = [state, fill, host, op, size] {
+    detail::run_filled(fill);
+    state->all_reduce(host, op, size);
+  };
+  return flat_.worker()->submit(std::move(call), std::move(run), tensor, host);
 }
 
 }  // namespace ddp

@@ -52,6 +52,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,7 +84,12 @@ class HierarchicalCommunicator final : public Communicator {
   int size() const override { return flat_.size(); }
 
   std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
-                                         ReduceOp op = ReduceOp::Sum) override;
+                                         ReduceOp op = ReduceOp::Sum) override {
+    return all_reduce_after_fill(tensor, {}, op);
+  }
+  std::unique_ptr<Work> all_reduce_after_fill(const torch::Tensor& tensor,
+                                              std::function<void()> fill,
+                                              ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override {
     flat_.broadcast(tensor, root);
   }

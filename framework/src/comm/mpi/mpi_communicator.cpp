@@ -25,8 +25,11 @@ void MpiCommunicator::check_all_reduce(const torch::Tensor& tensor, ReduceOp op)
   (void)Collective::all_reduce(rules_, tensor, op);
 }
 
-std::unique_ptr<Work> MpiCommunicator::all_reduce_async(const torch::Tensor& tensor, ReduceOp op) {
+std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor& tensor,
+                                                             std::function<void()> fill,
+                                                             ReduceOp op) {
   Collective call = Collective::all_reduce(rules_, tensor, op);
+  fill = detail::fill_on_worker(tensor, std::move(fill));
   const torch::Tensor host = detail::on_host(tensor);
   const MPI_Datatype type = detail::mpi_type(host.scalar_type());
   const MPI_Op reduce = detail::mpi_op(op, host.scalar_type());
@@ -36,7 +39,8 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(const torch::Tensor& ten
   // The debug mode's all-gather already waits for every rank.
   const bool arrival_barrier = blocking && !worker_->options().check_collectives;
   detail::MpiWorker* worker = worker_.get();  // outlives the calls queued on it
-  auto run = [worker, host, type, reduce, op, size, max_bytes, blocking, arrival_barrier] {
+  auto run = [worker, fill, host, type, reduce, op, size, max_bytes, blocking, arrival_barrier] {
+    detail::run_filled(fill);
     const MPI_Comm comm = worker->comm();
     if (arrival_barrier) {
       MPI_Request request;

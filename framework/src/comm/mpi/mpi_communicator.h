@@ -29,6 +29,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -65,7 +66,12 @@ class MpiCommunicator final : public Communicator {
   // Supported dtypes: float32, float64, int32, int64, uint8, and float16/bfloat16 for Sum and
   // Avg (summed in float per element). Avg: floating point only.
   std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
-                                         ReduceOp op = ReduceOp::Sum) override;
+                                         ReduceOp op = ReduceOp::Sum) override {
+    return all_reduce_after_fill(tensor, {}, op);
+  }
+  std::unique_ptr<Work> all_reduce_after_fill(const torch::Tensor& tensor,
+                                              std::function<void()> fill,
+                                              ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override;
   torch::Tensor all_gather(const torch::Tensor& tensor) override;
   // MPI_Ireduce_scatter_block and MPI_Iallgather on the worker (at most INT_MAX elements per

@@ -89,6 +89,12 @@ torch::Tensor on_host(const torch::Tensor& tensor) {
   return tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
 }
 
+std::function<void()> fill_on_worker(const torch::Tensor& tensor, std::function<void()> fill) {
+  if (!fill || tensor.is_cpu()) return fill;
+  fill();
+  return {};
+}
+
 MpiWorker::MpiWorker(MPI_Comm comm, WorkerOptions options) : options_(std::move(options)) {
   int level = MPI_THREAD_SINGLE;
   DDP_MPI_CHECK(MPI_Query_thread(&level));

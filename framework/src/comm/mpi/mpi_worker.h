@@ -123,9 +123,9 @@ class MpiWorker {
 
   // Waits for `request` as described above (spin, then sleeps). Worker thread only. `spin`
   // false: sleeps from the start, for waits on a peer that is busy elsewhere (the hierarchical
-  // all-reduce's host phases: comm/compose/hierarchical_communicator.h), where spinning takes the core
-  // that peer's training needs.
-  // Throws CollectivesDiffer when the ranks are stuck in different collectives (below).
+  // all-reduce's host phases: comm/compose/hierarchical_communicator.h), where spinning takes the
+  // core that peer's training needs. Throws CollectivesDiffer when the ranks are stuck in different
+  // collectives (below).
   void wait(MPI_Request& request, bool spin = true) const;
 
   // For MPI_COMM_WORLD's error handler: when the calling thread is a worker running a
@@ -174,6 +174,15 @@ class MpiWorker {
 // Work::wait() (MpiWorker::submit's `target` and `host`). Slow but correct; CUDA tensors belong
 // on the NCCL backend.
 torch::Tensor on_host(const torch::Tensor& tensor);
+
+// The host backends' all_reduce_after_fill (communicator.h): for a tensor on the host, returns
+// `fill`, for the worker to run first; for one elsewhere, runs it now (the host copy, made next,
+// must hold what it writes) and returns an empty function. Then run_filled(fill) in the worker's
+// call runs it if any.
+std::function<void()> fill_on_worker(const torch::Tensor& tensor, std::function<void()> fill);
+inline void run_filled(const std::function<void()>& fill) {
+  if (fill) fill();
+}
 
 }  // namespace detail
 }  // namespace ddp

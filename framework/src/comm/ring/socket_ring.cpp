@@ -184,11 +184,14 @@ std::unique_ptr<Work> SocketRing::submit(Collective call, torch::Tensor target, 
       std::move(host));
 }
 
-std::unique_ptr<Work> SocketRing::all_reduce_async(const torch::Tensor& tensor, ReduceOp op) {
+std::unique_ptr<Work> SocketRing::all_reduce_after_fill(const torch::Tensor& tensor,
+                                                        std::function<void()> fill, ReduceOp op) {
   Collective call = Collective::all_reduce(rules_, tensor, op);
+  fill = detail::fill_on_worker(tensor, std::move(fill));
   const torch::Tensor host = detail::on_host(tensor);
   const int size = this->size();
-  return submit(std::move(call), tensor, host, [host, op, size](State& s) {
+  return submit(std::move(call), tensor, host, [fill, host, op, size](State& s) {
+    detail::run_filled(fill);
     s.call("all_reduce",
            [&](RingConnections& ring) { ring_all_reduce(ring, s.buffers, host, op); });
     detail::finish_avg(host, op, size);

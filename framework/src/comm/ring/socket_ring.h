@@ -96,7 +96,12 @@ class SocketRing final : public Communicator {
   int size() const override { return worker_->size(); }
 
   std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
-                                         ReduceOp op = ReduceOp::Sum) override;
+                                         ReduceOp op = ReduceOp::Sum) override {
+    return all_reduce_after_fill(tensor, {}, op);
+  }
+  std::unique_ptr<Work> all_reduce_after_fill(const torch::Tensor& tensor,
+                                              std::function<void()> fill,
+                                              ReduceOp op = ReduceOp::Sum) override;
   void broadcast(const torch::Tensor& tensor, int root = 0) override;
   torch::Tensor all_gather(const torch::Tensor& tensor) override;
   void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
