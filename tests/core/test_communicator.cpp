@@ -456,6 +456,8 @@ TEST(CpuCommunicator, AllReduceAfterFillFillsOnTheWorkerInCallOrder) {
   ddp::SizeRoutedCommunicator routed(MPI_COMM_WORLD, routed_options());
   ddp_test::check_all_reduce_after_fill(routed, 10, true, "SizeRoutedCommunicator, on MPI");
   ddp_test::check_all_reduce_after_fill(routed, 5000, true, "SizeRoutedCommunicator, on the ring");
+  ddp_test::check_all_reduce_after_fill(routed, 5000, true, "SizeRoutedCommunicator, MPI then ring",
+                                        /*first_n=*/10);
 }
 
 TEST(MpiCommunicator, BroadcastFromLastRank) {

@@ -17,10 +17,12 @@
 
 namespace ddp_test {
 
+// `first_n` elements in the first all-reduce (default: n), so that on a size-routed communicator
+// the two can take different paths (PowerSGD's small Ps on MPI, its large Qs on the ring).
 inline void check_all_reduce_after_fill(ddp::Communicator& comm, int64_t n, bool on_worker,
-                                        const std::string& what) {
+                                        const std::string& what, int64_t first_n = 0) {
   const int r = comm.rank(), w = comm.size();
-  const torch::Tensor first = torch::full({n}, double(r + 1));
+  const torch::Tensor first = torch::full({first_n > 0 ? first_n : n}, double(r + 1));
   std::shared_ptr<ddp::Work> first_sum = comm.all_reduce_async(first);
   const torch::Tensor second = torch::zeros({n});
   std::promise<void> returned;
@@ -34,7 +36,7 @@ inline void check_all_reduce_after_fill(ddp::Communicator& comm, int64_t n, bool
       after_return = has_returned.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
     }
     first_sum->wait();
-    second.copy_(first * (r + 1));  // this rank's share of the second sum needs the first's
+    second.fill_(first[0] * (r + 1));  // this rank's share of the second sum needs the first's
   });
   returned.set_value();
   work->wait();
