@@ -160,8 +160,9 @@ TEST(Checkpointer, AHandWrittenLoopResumedInsideAnEpochContinuesBitIdentical) {
 
 // CheckpointerOptions::every_seconds with a fake clock per rank: only the last rank's clock
 // moves (1 s a step), as if it alone were slow; the others never find the timer due. The
-// stop check's all-reduce carries the last rank's "due", so every rank takes part in the same
-// snapshots, at steps 3, 6 and 9 (the timer restarts at each).
+// stop check's all-reduce carries the last rank's "due" (at steps 3, 7 and 11), read at the next
+// boundary, so every rank takes part in the same snapshots, at steps 4, 8 and 12 (the timer
+// restarts at each).
 TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSameStep) {
   const std::string dir = shared_dir("checkpointer_timed");
   const bool slow = rt().rank() == rt().world_size() - 1;
@@ -178,7 +179,7 @@ TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSam
   boundary.start_epoch(1, sampler, 1);
   std::string steps;           // the steps this rank took part in a snapshot at
   int64_t due_here_at_3 = -1;  // this rank's own timer at step 3
-  for (int64_t step = 0; step < 11; ++step) {
+  for (int64_t step = 0; step < 13; ++step) {
     if (step == 3) due_here_at_3 = checkpointer.time_due();
     ASSERT_FALSE(boundary.at_step(step, step, [] { return ddp::RankState{}; }));
     const std::string& path = boundary.snapshot();
@@ -188,7 +189,7 @@ TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSam
     }
     if (slow) now += 1;  // the step "takes" a second on the last rank only
   }
-  EXPECT_EQ(steps, "3 6 9 ");
+  EXPECT_EQ(steps, "4 8 12 ");
   EXPECT_EQ(due_here_at_3, slow ? 1 : 0) << "only the last rank's own clock was due";
   const std::vector<std::string> all = ddp::all_gather_strings(pg().cpu(), steps);
   for (const std::string& other : all) EXPECT_EQ(other, steps);
@@ -196,17 +197,44 @@ TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSam
   EXPECT_EQ(checkpointer.cost().at_epoch_end, 0);
   EXPECT_GE(checkpointer.cost().seconds, checkpointer.cost().max_seconds);
   if (rt().is_main()) {  // only the newest step snapshot is kept
-    EXPECT_EQ(ddp::list_snapshots(dir), std::vector<std::string>{ddp::snapshot_path(dir, 1, 9)});
+    EXPECT_EQ(ddp::list_snapshots(dir), std::vector<std::string>{ddp::snapshot_path(dir, 1, 12)});
   }
   // An epoch end restarts the timer too; without the agreed "due", nothing is written.
   now += 5;
-  checkpointer.save_epoch(1, 11);
+  checkpointer.save_epoch(1, 13);
   EXPECT_FALSE(checkpointer.time_due());
   EXPECT_EQ(checkpointer.cost().written, 4);
   EXPECT_EQ(checkpointer.cost().at_epoch_end, 1);
   if (slow) now += 3;
   EXPECT_EQ(checkpointer.time_due(), slow);
-  EXPECT_EQ(checkpointer.at_boundary(false, {2, 1, 12}, [] { return ddp::RankState{}; }), "");
+  EXPECT_EQ(checkpointer.at_boundary(false, {2, 1, 14}, [] { return ddp::RankState{}; }), "");
+}
+
+// The agreement is read a boundary late, but a boundary that writes a snapshot agrees at once:
+// a loss that was not finite in the step just taken (on the last rank only) fails every rank
+// there, before the snapshot. Between snapshots the same loss fails them at the next boundary,
+// and end_epoch() agrees at once, before the epoch's snapshot.
+TEST(StepBoundary, ANonFiniteLossIsAgreedBeforeAnySnapshot) {
+  const std::string dir = shared_dir("boundary_nonfinite");
+  ddp::CheckpointerOptions options;
+  options.dir = dir;
+  options.every_steps = 4;
+  Net net;
+  torch::optim::SGD optimizer(net.parameters(), torch::optim::SGDOptions(0.1));
+  ddp::StepBoundary boundary(pg(), ddp::Checkpointer(pg(), net, optimizer, options));
+  ddp::DistributedSampler sampler(100, rt().world_size(), rt().rank(), true, 0);
+  boundary.start_epoch(1, sampler, 1);
+  const bool last = rt().rank() == rt().world_size() - 1;
+  const std::string rank = "the loss of rank " + std::to_string(rt().world_size() - 1);
+  for (int64_t step = 0; step < 4; ++step) ASSERT_FALSE(boundary.at_step(step, step, {}));
+  EXPECT_EQ(message_of([&] { boundary.at_step(4, 4, {}, last ? 4 : -1); }),
+            rank + " was not finite (first at step 4)");
+  if (rt().is_main()) EXPECT_TRUE(ddp::list_snapshots(dir).empty()) << "refused before it";
+  EXPECT_EQ(message_of([&] { boundary.at_step(5, 5, {}, last ? 5 : -1); }), "") << "sent";
+  EXPECT_EQ(message_of([&] { boundary.at_step(6, 6, {}, last ? 5 : -1); }),
+            rank + " was not finite (first at step 5)");
+  EXPECT_EQ(message_of([&] { boundary.end_epoch(last ? 7 : -1); }),
+            rank + " was not finite (first at step 7)");
 }
 
 TEST(Checkpointer, EpochEndsRotateAndSupersedeTheSnapshotsInsideAnEpoch) {

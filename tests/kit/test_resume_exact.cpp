@@ -156,7 +156,8 @@ void expect_exact_resume(const Case& c) {
     ddp::TrainerOptions stopped = options(dir);
     const int last = rt().world_size() - 1;
     ddp_test::AfterStep hook([&](int64_t step, int rank) {
-      if (step == kStopAfterStep && rank == last) std::raise(SIGTERM);
+      // Sent at the boundary after the step, read at the next one.
+      if (step == kStopAfterStep - 1 && rank == last) std::raise(SIGTERM);
     });
     ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, stopped, &run.model);
     trainer.fit(kEpochs);

@@ -5,7 +5,8 @@
 # small copy of Fashion-MNIST (768 training images, one epoch), each rank writing the samples it
 # trained (its --sample-log):
 #   1. 4 ranks x 16 throughout: the reference;
-#   2. 4 ranks stopped after step 3 (--stop-at-step: rank 0 raises SIGTERM; exit 75, a snapshot
+#   2. 4 ranks stopped after step 3 (--stop-at-step 2: rank 0 raises SIGTERM after step 2, agreed
+#      at the boundary after step 3; exit 75, a snapshot
 #      after batch 3), resumed on 2 ranks: steps 1-3 trained the reference's samples step for
 #      step, the rest of the epoch's order (from sample 192) is re-sharded over the 2 ranks as
 #      DistributedSampler's start says (each rank's list computed here from PyTorch's
@@ -90,14 +91,14 @@ run four 4 0 --checkpoint-dir "$work/four"
 run two 2 0 --checkpoint-dir "$work/two"
 
 echo "== 2. 4 ranks, stopped after step 3, resumed on 2"
-run shrink 4 75 --checkpoint-dir "$work/shrink" --stop-at-step 3
+run shrink 4 75 --checkpoint-dir "$work/shrink" --stop-at-step 2
 expect "$work/shrink.log" "^Stopped by SIGTERM \(rank 0\) before batch 3 of epoch 1 \(step 3\): wrote $work/shrink/snapshot_epoch1_batch3.pt"
 run shrink.resumed 2 0 --checkpoint-dir "$work/shrink" --resume --metrics-file "$work/shrink.resumed.jsonl"
 expect "$work/shrink.resumed.log" "^Warning: the snapshot was written by 4 rank\(s\), this run has 2: the rest of epoch 1 \(from sample 192 of its order\) is re-sharded over the 2 ranks"
 check four shrink shrink.resumed 4 2 192
 
 echo "== 3. 2 ranks, stopped after step 3, resumed on 4"
-run grow 2 75 --checkpoint-dir "$work/grow" --stop-at-step 3
+run grow 2 75 --checkpoint-dir "$work/grow" --stop-at-step 2
 run grow.resumed 4 0 --checkpoint-dir "$work/grow" --resume --metrics-file "$work/grow.resumed.jsonl"
 expect "$work/grow.resumed.log" "^Warning: the snapshot was written by 2 rank\(s\), this run has 4: the rest of epoch 1 \(from sample 96 of its order\)"
 check two grow grow.resumed 2 4 96

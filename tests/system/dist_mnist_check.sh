@@ -10,7 +10,8 @@
 #   2. 2 ranks with --same-data (every rank trains rank 0's batches, the same dropout masks)
 #      equal a 1-rank run bit for bit: the gradient averaging changes nothing; 2 ranks on their
 #      own shards do not;
-#   3. rank 1 raises SIGTERM after step 3 (--stop-at-step): every rank stops at the next step
+#   3. rank 1 raises SIGTERM after step 2 (--stop-at-step): the ranks agree at the next
+#      boundary and stop at the one after
 #      boundary, exit status 75 after a snapshot inside epoch 1; the same command with --resume
 #      ends bit-identical to 1;
 #   4. a bad flag ends every rank with status 2 and a line naming it.
@@ -55,7 +56,7 @@ grep "Training complete" "$work/one.log"
 echo "== 3. SIGTERM on rank 1 after step 3: exit 75, then --resume equals 1"
 status=0
 "$mpiexec" -np 2 "$program" "${train[@]}" --checkpoint-dir "$work/stopped_ckpt" \
-  --stop-at-step 3 --stop-rank 1 > "$work/stopped.log" 2>&1 || status=$?
+  --stop-at-step 2 --stop-rank 1 > "$work/stopped.log" 2>&1 || status=$?
 [ "$status" -eq 75 ] || { cat "$work/stopped.log"; fail "exit status $status, expected 75"; }
 expect "$work/stopped.log" "^Stopped by SIGTERM \(rank 1\) before batch 3 of epoch 1 \(step 3\): wrote $work/stopped_ckpt/snapshot_epoch1_batch3.pt"
 grep "^Stopped by" "$work/stopped.log"

@@ -3,8 +3,8 @@
 # Preemption and resume at 2 ranks (docs/reliability.md), each against the same run
 # uninterrupted (2 epochs of 6 steps: steps 1-6 in epoch 1, 7-12 in epoch 2). DDP_CIFAR_SIGNAL_AT_STEP
 # is ddp_cifar built to raise a signal at a known step (tests/system/signal_at_step.cpp):
-#   1. SIGTERM on rank 1 only, right after step 9 (--signal-at-step=9:1:TERM): both ranks stop
-#      before batch 3 of epoch 2, write snapshot_epoch2_batch3.pt, exit 75; --resume continues
+#   1. SIGTERM on rank 1 only, right after step 8 (--signal-at-step=8:1:TERM): both ranks stop
+#      a boundary later (the agreement is read at the next one), before batch 3 of epoch 2, write snapshot_epoch2_batch3.pt, exit 75; --resume continues
 #      from step 9 and ends bit-identical (model, metrics of epoch 2); the metrics file of the
 #      stopped run keeps its epoch-1 line and the resumed run appends;
 #   2. --checkpoint-every-steps 4 and a SIGKILL of rank 1 after step 10 (a crash with no
@@ -29,9 +29,9 @@ echo '{"epoch": 7, "stale": true}' > "$work/full.jsonl"
 "${train[@]}" --log-interval 0 --checkpoint-dir "$work/full" --metrics-file "$work/full.jsonl" > "$work/full.log"
 [ "$(wc -l < "$work/full.jsonl")" -eq 2 ] || fail "a fresh run must start a new metrics file: $(cat "$work/full.jsonl")"
 
-echo "== 1. SIGTERM on rank 1 after step 9"
+echo "== 1. SIGTERM on rank 1 after step 8"
 status=0
-signalled 9:1:TERM --log-interval 0 --checkpoint-dir "$work/term" \
+signalled 8:1:TERM --log-interval 0 --checkpoint-dir "$work/term" \
   --metrics-file "$work/term.jsonl" > "$work/term.log" 2>&1 || status=$?
 cat "$work/term.log"
 [ $status -eq 75 ] || fail "exit status $status, expected 75"

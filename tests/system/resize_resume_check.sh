@@ -49,13 +49,14 @@ train() {
     status=$?
   [ $status -eq 0 ] || { cat "$work/$name.log"; fail "$name: exit status $status"; }
 }
-# stopped NAME NP BATCH: the same run, stopped by a SIGTERM on rank 0 after step 3 (status 75).
+# stopped NAME NP BATCH: the same run, stopped after step 3 by a SIGTERM on rank 0 after step 2
+# (agreed a boundary later; status 75).
 stopped() {
   local name=$1 np=$2 batch=$3 status=0
-  echo "+ mpirun -np $np ddp_mnist_signal_at_step --signal-at-step=3:0:TERM ${flags[*]} --batch-size $batch"
+  echo "+ mpirun -np $np ddp_mnist_signal_at_step --signal-at-step=2:0:TERM ${flags[*]} --batch-size $batch"
   mkdir -p "$work/$name.samples"
   DDP_TEST_SAMPLE_LOG="$work/$name.samples" "$mpiexec" -np "$np" -x DDP_TEST_SAMPLE_LOG "$signal_at_step" \
-    --signal-at-step=3:0:TERM "${flags[@]}" --batch-size "$batch" --checkpoint-dir "$work/$name" \
+    --signal-at-step=2:0:TERM "${flags[@]}" --batch-size "$batch" --checkpoint-dir "$work/$name" \
     > "$work/$name.log" 2>&1 || status=$?
   [ $status -eq 75 ] || { cat "$work/$name.log"; fail "$name: exit status $status, expected 75"; }
   [ -f "$work/$name/snapshot_epoch1_batch3.pt" ] || { ls "$work/$name"; fail "$name: no snapshot after step 3"; }

@@ -2,7 +2,7 @@
 # A resume is exact whatever the run uses, and a changed setting is said (issue 38), with real
 # jobs of ddp_mnist at 2 ranks on a small copy of Fashion-MNIST (512 training images):
 #   1. --comm-hook powersgd, compressed from step 3 (--powersgd-start-iter 2), SIGTERM on rank 1
-#      after step 5: exit 75; --resume ends bit-identical to the uninterrupted run (the hook's
+#      after step 4, agreed after step 5: exit 75; --resume ends bit-identical to the uninterrupted run (the hook's
 #      error feedback, matrices, step count and random generator are in the snapshot);
 #   2. the same stop resumed with another --comm-hook, --batch-size and --lr: one warning line for
 #      each, naming both values and what it costs; the run trains to its end (status 0).
@@ -32,7 +32,7 @@ run() {
 
 echo "== 1. PowerSGD stopped after step 5 and resumed: bit-identical"
 run full 0 "$ddp_mnist" "${flags[@]}" "${powersgd[@]}" --batch-size 16 --checkpoint-dir "$work/full"
-run stopped 75 "$signal_at_step" --signal-at-step=5:1:TERM "${flags[@]}" "${powersgd[@]}" --batch-size 16 \
+run stopped 75 "$signal_at_step" --signal-at-step=4:1:TERM "${flags[@]}" "${powersgd[@]}" --batch-size 16 \
   --checkpoint-dir "$work/stopped"
 snapshot=$work/stopped/snapshot_epoch1_batch5.pt
 [ -f "$snapshot" ] || { ls "$work/stopped"; fail "no snapshot after step 5"; }

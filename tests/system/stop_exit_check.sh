@@ -11,7 +11,7 @@
 #   start-setup   rank 0 raises SIGTERM after data loading and the DistributedDataParallel
 #                 constructor, before the Trainer exists: the Trainer's first check stops every
 #                 rank before step 1, status 75; --resume continues. Before: 143.
-#   second-term   SIGTERM to both ranks after step 2 (signal_at_step on rank 1, then the test to
+#   second-term   SIGTERM to both ranks after step 1 (signal_at_step on rank 1, then the test to
 #                 both), a second SIGTERM to both while rank 0 writes the stop's snapshot (held
 #                 half-way by STALL_WRITE_LIB until the test lets it go), and a third once rank 0
 #                 has said "Exit status 75" (while the ranks finish: the Trainer, and before the
@@ -62,7 +62,7 @@ second-term)
   marker=$work/stalled release=$work/release
   "$mpiexec" -np 2 -x LD_PRELOAD="$stall" -x DDP_STALL_WRITE_TO=snapshot_epoch1_batch2.pt.tmp. \
     -x DDP_STALL_MARKER="$marker" -x DDP_STALL_UNTIL="$release" \
-    "$signal_at_step" --signal-at-step=2:1:TERM "${flags[@]}" --checkpoint-dir "$work/ck" \
+    "$signal_at_step" --signal-at-step=1:1:TERM "${flags[@]}" --checkpoint-dir "$work/ck" \
     > "$work/job.log" 2>&1 &
   job=$!
   wait_for "$work/job.log" "^signal_at_step: rank 1 raises"

@@ -290,10 +290,14 @@ std::string Checkpointer::at_boundary(bool stopping, const TrainingPosition& at,
     if (!reached_) reached_ = std::make_shared<detail::ReachedRecord>(options_.dir);
     reached_->write({at.epoch, at.batch, at.step, options_.batch_size * group_.size()});
   }
-  const int64_t every = options_.every_steps;
-  const bool due = at.step > last_step_ && ((every > 0 && at.step % every == 0) || time_due);
-  if (!stopping && !due) return "";
+  if (!stopping && !due(at, time_due)) return "";
   return save_step(at, rank_state ? rank_state() : RankState{});
+}
+
+bool Checkpointer::due(const TrainingPosition& at, bool time_due) const {
+  const int64_t every = options_.every_steps;
+  return !options_.dir.empty() && at.step > last_step_ &&
+         ((every > 0 && at.step % every == 0) || time_due);
 }
 
 std::string Checkpointer::save_step(const TrainingPosition& at, const RankState& rank_state) {

@@ -1,8 +1,10 @@
 #include <ddp/train/step_boundary.h>
 
+#include <ddp/communicator.h>
 #include <ddp/train/divergence.h>
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -87,6 +89,40 @@ EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler,
   return epoch_;
 }
 
+StepBoundary::~StepBoundary() {
+  if (!in_flight_) return;
+  try {
+    in_flight_->wait();
+  } catch (const std::exception&) {  // the collective's failure is reported where it is waited for
+  }
+}
+
+torch::Tensor StepBoundary::values(int64_t nonfinite_loss_step) const {
+  const std::array<double, StopAgreement::kValues> stop = stop_.values();
+  std::vector<double> values(stop.begin(), stop.end());
+  // The non-finite loss: the highest rank and, negated so that Max finds it, the earliest step.
+  const bool nonfinite = nonfinite_loss_step >= 0;
+  values.push_back(nonfinite ? double(group_.rank()) : -1.0);
+  values.push_back(nonfinite ? -double(nonfinite_loss_step) : -1e300);
+  values.push_back(checkpointer_.time_due() ? 1.0 : 0.0);
+  return torch::tensor(values, torch::kDouble);
+}
+
+bool StepBoundary::read(const torch::Tensor& agreed) {
+  stop_.decide(agreed.data_ptr<double>());
+  refuse_nonfinite(agreed);
+  return agreed.data_ptr<double>()[StopAgreement::kValues + 2] > 0;
+}
+
+void StepBoundary::refuse_nonfinite(const torch::Tensor& agreed) const {
+  const double* v = agreed.data_ptr<double>() + StopAgreement::kValues;
+  if (v[0] < 0) return;
+  const int64_t first = static_cast<int64_t>(-v[1]);
+  throw TrainingDiverged("the loss of rank " + std::to_string(static_cast<int>(v[0])) +
+                             " was not finite (first at step " + std::to_string(first) + ")",
+                         first, position_.epoch);
+}
+
 bool StepBoundary::at_step(int64_t batch, int64_t step,
                            const std::function<RankState()>& rank_state,
                            int64_t nonfinite_loss_step) {
@@ -94,21 +130,37 @@ bool StepBoundary::at_step(int64_t batch, int64_t step,
       epoch_.sampler_start + epoch_.sampler_batch(batch) * batch_size_ * group_.size();
   position_ = TrainingPosition{position_.epoch, batch, step, samples};
   snapshot_.clear();
-  // The non-finite loss: the highest rank and, negated so that Max finds it, the earliest step.
-  const bool nonfinite = nonfinite_loss_step >= 0;
-  std::vector<double> agreed{nonfinite ? double(group_.rank()) : -1.0,
-                             nonfinite ? -double(nonfinite_loss_step) : -1e300,
-                             checkpointer_.time_due() ? 1.0 : 0.0};
-  const bool stopping = stop_.should_stop(step, agreed);
-  const bool checked = stop_.checked();
-  if (checked && agreed[0] >= 0) {
-    const int64_t first = static_cast<int64_t>(-agreed[1]);
-    throw TrainingDiverged("the loss of rank " + std::to_string(static_cast<int>(agreed[0])) +
-                               " was not finite (first at step " + std::to_string(first) + ")",
-                           first, position_.epoch);
+  bool time_due = false;
+  if (in_flight_) {  // it ran during the step since
+    std::exchange(in_flight_, nullptr)->wait();
+    time_due = read(sent_);
   }
-  snapshot_ = checkpointer_.at_boundary(stopping, position_, rank_state, checked && agreed[2] > 0);
+  const int64_t every = stop_.every();
+  const bool check = every > 0 && step % every == 0;
+  if (every > 0 &&
+      (stop_.stopping() || checkpointer_.due(position_, time_due) || (check && !sent_.defined()))) {
+    // A snapshot is written here, or this is the first check (a signal during the start-up
+    // stops the ranks before any step): this boundary's values are agreed now, waiting.
+    sent_ = values(nonfinite_loss_step);
+    group_.cpu().all_reduce(sent_, ReduceOp::Max);
+    time_due = read(sent_) || time_due;
+  } else if (check) {
+    sent_ = values(nonfinite_loss_step);
+    in_flight_ = group_.cpu().all_reduce_async(sent_, ReduceOp::Max);
+  }
+  const bool stopping = stop_.stopping();
+  snapshot_ = checkpointer_.at_boundary(stopping, position_, rank_state, time_due);
   return stopping;
+}
+
+void StepBoundary::end_epoch(int64_t nonfinite_loss_step) {
+  if (stop_.every() == 0) return;
+  // What the agreement in flight sends, these values send again: a stop signal stays set until
+  // the ranks stop, and the first non-finite step stays the first.
+  if (in_flight_) std::exchange(in_flight_, nullptr)->wait();
+  torch::Tensor now = values(nonfinite_loss_step);
+  group_.cpu().all_reduce(now, ReduceOp::Max);
+  refuse_nonfinite(now);
 }
 
 }  // namespace ddp

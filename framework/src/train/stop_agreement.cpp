@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <stdexcept>
+#include <vector>
 
 namespace ddp {
 
@@ -19,29 +20,29 @@ StopAgreement::StopAgreement(ProcessGroup& group, int64_t every) : group_(group)
 }
 
 bool StopAgreement::should_stop(int64_t step) {
-  std::vector<double> none;
-  return should_stop(step, none);
-}
-
-bool StopAgreement::should_stop(int64_t step, std::vector<double>& agreed) {
-  checked_ = false;
   if (signal_ != 0) return true;
   if (every_ == 0 || step % every_ != 0) return false;
-  // Every rank says whether it got a stop signal; the maximum tells each rank the same answer,
-  // so all stop before the same step. Doubles carry the signal and the rank exactly.
+  const std::array<double, kValues> mine = values();
+  torch::Tensor agreed =
+      torch::tensor(std::vector<double>(mine.begin(), mine.end()), torch::kDouble);
+  group_.cpu().all_reduce(agreed, ReduceOp::Max);
+  return decide(agreed.data_ptr<double>());
+}
+
+// Every rank says whether it got a stop signal; the maximum tells each rank the same answer, so
+// all stop before the same step. Doubles carry the signal and the rank exactly.
+std::array<double, StopAgreement::kValues> StopAgreement::values() const {
   const int signal = stop_signal();
-  std::vector<double> values{static_cast<double>(signal), signal ? double(group_.rank()) : -1.0,
-                             seconds_since_stop_signal()};
-  values.insert(values.end(), agreed.begin(), agreed.end());
-  torch::Tensor flag = torch::tensor(values, torch::kDouble);
-  group_.cpu().all_reduce(flag, ReduceOp::Max);
-  checked_ = true;
-  const auto f = flag.accessor<double, 1>();
-  for (size_t i = 0; i < agreed.size(); ++i) agreed[i] = f[static_cast<int64_t>(3 + i)];
-  if (f[0] <= 0) return false;
-  signal_ = static_cast<int>(f[0]);
-  rank_ = static_cast<int>(f[1]);
-  waited_ = f[2];
+  return {static_cast<double>(signal), signal ? double(group_.rank()) : -1.0,
+          seconds_since_stop_signal()};
+}
+
+bool StopAgreement::decide(const double* agreed) {
+  if (signal_ != 0) return true;
+  if (agreed[0] <= 0) return false;
+  signal_ = static_cast<int>(agreed[0]);
+  rank_ = static_cast<int>(agreed[1]);
+  waited_ = agreed[2];
   decided_at_ = Clock::now();
   mark_stopping();  // this rank may not have got the signal itself (stop_signal.h)
   return true;

@@ -316,6 +316,11 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
     reporter_.batch_done(b, out.loss, out.samples,
                          batch_scalars(before, sync_before, meter.phases()));
   }
+  try {
+    boundary_.end_epoch(nonfinite_loss_step_);
+  } catch (const TrainingDiverged& e) {
+    diverged(e.what(), e.step(), e.epoch());
+  }
   reporter_.end_epoch();
   EpochResult result = meter.reduce(group_.cpu(), epoch, sync_seconds() - sync_at_start);
   result.gpu_memory_peak_mb = largest_gpu_memory_peak_mb(group_);

@@ -28,7 +28,7 @@
 /// since the newest snapshot ended (or resume()), but the ranks' clocks differ and a snapshot is
 /// collective, so the ranks agree on it: StepBoundary sends time_due() on the stop check's
 /// all-reduce (no message of its own) and hands the agreed answer to at_boundary. Timed snapshots
-/// fall on stop checks only.
+/// fall on the boundary after a stop check.
 /// cost() sums the wall time of the snapshots written (rank 0's is what the summary shows).
 ///
 /// State: the options, references to what it saves (which must outlive it), the step and time of
@@ -184,6 +184,8 @@ class Checkpointer {
   /// (or without a directory). Rank 0 also records `at` as how far the run got.
   std::string at_boundary(bool stopping, const TrainingPosition& at,
                           const std::function<RankState()>& rank_state, bool time_due = false);
+  /// Whether at_boundary(false, at, ..., time_due) writes a snapshot. Local.
+  bool due(const TrainingPosition& at, bool time_due) const;
 
   /// This rank's clock: every_seconds > 0 and they have passed since the newest snapshot ended
   /// (or since construction or resume()). Local; agree on it before at_boundary.

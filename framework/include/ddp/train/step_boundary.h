@@ -18,13 +18,20 @@
 ///       }
 ///       ... the step ...
 ///     }
+///     boundary.end_epoch();
 ///     boundary.checkpointer().save_epoch(epoch, step);
 ///   }
 ///
-/// The agreement: one all-reduce per stop check (StopAgreement's, stop_agreement.h) carries this
-/// rank's stop signal, the first step whose loss was not finite on it (at_step's argument) and
-/// whether its snapshot timer is due (Checkpointer::time_due; clocks differ between ranks, and a
-/// snapshot is collective). Timed snapshots therefore fall on stop checks only.
+/// The agreement: one all-reduce per stop check carries this rank's stop signal
+/// (StopAgreement's values, stop_agreement.h), the first step whose loss was not finite on it
+/// (at_step's argument) and whether its snapshot timer is due (Checkpointer::time_due; clocks
+/// differ between ranks, and a snapshot is collective). It is started without waiting and read at
+/// the next boundary, so no boundary waits for a round trip on a slow link: the ranks stop, or
+/// fail on a non-finite loss, one boundary after the one that sent it, still all at the same one.
+/// The first check, and a boundary that writes a snapshot (a stop, every_steps, the timer),
+/// agree on their own values, waiting: a signal during start-up stops the ranks before any step,
+/// and a loss that was not finite in the step just taken is refused before it is saved. Timed
+/// snapshots therefore fall on the boundary after a stop check.
 ///
 /// Where an epoch starts: the resumed epoch continues after the snapshot's batches. At the same
 /// world size and per-rank batch size each rank continues its own shard at the snapshot's batch,
@@ -36,9 +43,9 @@
 ///
 /// State: the stop agreement, the Checkpointer, the resume point (consumed by the epoch it names),
 /// the current epoch's start and the per-rank batch size (for the samples a snapshot records),
-/// the newest boundary and the snapshot written there. Invariants: every rank makes the same
-/// calls in the same order (they are collective); an epoch's start_epoch() comes before its
-/// at_step() calls.
+/// the newest boundary and the snapshot written there, the agreement in flight. Invariants: every
+/// rank makes the same calls in the same order (they are collective); an epoch's start_epoch()
+/// comes before its at_step() calls.
 
 #include <ddp/distributed_sampler.h>
 #include <ddp/process_group.h>
@@ -50,9 +57,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace ddp {
+
+class Work;  // communicator.h
 
 /// Where a loop trains an epoch (StepBoundary::start_epoch). Batch b of the epoch is the sampler's
 /// batch b - sampler_offset (its indices [(b - sampler_offset) * batch_size, ...)).
@@ -92,6 +102,10 @@ class StepBoundary {
   /// signal handlers). Throws std::invalid_argument naming the option when it is negative, or 0
   /// with CheckpointerOptions::every_seconds (the timer is agreed at the checks).
   StepBoundary(ProcessGroup& group, Checkpointer checkpointer, int64_t stop_check_every = 1);
+  /// Waits for the last boundary's agreement (every rank started it).
+  ~StepBoundary();
+  StepBoundary(const StepBoundary&) = delete;
+  StepBoundary& operator=(const StepBoundary&) = delete;
 
   /// Collective: Checkpointer::resume; the point is kept for start_epoch().
   const ResumePoint& resume(torch::optim::LRScheduler* scheduler = nullptr);
@@ -105,14 +119,20 @@ class StepBoundary {
   EpochStart start_epoch(int64_t epoch, DistributedSampler& sampler, int64_t batch_size);
 
   /// Collective, at the step boundary before batch `batch` of the epoch start_epoch() started,
-  /// after `step` optimizer steps: agrees (one all-reduce, every stop_check_every steps), then
-  /// writes a step snapshot when the ranks stop or one is due (Checkpointer::at_boundary; calls
-  /// `rank_state` only then; `{}` for none). `nonfinite_loss_step`: the first step whose loss was
-  /// not finite on this rank, -1 for none. Returns whether the ranks stop here. Throws
-  /// TrainingDiverged (divergence.h) on every rank, before any snapshot, when some rank's loss was
-  /// not finite: what() is "the loss of rank R was not finite (first at step S)".
+  /// after `step` optimizer steps: reads the agreement started at the boundary before, starts
+  /// this one's (every stop_check_every steps), then writes a step snapshot when the ranks stop
+  /// or one is due (Checkpointer::at_boundary; calls `rank_state` only then; `{}` for none).
+  /// `nonfinite_loss_step`: the first step whose loss was not finite on this rank, -1 for none.
+  /// Returns whether the ranks stop here. Throws TrainingDiverged (divergence.h) on every rank,
+  /// before any snapshot, when some rank's loss was not finite: what() is "the loss of rank R was
+  /// not finite (first at step S)".
   bool at_step(int64_t batch, int64_t step, const std::function<RankState()>& rank_state,
                int64_t nonfinite_loss_step = -1);
+
+  /// Collective, after the epoch's last step and before its snapshot (save_epoch): agrees on
+  /// this rank's non-finite loss (as at_step, waiting; once an epoch), after the agreement in
+  /// flight. Throws TrainingDiverged as at_step does. A stop signal is agreed at the next at_step.
+  void end_epoch(int64_t nonfinite_loss_step = -1);
 
   ///@{
   /// The newest boundary (its position, with the samples done) and the snapshot written there
@@ -129,6 +149,13 @@ class StepBoundary {
   ///@}
 
  private:
+  /// This boundary's values: StopAgreement's, then the non-finite loss and the timer.
+  torch::Tensor values(int64_t nonfinite_loss_step) const;
+  /// Acts on agreed values: the stop decided, TrainingDiverged thrown; returns the timer's.
+  bool read(const torch::Tensor& agreed);
+  /// Throws TrainingDiverged when the agreed values name a rank whose loss was not finite.
+  void refuse_nonfinite(const torch::Tensor& agreed) const;
+
   ProcessGroup& group_;
   StopAgreement stop_;
   Checkpointer checkpointer_;
@@ -137,6 +164,8 @@ class StepBoundary {
   int64_t batch_size_ = 0;  ///< its per-rank batch size
   TrainingPosition position_;
   std::string snapshot_;
+  torch::Tensor sent_;               ///< the newest agreement's values (none before the first)
+  std::unique_ptr<Work> in_flight_;  ///< started at the newest boundary, or none
 };
 
 }  // namespace ddp

@@ -21,9 +21,9 @@
 /// step, and the answer says which signal, which rank (the highest that got one) and how long ago
 /// (the longest wait).
 ///
-/// Other facts that must be agreed at the same boundary ride on the same all-reduce, so that they
-/// cost no message of their own: should_stop's `agreed` values (StepBoundary, step_boundary.h,
-/// sends a non-finite loss and the snapshot timer that way).
+/// A part that agrees on more at the same boundary sends it in the same all-reduce, with the
+/// agreement's two halves: values() (this rank's three) and decide() (their maximum over the
+/// ranks). StepBoundary (step_boundary.h) does, with a non-finite loss and the snapshot timer.
 ///
 /// State: the handlers (installed for the object's lifetime unless `every` is 0; nesting is
 /// counted, so several may live at once), and the decision once made.
@@ -33,11 +33,11 @@
 #include <ddp/process_group.h>
 #include <ddp/stop_signal.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 namespace ddp {
 
@@ -53,13 +53,14 @@ class StopAgreement {
   /// Collective at a step boundary, before optimizer step `step` + 1: whether the ranks stop
   /// here. Communicates only when step % every == 0 (and not yet stopping).
   bool should_stop(int64_t step);
-  /// The same, and `agreed` (this rank's values; every rank passes as many) rides on the same
-  /// all-reduce: after a check that communicated (checked()) it holds the maximum of each value
-  /// over the ranks; otherwise it is left as it was.
-  bool should_stop(int64_t step, std::vector<double>& agreed);
-  /// Whether the last should_stop() communicated (the ranks' `agreed` values are in).
-  bool checked() const { return checked_; }
-
+  ///@{
+  /// should_stop()'s two halves: this rank's values (the signal, the rank, the seconds since),
+  /// and the decision from their maximum over the ranks (`agreed`, kValues doubles; what
+  /// should_stop returns). Local.
+  static constexpr int kValues = 3;
+  std::array<double, kValues> values() const;
+  bool decide(const double* agreed);
+  ///@}
   /// Whether should_stop() has returned true (the ranks agreed to stop). Local.
   bool stopping() const { return signal_ != 0; }
   ///@{
@@ -81,7 +82,6 @@ class StopAgreement {
   std::optional<StopSignalHandlers> handlers_;
   int signal_ = 0;
   int rank_ = -1;
-  bool checked_ = false;
   double waited_ = 0;  ///< at the check, on the rank that waited longest
   std::chrono::steady_clock::time_point decided_at_{};
 };
