@@ -215,13 +215,12 @@ TEST(Checkpointer, TimedSnapshotsAreAgreedOnTheStopCheckSoEveryRankSavesAtTheSam
 // there, before the snapshot. Between snapshots the same loss fails them at the next boundary,
 // and end_epoch() agrees at once, before the epoch's snapshot.
 TEST(StepBoundary, ANonFiniteLossIsAgreedBeforeAnySnapshot) {
-  const std::string dir = shared_dir("boundary_nonfinite");
-  ddp::CheckpointerOptions options;
-  options.dir = dir;
-  options.every_steps = 4;
   Net net;
   torch::optim::SGD optimizer(net.parameters(), torch::optim::SGDOptions(0.1));
-  ddp::StepBoundary boundary(pg(), ddp::Checkpointer(pg(), net, optimizer, options));
+  ddp::CheckpointerOptions every_4;
+  every_4.dir = shared_dir("boundary_nonfinite");
+  every_4.every_steps = 4;
+  ddp::StepBoundary boundary(pg(), ddp::Checkpointer(pg(), net, optimizer, every_4));
   ddp::DistributedSampler sampler(100, rt().world_size(), rt().rank(), true, 0);
   boundary.start_epoch(1, sampler, 1);
   const bool last = rt().rank() == rt().world_size() - 1;
@@ -229,7 +228,7 @@ TEST(StepBoundary, ANonFiniteLossIsAgreedBeforeAnySnapshot) {
   for (int64_t step = 0; step < 4; ++step) ASSERT_FALSE(boundary.at_step(step, step, {}));
   EXPECT_EQ(message_of([&] { boundary.at_step(4, 4, {}, last ? 4 : -1); }),
             rank + " was not finite (first at step 4)");
-  if (rt().is_main()) EXPECT_TRUE(ddp::list_snapshots(dir).empty()) << "refused before it";
+  if (rt().is_main()) EXPECT_TRUE(ddp::list_snapshots(every_4.dir).empty()) << "refused first";
   EXPECT_EQ(message_of([&] { boundary.at_step(5, 5, {}, last ? 5 : -1); }), "") << "sent";
   EXPECT_EQ(message_of([&] { boundary.at_step(6, 6, {}, last ? 5 : -1); }),
             rank + " was not finite (first at step 5)");
