@@ -279,10 +279,11 @@ gpu_steps() {
   grep "^Epoch" "$out/mnist_gpu.log" | sed "s/^/mnist: /" | tee -a "$out/summary.txt"
 
   # A mid-epoch SIGTERM and --resume on the GPU, against the same run uninterrupted (2 epochs of
-  # 6 steps, the signal after step 9): the seed CNN's dropout draws on the GPU, so the resumed
-  # model is bit-identical only if the snapshot restored the CUDA generator too. The same run
-  # twice first: if those differ, the GPU's kernels are not deterministic (cuDNN picks algorithms
-  # with atomics unless told otherwise), and a difference after the resume says nothing about it.
+  # 6 steps, the signal after step 8, agreed at the boundary after step 9): the seed CNN's dropout
+  # draws on the GPU, so the resumed model is bit-identical only if the snapshot restored the CUDA
+  # generator too. The same run twice first: if those differ, the GPU's kernels are not
+  # deterministic (cuDNN picks algorithms with atomics unless told otherwise), and a difference
+  # after the resume says nothing about it.
   resume=$out/resume
   rm -rf "$resume"
   mnist_resume=(--data-dir "$mnist_data" --epochs 2 --batch-size 64 --limit-train-batches 6
@@ -295,7 +296,7 @@ gpu_steps() {
       '$resume/again/model_with_epoch2.pt' ||
       { echo 'the same run twice differs: non-deterministic GPU kernels, not the resume'; exit 1; }
     status=0
-    '$mpirun' -np 1 '$build/tests/ddp_mnist_signal_at_step' --signal-at-step=9:0:TERM \
+    '$mpirun' -np 1 '$build/tests/ddp_mnist_signal_at_step' --signal-at-step=8:0:TERM \
       ${mnist_resume[*]} --checkpoint-dir '$resume/term' || status=\$?
     [ \$status -eq 75 ] || { echo \"the signalled run exited \$status, not 75\"; exit 1; }
     test -f '$resume/term/snapshot_epoch2_batch3.pt'
