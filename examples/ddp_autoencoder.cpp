@@ -402,6 +402,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
       reporter.batch_done(batch, loss, clean.size(0), record);  // the bar or a log line; a step record
       ++batch;
     }
+    boundary.end_epoch();  // collective: a stop or a non-finite loss agreed before the snapshot
     reporter.end_epoch();
     // The epoch over all ranks, the test loss over the whole test set, then the snapshot.
     ddp::EpochResult result = meter.reduce(group.cpu(), epoch);

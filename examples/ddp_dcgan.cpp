@@ -403,6 +403,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
         generator->train();
       }
     }
+    boundary.end_epoch();  // ddp: a stop signal in the epoch's last step stops before the next
     boundary.checkpointer().save_epoch(epoch, step);  // ddp: the epoch-end snapshot, collective
   }
 

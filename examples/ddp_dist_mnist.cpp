@@ -306,6 +306,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
                   counts[2].item<double>() / counts[1].item<double>(),
                   100.0 * counts[0].item<double>() / counts[1].item<double>());
     }
+    boundary.end_epoch();  // ddp: a stop signal in the epoch's last step stops before the next
     boundary.checkpointer().save_epoch(epoch, step);  // ddp: the epoch-end snapshot, collective
   }
 

@@ -112,6 +112,7 @@ bool train(Gan& gan, const std::string& dir, bool resume, int64_t signal_after) 
       if (step == signal_after && rt().rank() == std::min(1, rt().world_size() - 1))
         std::raise(SIGUSR2);
     }
+    boundary.end_epoch();
     boundary.checkpointer().save_epoch(epoch, step);
   }
   return false;
@@ -159,6 +160,32 @@ TEST(StepBoundary, TwoModelsAndTwoOptimizersStoppedInsideAnEpochResumeBitIdentic
         << e.what();
   }
   EXPECT_TRUE(torch::equal(one->weight, before));
+}
+
+// A signal in an epoch's last step is agreed at the epoch's end (end_epoch), so the ranks stop
+// before the next epoch's first batch, not a step into it; the resume is still bit-identical.
+TEST(StepBoundary, AStopInAnEpochsLastStepLandsBeforeTheNextEpoch) {
+  const int64_t batches = (kSamples / rt().world_size() + kBatch - 1) / kBatch;
+  torch::manual_seed(3);
+  Gan full;
+  ASSERT_FALSE(train(full, shared_dir("step_boundary_end_full"), false, -1));
+
+  const std::string dir = shared_dir("step_boundary_end_stopped");
+  torch::manual_seed(3);
+  Gan stopped;
+  ASSERT_TRUE(train(stopped, dir, false, batches));  // after epoch 1's last step
+  ddp::clear_stop_signal();
+  if (rt().is_main()) {
+    const std::vector<std::string> written = ddp::list_snapshots(dir);
+    EXPECT_NE(std::find(written.begin(), written.end(), ddp::snapshot_path(dir, 2, 0)),
+              written.end());
+    EXPECT_EQ(std::find(written.begin(), written.end(), ddp::snapshot_path(dir, 2, 1)),
+              written.end());
+  }
+  torch::manual_seed(77);
+  Gan resumed;
+  ASSERT_FALSE(train(resumed, dir, true, -1));
+  EXPECT_TRUE(torch::equal(resumed.weights(), full.weights()));
 }
 
 TEST(StepBoundary, PartNamesAreChecked) {

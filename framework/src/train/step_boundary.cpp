@@ -161,6 +161,9 @@ void StepBoundary::end_epoch(int64_t nonfinite_loss_step) {
   torch::Tensor now = values(nonfinite_loss_step);
   group_.cpu().all_reduce(now, ReduceOp::Max);
   refuse_nonfinite(now);
+  // A stop agreed here lands at the next at_step, which then agrees at once (stopping): before
+  // the next epoch's first batch, not a step into it.
+  stop_.decide(now.data_ptr<double>());
 }
 
 }  // namespace ddp

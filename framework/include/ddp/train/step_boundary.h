@@ -131,7 +131,8 @@ class StepBoundary {
 
   /// Collective, after the epoch's last step and before its snapshot (save_epoch): agrees on
   /// this rank's non-finite loss (as at_step, waiting; once an epoch), after the agreement in
-  /// flight. Throws TrainingDiverged as at_step does. A stop signal is agreed at the next at_step.
+  /// flight. Throws TrainingDiverged as at_step does. A stop signal is agreed too: the next
+  /// at_step (the next epoch's first) stops.
   void end_epoch(int64_t nonfinite_loss_step = -1);
 
   ///@{
