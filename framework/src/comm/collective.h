@@ -1,16 +1,10 @@
 #pragma once
-// One call of a collective, as every backend (MPI, the TCP ring, NCCL)
-// describes it: its kind, its tensor's dtype and shape, its reduce op or root, and its number on
-// its communicator. A backend builds it with the factories below, which check the arguments
-// against the backend's Rules first, so a Collective exists only for a call the backend can
-// make. The same description names the call in errors, in the MPI watchdog's message and in the
-// debug mode's fingerprint ("all_reduce #12 float32[10] (sum)").
-//
-// Errors: std::invalid_argument naming the call as the backend does ("MpiCommunicator::
-// all_reduce: tensor must be contiguous").
-//
-// Avg: a backend without a native average reduces with without_avg(op) (Sum) and then calls
-// finish_avg() on the result, which divides it by the communicator's size; NCCL has ncclAvg.
+// One call of a collective, as every backend (MPI, the TCP ring, NCCL) describes it: its kind,
+// dtype and shape, reduce op or root, and number on its communicator. The factories below check
+// the arguments against the backend's Rules first, so a Collective exists only for a call the
+// backend can make; errors are std::invalid_argument naming the call as the backend does
+// ("MpiCommunicator::all_reduce: tensor must be contiguous"). The same description names the call
+// in errors, in the watchdog's message and in the debug mode's fingerprint.
 
 #include <ddp/communicator.h>
 

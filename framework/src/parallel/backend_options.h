@@ -1,9 +1,6 @@
 #pragma once
-// The backends' options as the group's options and the environment set them, for every
-// communicator ProcessGroup creates: the timeout
-// (ProcessGroupOptions::timeout, else DDP_TIMEOUT_SECONDS, else 600 s), the debug mode, the MPI
-// tuning and the TCP ring's variables (read through util/environment.h's table), and
-// Runtime::abort for a watchdog that fires.
+// The backends' options, for every communicator ProcessGroup creates, from the group's options
+// and the environment (util/environment.h), with Runtime::abort for a watchdog that fires.
 
 #include "comm/compose/cpu_communicator.h"
 #include <ddp/communicator.h>
@@ -20,33 +17,21 @@
 
 namespace ddp {
 
-// timeout 0: DDP_TIMEOUT_SECONDS, else 600 s. The variables, as util/environment.h names them:
-//   DDP_DEBUG             MpiOptions::check_collectives (DETAIL)
-//   DDP_MPI_SPIN_US       MpiOptions::spin in microseconds (busy-testing before sleeping)
-//   DDP_MPI_MAX_SLEEP_US  MpiOptions::max_sleep in microseconds (0: never sleep)
-//   DDP_MPI_BLOCKING_KIB  MpiOptions::blocking_bytes in KiB
-//   DDP_MPI_MESSAGE_KIB   MpiOptions::max_message_bytes in KiB (0: one call per tensor)
-//   DDP_MPI_SOCKETS       CpuOptions::sockets: auto | never | always
-//   DDP_MPI_SOCKET_KIB    CpuOptions::socket_bytes in KiB
-//   DDP_SOCKET_IFNAME     CpuOptions::socket_interfaces (comma-separated interface names)
-// A bad value throws std::invalid_argument naming the variable. CpuOptions::host_split is
-// util/testing_hooks.h's (tests emulate hosts on one machine).
+// timeout 0: collective_timeout(). The variables are util/environment.h's table's; a bad value
+// throws std::invalid_argument naming it.
 CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::seconds timeout);
 
 // A collective's timeout: `timeout` (ProcessGroupOptions::timeout) when > 0, else
-// DDP_TIMEOUT_SECONDS, else 600 s. ProcessGroup also makes it the phase timeout
-// (<ddp/runtime.h>: set_phase_timeout), so the waits outside collectives are as long.
+// DDP_TIMEOUT_SECONDS, else 600 s; ProcessGroup makes it the phase timeout too.
 std::chrono::seconds collective_timeout(std::chrono::seconds timeout);
 
 // Why a communicator's creation waits, for the phase watchdog's message.
 extern const char* const kSetupWhy;
 
-// A new communicator for CPU tensors over every rank of `runtime` (comm/compose/cpu_communicator.h:
-// MPI, with the TCP ring for large all-reduces where that policy says, through one leader per
-// host where ProcessGroupOptions::hierarchical says). Collective. A group's communicators share
-// `shared`'s parts, made here with the first: the Inquiry that names what each rank is in when
-// a collective fails or hangs (comm/mpi/inquiry.h), and under DDP_DEBUG=DETAIL the check of every
-// call (comm/mpi/collective_check.h). Messages name the communicator `name`.
+// A new communicator for CPU tensors over every rank of `runtime` (cpu_communicator.h).
+// Collective. A group's communicators share `shared`'s parts, made here with the first: the
+// Inquiry (inquiry.h) and, in the debug mode, the check of every call (collective_check.h).
+// Messages name the communicator `name`.
 namespace detail {
 // What the MPI communicators of one ProcessGroup share.
 struct GroupChecks {

@@ -1,12 +1,7 @@
-// DistributedDataParallel::Join (distributed_data_parallel.h): uneven inputs.
-//
-// Every step, the ranks still training and the ranks that have finished meet in one all-reduce
-// (count_training): element r is 1 while rank r trains, element W counts the training ranks whose
-// backward will synchronise. Training ranks make it in their forward; a finished rank makes it in
-// finish()'s loop and, while the count is not zero, then issues what a training rank issues in
-// that step: the buffer broadcast of the forward and, when they synchronise, the Reducer's
-// collectives of a backward (Reducer::shadow_backward). So every rank makes the same collectives
-// in the same order, and the sum of the gradients is that of the ranks still training.
+// DistributedDataParallel::Join (distributed_data_parallel.h): uneven inputs. Every step the
+// ranks meet in count_training's all-reduce (element r: rank r trains; element W: the training
+// ranks whose backward synchronises); a finished rank then issues that step's collectives (the
+// buffer broadcast, Reducer::shadow_backward), so every rank makes the same ones in order.
 #include <ddp/distributed_data_parallel.h>
 
 #include "parallel/reducer.h"

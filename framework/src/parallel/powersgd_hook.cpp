@@ -1,6 +1,17 @@
-// PowerSGD, step for step as PyTorch's powerSGD_hook (comm_hook.h says what it does). The
-// comments name the PyTorch steps that each part reproduces; the order of operations is theirs,
-// since the results are compared with PyTorch's (tests/reference/powersgd.py).
+// PowerSGD (Vogels et al. 2019) as PyTorch's powerSGD_hook (not batched_powerSGD_hook): its
+// algorithm, order of operations and state, so that on the same gradients and state it gives the
+// same results up to the order of float sums (tests/reference/powersgd.py compares). The comments
+// name the PyTorch steps each part reproduces. Per bucket, once `iter` has reached
+// start_powerSGD_iter (before: allreduce_hook()):
+//  1. error feedback: the bucket gets the error of its previous compression added;
+//  2. each gradient is viewed as a matrix [dim 0, rest]; those with (rows + cols) * rank *
+//     min_compression_rate < rows * cols are compressed, the others all-reduced as one flat tensor;
+//  3. per compressed M (grouped by shape): Q is random normal on the first step (every step
+//     without warm_start), else the previous Q, orthogonalised; P = M Q summed over the ranks and
+//     orthogonalised; Q = M^T P averaged over the ranks; M = P Q^T;
+//  4. error feedback: the bucket's error is its input minus its result.
+// `iter` grows at the last bucket. The random Qs follow numpy's RandomState(random_seed): each
+// bucket that needs new Qs seeds a CPU generator with its next draw and fills them with randn.
 
 #include <ddp/comm_hook.h>
 

@@ -342,8 +342,8 @@ void Reducer::finish_backward(bool shadow) {
   }
   launch_ready_buckets();
 
-  // 2. Wait for every bucket. Only then: which parameters got a gradient on which rank. (Two
-  // threads in Open MPI's progress engine at once slowed TCP transfers down by half.)
+  // 2. Wait for every bucket; only then exchange which parameters got a gradient on which rank
+  // (two threads in Open MPI's progress engine at once slow TCP transfers).
   wait_for_buckets();
   const torch::Tensor used_by = control_comm_.all_gather(used);  // [ranks, params]
 

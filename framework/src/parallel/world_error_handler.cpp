@@ -16,13 +16,9 @@ namespace ddp::detail {
 
 namespace {
 
-// The handler (world_error_handler.h says why). Returning from it is no way out: Open MPI has half
-// cleaned up the failed schedule, and a program that goes on crashes (double free). So it never
-// returns: on a worker's thread it names the failed collective as a failed run of it is named
-// (MpiWorker::failing_call_message: the other ranks' calls and the likely cause), on another thread
-// MPI's error and the communicator Open MPI names; and it ends the job as Runtime::abort does (exit
-// status 1). The first thread in says it and another waits for its MPI_Abort; an error while that
-// thread names the call (a second entry on it) ends the job at once with MPI's error.
+// Never returns: Open MPI has half cleaned up the failed schedule, and a program that goes on
+// crashes. The first thread in names the call and ends the job; others wait for its MPI_Abort; an
+// error while naming (a second entry on that thread) ends the job at once with MPI's error.
 void world_error_handler(MPI_Comm* comm, int* code, ...) {
   static std::atomic<bool> handling{false};
   thread_local bool naming = false;

@@ -1,12 +1,9 @@
 #pragma once
-// MPI_COMM_WORLD's error handler, in place of MPI's default (MPI_ERRORS_ARE_FATAL). Open MPI 4.1
-// reports the error of a non-blocking collective's request (MPI_ERR_TRUNCATE in MPI_Test: the
-// ranks called different collectives) through MPI_COMM_WORLD's handler, not through that of the
-// communicator it ran on (a worker's duplicate returns its errors: comm/mpi/mpi_worker.h), so the
-// default ended the job with Open MPI's lines alone. The handler names the failed collective as a
-// worker names a failed call (the other ranks' calls, the likely cause) and ends the job with
-// status 1 (Runtime::abort's line). Installed by the first ProcessGroup: the collectives it can
-// name are its communicators'.
+// MPI_COMM_WORLD's error handler, in place of MPI_ERRORS_ARE_FATAL. Open MPI reports a failed
+// non-blocking collective's request (MPI_ERR_TRUNCATE in MPI_Test: the ranks called different
+// collectives) through MPI_COMM_WORLD's handler, not the worker's duplicate's, so the default
+// ended the job with Open MPI's lines alone. This one names the collective as a worker names a
+// failed call and ends the job with status 1. Installed by the first ProcessGroup.
 
 namespace ddp::detail {
 

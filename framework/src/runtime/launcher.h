@@ -1,11 +1,8 @@
 #pragma once
 // How this process was started (Open MPI's mpirun, Slurm's srun, MPICH's mpiexec, or alone),
-// read from the variables the launcher put in the environment (an Environment:
-// util/environment.h, which also reads ddp's own DDP_* variables), and the checks that turn the
-// classic launch mistakes into messages that say how to fix them. Everything here is a pure
-// function of an Environment, so every launcher can be unit-tested on any machine; ddp::Runtime
-// calls these at start-up (before MPI_Init for what would make MPI_Init itself fail, after it
-// for the rest) and prints the result in rank 0's start-up banner.
+// read from the launcher's environment variables, and the checks that turn the classic launch
+// mistakes into messages that say how to fix them. All pure functions of an Environment, so every
+// launcher can be unit-tested on any machine; ddp::Runtime calls them at start-up.
 
 #include "util/environment.h"
 
@@ -65,20 +62,14 @@ std::string launch_error(const LaunchInfo& launch, int mpi_world_size);
 // or CUDA_VISIBLE_DEVICES; -1 when none of them is set.
 int gpus_on_node(const Environment& env);
 
-// The GPUs of a node to pair with its ranks in gpu_rank_mismatch(): one per rank when each rank
-// has a GPU of its own (`own_gpu`, see select_device in runtime.h); else the CUDA devices this
-// rank sees (`visible`: all of the node's unless the launcher hid some); else, when CUDA sees
-// none (a CPU build, --no-cuda), what the launcher says the node has (gpus_on_node, -1 if
-// nothing).
+// The GPUs of a node to pair with its ranks in gpu_rank_mismatch(): one per rank with `own_gpu`;
+// else the CUDA devices this rank sees (`visible`); else, when CUDA sees none, what the launcher
+// says the node has (gpus_on_node, -1 if nothing).
 int gpus_to_pair(const Environment& env, int visible, int local_size, bool own_gpu);
 
-// Rank 0's one-line notice, with the fix, when a node's GPUs and ranks do not pair up one to one,
-// or "" when they do or the node has no GPUs. ddp runs one rank per GPU: a rank that sees more
-// GPUs than its node has ranks (`srun -N 2 --gpus-per-node 2` starts one task per node) uses one
-// of them, as it would with one GPU, and the notice says how many the node has, that each rank
-// uses one, and how to use all: one task per GPU. Not an error: the job trains, on fewer GPUs.
-// `node` names the node, `cuda_usable` says whether this build and machine can use GPUs
-// (without CUDA the notice says the ranks run on the CPU).
+// Rank 0's one-line notice, with the fix, when a node's GPUs and ranks do not pair up one to one
+// (each rank uses one GPU; the notice says how to use all), or "" when they do or there are no
+// GPUs. `node` names the node; without `cuda_usable` the notice says the ranks run on the CPU.
 std::string gpu_rank_mismatch(int gpus, int ranks_on_node, const std::string& node,
                               bool cuda_usable);
 
@@ -113,15 +104,10 @@ struct RankPlace {
 std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>& ranks,
                          const ThreadChoice& rank0_threads);
 
-// The device a rank computes on. Pure, so every environment can be unit-tested:
-// - the CPU when `use_cuda` is false (--no-cuda) or no CUDA device is visible;
-// - cuda:0 when `own_gpu`: every rank of the node sees exactly one GPU and no two see the same
-//   (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank; CUDA numbers it 0);
-// - cuda:<local_rank> when the ranks see all the node's GPUs (srun --gpus-per-node, mpirun);
-// - std::runtime_error naming the counts and the fixes when the node has more ranks than
-//   visible GPUs (NCCL cannot run two ranks on one GPU).
-// Fewer ranks than GPUs is not an error: each rank still uses one, and rank 0 says so
-// (gpu_rank_mismatch above).
+// The device a rank computes on: the CPU when `use_cuda` is false or no CUDA device is visible;
+// cuda:0 when `own_gpu` (every rank of the node sees exactly one GPU, no two the same); else
+// cuda:<local_rank>. More ranks on the node than visible GPUs: std::runtime_error naming the
+// counts and the fixes (NCCL cannot run two ranks on one GPU). Fewer is gpu_rank_mismatch()'s.
 torch::Device select_device(bool use_cuda, int visible_cuda_devices, int local_rank, int local_size,
                             bool own_gpu = false);
 

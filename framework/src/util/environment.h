@@ -1,15 +1,12 @@
 #pragma once
 // The process environment, and every DDP_* variable the core reads: one table (kSettings in
-// environment.cpp) says each one's name, what it sets and which values it takes, and the readers
-// below are the only code that parses them. The runtime (DDP_SKIP_LAUNCH_CHECKS), ProcessGroup
-// (the backends' options: parallel/backend_options.h) and the launch checks ask here; the
-// backends themselves read no environment, they get their options from ProcessGroup.
+// environment.cpp) gives each one's name, meaning and values, and the readers below are the only
+// code that parses them. The backends read no environment: ProcessGroup gives them options.
 //
-// A variable is read when the part that uses it starts, not all at once: a bad
-// DDP_NCCL_TIMEOUT_SECONDS does not stop a CPU job that never makes an NCCL communicator, as
-// before. Unset and empty are the same (the default). A bad value is std::invalid_argument
-// naming the variable and the value, e.g. "DDP_MPI_SPIN_US='fast': expected an integer from 0
-// to 1000000". Numbers are whole decimal numbers, digits only.
+// A variable is read when the part that uses it starts, so a bad DDP_NCCL_TIMEOUT_SECONDS does
+// not stop a CPU job. Unset and empty are the same (the default). A bad value is
+// std::invalid_argument naming the variable and the value, e.g. "DDP_MPI_SPIN_US='fast':
+// expected an integer from 0 to 1000000". Numbers are whole decimal numbers, digits only.
 //
 // No variable here is for tests alone: a test's way into the library is util/testing_hooks.h.
 

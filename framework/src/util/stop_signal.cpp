@@ -31,18 +31,10 @@ std::array<struct sigaction, kSignals.size()> previous{};
 volatile std::sig_atomic_t parent_is_orte = 0;
 volatile std::sig_atomic_t stopping = 0;  // mark_stopping()
 
-// Whether a SIGTERM is ORTE ending the job, which a rank cannot turn into a saved stop: ORTE's
-// launcher ends a job (mpirun got SIGTERM or Ctrl-C; a rank died, aborted or exited non-zero)
-// with SIGCONT, 1 s, SIGTERM, 1 s, SIGKILL to its children (odls_base_sigkill_timeout; the
-// second wait ends early when a child dies: Open MPI 4.1's orte/mca/odls/base), and mpirun then
-// reports that failure (its status 1, or the dead rank's 137), not 75. Catching that SIGTERM only
-// made the survivors of a kill -9 wait for the SIGKILL. So a SIGTERM sent by the parent of an
-// ORTE-started rank kills as by default, unless a stop is under way: a stop signal came first (a
-// scheduler signalling every process of the job), or the ranks agreed to stop (mark_stopping: a
-// faster rank exited 75 and mpirun is ending the rest); then the stop may still save or finish
-// before the SIGKILL. Slurm's srun differs: its slurmstepd is the parent too, but it follows
-// SIGTERM with SIGKILL only after KillWait (30 s by default) and srun returns the tasks' 75;
-// parent_is_orte is 0 there.
+// Whether a SIGTERM is ORTE ending the job (stop_signal.h): ORTE sends its children SIGTERM, then
+// SIGKILL about a second later, and mpirun reports a failure whatever they return, so catching it
+// only made the survivors of a crash wait for the SIGKILL. A stop already under way (a stop
+// signal first, or mark_stopping) may still save or finish before it, so it is caught then.
 bool launcher_is_ending_the_job(int signal, const siginfo_t* info) {
   return signal == SIGTERM && parent_is_orte && received == 0 && stopping == 0 && info != nullptr &&
          info->si_code == SI_USER && info->si_pid == getppid();  // getppid: async-signal-safe

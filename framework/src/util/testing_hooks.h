@@ -1,16 +1,11 @@
 #pragma once
 // The one place where tests reach into the library at points a user has no reason to: a rank
-// that stops itself in a phase, emulated hosts for the hierarchical all-reduce on one machine,
-// and the Trainer telling which step and which samples it trained. Internal (never installed):
-// the library calls these hooks, and only a test sets them, directly in a gtest binary
-// (ddp_use_internals) or through tests/system/testing_hooks_from_env.cpp, which a test-only
-// build of an example links to turn its environment into hooks. All empty by default: then the
-// library does exactly what it does without them.
+// that stops itself in a phase, emulated hosts for the hierarchical all-reduce, and the Trainer
+// telling which step and samples it trained. Internal; only tests set them (directly, or through
+// tests/system/testing_hooks_from_env.cpp). All empty by default, and then without effect.
 //
-// Set them before the work they watch starts (before the Runtime for entered_phase, before the
-// ProcessGroup for host_split, before fit() for the Trainer's) and reset them when done: they are
-// process-wide, and called from whatever thread reaches the point, so a hook that
-// keeps state must be thread-safe.
+// Set them before the work they watch starts and reset them when done: they are process-wide and
+// called from whatever thread reaches the point, so a hook that keeps state must be thread-safe.
 
 #include <cstdint>
 #include <functional>

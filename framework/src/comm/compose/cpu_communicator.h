@@ -1,43 +1,23 @@
 #pragma once
-// ProcessGroup's communicator for CPU tensors: the MPI backend (comm/mpi/mpi_communicator.h), and,
-// where CpuOptions::sockets says, ddp's TCP ring (comm/ring/socket_ring.h) for the all-reduces of
-// at least CpuOptions::socket_bytes. make_cpu_communicator() decides; ProcessGroup's communicators
-// are made by it (parallel/backend_options.h).
+// ProcessGroup's communicator for CPU tensors, made by make_cpu_communicator(): the MPI backend,
+// with the all-reduces of at least CpuOptions::socket_bytes on ddp's TCP ring
+// (comm/ring/socket_ring.h) where CpuOptions::sockets says, or a HierarchicalCommunicator where
+// CpuOptions::hierarchical says (its leaders take the ring between hosts by the same policy).
 //
-// Why: Open MPI's TCP transport moves bytes only while a thread polls it inside an MPI call, so
-// between hosts linked by TCP its all-reduce runs at the speed the polling thread gets a core
-// beside training, and from 64 KiB it takes its blocking path (mpi_communicator.h); on the ring
-// the worker sleeps in poll() while the kernel moves the bytes (bench/analysis.md). The ring's
-// result is bitwise the same on every rank, but may differ in the last bits from MPI's (another
-// order of additions). The other collectives, and the all-reduces under 64 KiB (agreed flags,
-// small buckets), stay on MPI, whose latency is lower.
+// Why: Open MPI's TCP transport moves bytes only while a thread polls inside an MPI call, so
+// beside training it runs at the speed that thread gets a core; on the ring the worker sleeps in
+// poll() while the kernel moves the bytes. The ring's result is the same on every rank but may
+// differ in the last bits from MPI's. The other collectives and small all-reduces stay on MPI,
+// whose latency is lower.
 //
-// Where (CpuOptions::sockets, agreed by every rank when the communicator is made): Auto when the
-// ranks span more than one host and no rank has an InfiniBand/RoCE or Slingshot device (where MPI
-// has a faster transport than TCP); Never; Always (on one host too, over loopback). With one rank,
-// never. Without the ring, make_cpu_communicator() returns the MpiCommunicator itself.
+// Where (agreed by every rank): Auto when the ranks span several hosts and none has an
+// InfiniBand/RoCE or Slingshot device (where MPI beats TCP); Never; Always (loopback too); never
+// with one rank. The ring connects at the first large all-reduce (collective); rank 0 says so once.
 //
-// Hierarchy (CpuOptions::hierarchical): with several hosts and several ranks on some host,
-// make_cpu_communicator() returns a HierarchicalCommunicator instead (reduce on each host,
-// all-reduce among one leader per host, broadcast on each host:
-// comm/compose/hierarchical_communicator.h), whose leaders take the ring between hosts by the
-// policy above, applied to the leaders.
-//
-// The ring connects at the first large all-reduce (collective, on the worker), and rank 0 then
-// prints once: "ddp: socket ring: all-reduces of 64 KiB or more go over TCP between the N ranks
-// (rank 0 at a.b.c.d:port; DDP_MPI_SOCKETS=never keeps them on MPI)".
-//
-// Order (communicator.h: the collectives of one communicator run in call order; a blocking call
-// issued after asynchronous ones runs after them): the ring does not get a worker thread of its
-// own; it runs on the MPI communicator's (SocketRing's shared-worker constructor), which makes
-// every call of this communicator, one at a time, in the order they were made, whichever path
-// each takes. So the contract holds exactly as for MPI alone, and besides: the sequence numbers
-// of the watchdog's and the debug mode's messages count both paths, the watchdog covers a hung
-// ring call as a hung MPI one, and the debug mode checks the ring's calls too. Two workers would
-// break it: a small all-reduce queued after a large one could finish before it, a barrier would
-// no longer wait for the ring's all-reduces issued before it, and each path would number and
-// check its calls apart. The price, as before the ring was a communicator of its own: a ring
-// all-reduce and an MPI call of this communicator never overlap (those of two communicators do).
+// Order: the ring runs on the MPI communicator's worker, not a thread of its own, so every call
+// of this communicator runs one at a time in call order whichever path it takes (communicator.h),
+// and the watchdog and the debug mode number and check both paths as one. The price: a ring
+// all-reduce and an MPI call of this communicator never overlap.
 
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/ring/socket_ring.h"
@@ -56,21 +36,17 @@ namespace ddp {
 
 struct CpuOptions {
   MpiOptions mpi;
-  // Where the large all-reduces take the ring (above). ProcessGroup reads DDP_MPI_SOCKETS.
+  // Where the large all-reduces take the ring (above).
   enum class Sockets { Auto, Never, Always };
   Sockets sockets = Sockets::Auto;
   // All-reduces of at least this many bytes take the ring; smaller ones stay on MPI.
-  // ProcessGroup reads DDP_MPI_SOCKET_KIB.
   std::size_t socket_bytes = 64 << 10;
-  // The interfaces the ring listens on (SocketRingOptions::interfaces). ProcessGroup reads
-  // DDP_SOCKET_IFNAME (`ddprun --iface` sets it).
+  // The interfaces the ring listens on (SocketRingOptions::interfaces).
   std::string socket_interfaces;
-  // Whether the all-reduces go through one leader per host
-  // (comm/compose/hierarchical_communicator.h). ProcessGroup sets it from
-  // ProcessGroupOptions::hierarchical.
+  // Whether the all-reduces go through one leader per host (hierarchical_communicator.h).
   HierarchicalAllReduce hierarchical = HierarchicalAllReduce::Auto;
   // Tests: ranks per "host", in rank order, instead of the ranks that share memory (empty: the
-  // real hosts). ProcessGroup takes it from testing::hooks() (util/testing_hooks.h).
+  // real hosts).
   std::vector<int> host_split;
 };
 

@@ -119,7 +119,7 @@ struct HierarchicalCommunicator::State {
   torch::Tensor received;                         // the leader's: a host rank's tensor (phase 1)
   bool ring_broken = false;  // a ring call threw half way: bytes may be in flight
 
-  // Sleeps until every rank of `comm` has arrived (before a blocking call, see the header).
+  // Sleeps until every rank of `comm` has arrived (before a blocking call: mpi_communicator.h).
   void wait_for_all(MPI_Comm comm) const {
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));

@@ -1,49 +1,30 @@
 #pragma once
-// Hierarchical all-reduce (internal; not installed): ProcessGroup's communicator for CPU tensors
-// when the ranks span several hosts and some host has several ranks
-// (comm/compose/cpu_communicator.h decides). Each all-reduce is made in three phases:
-//   1. reduce on each host: each rank sends its tensor to the host's leader (its lowest rank),
-//      which combines them in host-rank order (MPI point to point on a communicator of the
-//      host's ranks; Open MPI: shared memory);
-//   2. all-reduce among the leaders, one per host, over the transport the flat all-reduce takes
-//      between hosts: ddp's TCP ring (comm/ring/socket_ring.h) for all-reduces of at least
-//      CpuOptions::socket_bytes where socket_ring_wanted() says so over the leaders, else MPI;
-//   3. broadcast on each host: the leader sends the result to each of its host's ranks.
-// Avg is summed in every phase and divided by size() on the leader, before the broadcast.
-// Why point to point on the host, not MPI_Reduce and MPI_Bcast: one message per rank, which
-// shared memory moves in a single copy, waited for asleep by the worker (as a ring wait). Open
-// MPI's non-blocking collectives progress only while the worker tests them, so the worker's sleeps
-// between tests slow them, and its blocking ones busy-wait in segments, taking a shared core.
+// Hierarchical all-reduce: ProcessGroup's communicator for CPU tensors when the ranks span
+// several hosts and some host has several ranks (cpu_communicator.h decides). Three phases:
+//   1. reduce on each host to its leader (its lowest rank), in host-rank order;
+//   2. all-reduce among the leaders, over the TCP ring (socket_ring.h) where socket_ring_wanted()
+//      says so over the leaders and the tensor has CpuOptions::socket_bytes, else MPI;
+//   3. broadcast on each host from the leader.
+// Avg is summed in every phase and divided by size() on the leader before the broadcast. On a
+// host, point to point rather than MPI_Reduce/MPI_Bcast: one message per rank in shared memory,
+// waited for asleep by the worker, where Open MPI's collectives need polling or busy-wait.
 //
 // Why: a flat ring over N ranks sends 2(N-1)/N of the tensor from every rank, and with several
-// ranks per host several of those hops cross the link between hosts: 4 ranks on 2 hosts put
-// 1.5x the tensor on the link each way, where the leaders' ring of 2 puts 1x (2(H-1)/H with H
-// hosts). Inside a host the bytes move through memory, at a cost the link makes negligible.
+// ranks per host several of those hops cross the link between hosts; the leaders' ring puts
+// 2(H-1)/H on it with H hosts. Inside a host the bytes move through memory.
 //
-// Invariants: every rank ends with its leader's bytes, and the leaders with bitwise the same
-// result (MPI's all-reduce and the ring give every rank the same bytes), so all ranks hold
-// bitwise the same result. It equals the flat all-reduce up to the order of the additions
-// (floating point: within rounding; integers, Min and Max: exactly).
+// Invariants: all ranks hold bitwise the same result (their leader's, which the leaders share),
+// equal to the flat all-reduce up to the order of the additions.
 //
-// Hosts: the ranks that share memory (MPI_COMM_TYPE_SHARED, as the Runtime's nodes), or, for
-// tests, CpuOptions::host_split ({2, 2}: ranks 0-1 are one "host", ranks 2-3
-// another, on one machine). Hosts may have different numbers of ranks, and a host's ranks need
-// not be consecutive: each phase is over the ranks that are there (a host of one rank has
-// nothing to reduce or broadcast).
+// Hosts: the ranks that share memory, or CpuOptions::host_split for tests ({2, 2}: ranks 0-1 one
+// "host", 2-3 another). Hosts may differ in size and need not be consecutive ranks.
 //
-// Threads and order (communicator.h's contract): as SizeRoutedCommunicator, every call runs on
-// the worker of one MPI communicator over all ranks (comm/mpi/mpi_worker.h), one at a time in call
-// order, and the three phases are one queued collective: the watchdog (over every rank) covers
-// it as one collective and names the ranks that never arrived, the debug mode checks it. The
-// other collectives (broadcast, all_gather, barrier) are that MPI communicator's. Waiting: the
-// ranks that are not leaders sleep in their receive (the worker's spin, then sleeps) while their
-// leader talks to the other hosts. The leaders' MPI all-reduces of at least
-// MpiOptions::blocking_bytes first wait in an MPI_Ibarrier and then make the blocking call, as
-// MpiCommunicator does.
+// Order (communicator.h): as SizeRoutedCommunicator, every call runs on one MPI communicator's
+// worker over all ranks, and the three phases are one queued collective, which the watchdog and
+// the debug mode see as one. The other collectives are that MPI communicator's.
 //
-// Errors: the MPI backend's checks and messages ("MpiCommunicator::all_reduce: ..."), whichever
-// path a call takes; a leaders' ring call that failed half way makes the later ones refuse, as
-// the ring does. Bad CpuOptions::host_split: std::invalid_argument naming it.
+// Errors: the MPI backend's checks and messages whichever path a call takes; a leaders' ring call
+// that failed half way makes later ones refuse. A bad host_split: std::invalid_argument naming it.
 
 #include "comm/compose/cpu_communicator.h"
 #include "comm/mpi/mpi_communicator.h"

@@ -1,33 +1,21 @@
 #pragma once
-// The debug mode's check (DDP_DEBUG=DETAIL; WorkerOptions::check_collectives): before each
-// collective the ranks all-gather its fingerprint (comm/collective.h) and the number of the
-// communicator it is called on. When any rank differs, every rank throws the same error naming
-// both sides, and no rank runs the collective.
+// The debug mode's check (WorkerOptions::check_collectives): before each collective the ranks
+// all-gather its fingerprint (collective.h) and its communicator's number. When any rank differs,
+// every rank throws the same error naming both sides, and no rank runs the collective.
 //
-// One CollectiveCheck serves every communicator that joins it, as one sequence: ProcessGroup
-// makes one for all the communicators it makes (cpu(), new_cpu_communicator(), for_device()'s
-// CPU ones; so DistributedDataParallel's control and data communicators too). A rank that calls
-// a collective on one of them while another rank calls one on a second is then named at the
-// first such call ("rank 0 called all_reduce #4 ... on communicator 2 of the process group
-// (DistributedDataParallel's control communicator) but rank 1 called barrier #3 on communicator
-// 1 (ProcessGroup::cpu())"), where a check per communicator would leave both waiting, each in
-// its own communicator, until the watchdog. A communicator made alone (an MpiCommunicator with
-// check_collectives and no check given) has a check of its own: the same check, one member.
+// One CollectiveCheck serves, as one sequence, every communicator a ProcessGroup makes, so a rank
+// calling a collective on one while another rank calls one on a second is named at that call
+// ("rank 0 called all_reduce #4 ... on communicator 2 of the process group (...) but rank 1 called
+// barrier #3 on communicator 1 (...)"), not left waiting for the watchdog. A communicator made
+// alone has a check of its own.
 //
-// Order: a call takes its place in the sequence (take_ticket) when it is queued, on the caller's
-// thread under its worker's queue lock, so that within one worker the places follow the queue;
-// the workers then take turns in place order (check). So the sequence is the order in which the
-// process queued its calls, across communicators.
+// Order: a call takes its place (take_ticket) when it is queued, under its worker's queue lock,
+// and the workers take turns in place order (check). Contract: the process must queue its calls
+// in the same order on every rank, across communicators; calls from two threads at once on two
+// communicators of a group have no such order and may be reported as a mismatch.
 //
-// Contract: that order must be the same on every rank, as the order of one communicator's calls
-// must be anyway. A program that queues calls on two communicators of one group from two threads
-// at once has no such order, and DETAIL may report it as a mismatch (it runs without DETAIL).
-// ddp's own communicators are called from one thread at a time (the training thread, or
-// autograd's while the training thread waits in backward()).
-//
-// Cost: only with check_collectives; per collective one all-gather of kRow int64 on the check's
-// own MPI duplicate (as before, when it went over the worker's), and a hand-over between worker
-// threads when consecutive calls are on different communicators.
+// Cost, only with check_collectives: one all-gather of kRow int64 per collective, on the check's
+// own MPI duplicate.
 
 #include "comm/collective.h"
 
@@ -56,7 +44,7 @@ class CollectiveCheck {
   // the numbers are the same on every rank. `name` says which it is in messages ("" : none).
   int join(const std::string& name);
 
-  // The call's place in the sequence; when it is queued (see the header).
+  // The call's place in the sequence; taken when it is queued (see above).
   int64_t take_ticket();
 
   // On the worker's thread: waits for the place `ticket`, all-gathers the fingerprint of `call`

@@ -1,23 +1,17 @@
 #pragma once
-// What every rank's workers are in, asked when a collective fails or hangs: the part that names
-// both sides of a collective called by some ranks only, always (without DDP_DEBUG=DETAIL).
+// What every rank's workers are in, asked when a collective fails or hangs, so that a collective
+// called by some ranks only is named on both sides (always, without the debug mode).
 //
-// The host workers of one ProcessGroup (comm/mpi/mpi_worker.h: ProcessGroup::cpu(),
-// DistributedDataParallel's control and gradient communicators, new_cpu_communicator()) join one
-// Inquiry, in the order they are made, which is the same on every rank. A worker made alone has
-// one of its own. When a worker's MPI call fails (MPI_ERR_TRUNCATE: the ranks called different
-// collectives) or its watchdog fires, it asks every other rank over the Inquiry's own duplicate
-// communicator; each rank answers with the calls its joined workers are in, on whichever of its
-// threads gets there first: a worker waiting in a collective answers between its tests (it tests
-// the question's receive only after its spin, so a step whose collectives are on time never does
-// it), a watchdog that fired answers while it asks. A rank whose workers are all idle (its
-// program busy elsewhere, stopped or dead) does not answer; the asker names it so.
+// The host workers of one ProcessGroup (mpi_worker.h) join one Inquiry, in the order they are
+// made, the same on every rank; a worker made alone has one of its own. A worker whose MPI call
+// fails, or whose watchdog fires, asks every other rank over the Inquiry's own duplicate; each
+// rank answers with its workers' calls, from whichever thread gets there first: a worker waiting
+// in a collective (between its tests, after its spin) or a watchdog that fired. A rank whose
+// workers are all idle does not answer, and the asker names it so.
 //
-// Why the workers answer, not a polling thread: Open MPI 4.1.4's shared-memory transport crashed
-// (SIGSEGV in mca_btl_vader_poll_handle_frag) when a thread of its own polled every 100 ms while
-// the workers made their calls. Here only a thread already inside MPI (a waiting worker, a fired
-// watchdog) tests the question, and one at a time (the Inquiry's lock, taken with try_lock: a
-// worker never waits for it).
+// Why no polling thread of its own: one polling beside the workers' calls crashed Open MPI
+// 4.1.4's shared-memory transport. Only a thread already inside MPI tests the question, one at a
+// time (try_lock: a worker never waits for it).
 
 #include "comm/collective.h"
 
@@ -73,9 +67,7 @@ class Inquiry {
   void answer();
   // Asks every other rank and waits up to `wait` for their answers, answering questions
   // meanwhile. Best effort: an MPI error only means no answer. Any thread; one ask at a time.
-  // Each question has a number that its answer carries: a rank busy outside collectives answers
-  // a question only when it next enters one, after the asker gave up, and that late answer must
-  // not pass for the answer to a later question (it would report a call long finished).
+  // Answers carry their question's number, so a late answer to an earlier question is ignored.
   std::vector<RankReport> ask(std::chrono::milliseconds wait);
   // How long a failed or timed-out collective waits for the other ranks' answers before it names
   // the silent ones (a rank waiting in a collective answers within milliseconds).

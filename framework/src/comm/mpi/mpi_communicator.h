@@ -1,25 +1,14 @@
 #pragma once
-// Communicator backend over MPI, for CPU tensors (tensors on a GPU are staged through host
-// memory: correct, not fast). Each call is checked and described (comm/collective.h), queued on
-// the communicator's worker (comm/mpi/mpi_worker.h: one thread that makes every MPI call of the
-// communicator in call order, over a duplicate of the communicator it is given, under the
-// watchdog of comm/mpi/mpi_watchdog.h, with the debug mode's check) and made there as MPI calls on
-// the tensor's memory (datatypes and pieces: comm/mpi/mpi_types.h).
+// Communicator backend over MPI, for CPU tensors (GPU tensors are staged through host memory:
+// correct, not fast). Each call is checked and described (collective.h), queued on the
+// communicator's worker (mpi_worker.h) and made there as MPI calls on the tensor's memory
+// (mpi_types.h). Errors: Work::wait() rethrows a failing MPI call's, with MPI's message, the call
+// and file:line (util/mpi_check.h).
 //
-// Errors: a failing MPI call becomes an exception that Work::wait() rethrows on the caller's
-// thread, with MPI's message, the call and file:line (util/mpi_check.h).
-//
-// Large all-reduces: one of at least MpiOptions::blocking_bytes first waits, as the worker
-// waits (spin, then sleeps), in an MPI_Ibarrier (everyone has arrived), then makes the blocking
-// MPI_Allreduce: Open MPI's blocking all-reduce uses faster algorithms for large messages than
-// its non-blocking one, and sleeping while bytes move over TCP stalls them
-// (docs/records/performance.md). Limit: a rank stopped after every rank arrived at such a large
-// all-reduce (in the middle of the transfer) leaves the others spinning in it until the
-// timeout. Smaller ones are one MPI_Iallreduce.
-//
-// Between hosts linked by TCP, ProcessGroup sends the large all-reduces over ddp's TCP ring on
-// this communicator's worker instead (comm/compose/cpu_communicator.h); this class knows nothing of
-// it.
+// Large all-reduces (MpiOptions::blocking_bytes) first wait, asleep as the worker waits, in an
+// MPI_Ibarrier, then make the blocking MPI_Allreduce: Open MPI's blocking all-reduce has faster
+// algorithms for large messages, and sleeping while bytes move over TCP stalls them. Limit: a
+// rank stopped in the middle of such a transfer leaves the others spinning until the timeout.
 
 #include "comm/collective.h"
 #include "comm/mpi/mpi_worker.h"
@@ -37,16 +26,12 @@ namespace ddp {
 
 struct MpiOptions : WorkerOptions {
   // All-reduces of at least this many bytes wait for every rank in an MPI_Ibarrier, then make
-  // the blocking MPI_Allreduce (see above); smaller ones are one MPI_Iallreduce. 0: every
-  // all-reduce so. ProcessGroup reads DDP_MPI_BLOCKING_KIB.
+  // the blocking MPI_Allreduce (see above); smaller ones are one MPI_Iallreduce. 0: all of them.
   std::size_t blocking_bytes = 64 << 10;
 
-  // The largest message of one MPI_Allreduce: a larger all-reduce is made of consecutive calls
-  // on pieces of at most this many bytes (the result is the same, element by element). 0 (the
-  // default): one call per tensor (up to INT_MAX elements). Why it exists: Open MPI moved large
-  // messages slower per byte than pieces of a few MiB over shared memory and over TCP
-  // (docs/records/performance.md), though no end-to-end gain was shown. DDP_MPI_MESSAGE_KIB sets
-  // it for ProcessGroup.
+  // The largest message of one MPI_Allreduce: a larger all-reduce is made of consecutive calls on
+  // pieces of at most this many bytes (the same result, element by element). 0: one call per
+  // tensor (up to INT_MAX elements).
   std::size_t max_message_bytes = 0;
 };
 

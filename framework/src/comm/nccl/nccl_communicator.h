@@ -1,31 +1,22 @@
 #pragma once
-// Communicator backend over NCCL, for CUDA tensors on one GPU. Built only with a CUDA LibTorch
-// and NCCL >= 2.10 (DDP_WITH_CUDA and DDP_WITH_NCCL in ddp/config.h); ProcessGroup::gpu()
-// holds the process's one. It is built from a bootstrap MPI communicator (which carries the
-// NCCL unique id), its rank and size, the device and NcclOptions, and knows nothing else of the
-// job.
+// Communicator backend over NCCL, for CUDA tensors on one GPU (built with DDP_WITH_CUDA and
+// DDP_WITH_NCCL); ProcessGroup::gpu() holds the process's one. It knows nothing of the job beyond
+// its bootstrap MPI communicator, rank, size, device and NcclOptions.
 //
-// Streams: collectives run on a CUDA stream of the communicator's own, so they overlap the
-// computation on LibTorch's current stream. Each is ordered after the work queued so far on the
-// caller's current stream (an event recorded there, which the NCCL stream waits for); the
-// blocking calls then order the current stream after the collective (the reverse), so the host
-// never waits and a tensor reduced and then used by the next kernel needs no synchronisation.
-// all_reduce_async() leaves that second half to Work::wait(). Every tensor a collective touches
-// is recorded as in use on the NCCL stream (CUDACachingAllocator::recordStream), so freeing it
-// on the caller's side cannot hand its memory to another tensor while NCCL still uses it.
+// Streams: collectives run on a stream of their own, so they overlap the computation on
+// LibTorch's current stream. Each waits for the work queued so far on the caller's current stream,
+// and the blocking calls make the current stream wait for the collective (all_reduce_async()
+// leaves that to Work::wait()): the host never waits, and the next kernel sees the result. Every
+// tensor a collective touches is recordStream()ed, so freeing it cannot hand its memory on while
+// NCCL still uses it.
 //
-// Arguments are checked, and calls named in errors, as every backend does (comm/collective.h).
 // Errors: a failing call throws (DDP_NCCL_CHECK / DDP_CUDA_CHECK: rank, host, file:line, the
-// library's message). A watchdog thread polls ncclCommGetAsyncError and the oldest unfinished
-// collective every 100 ms; on an asynchronous error, or a collective still unfinished after the
-// timeout, it aborts the NCCL communicator and calls NcclOptions::on_fatal_error with a message
-// naming the rank, the device and the collective (ProcessGroup passes Runtime::abort, which ends
-// the job), so a dead or diverging peer cannot leave the others hanging. The
-// timeout counts from when the collective was queued, so it includes the computation queued
-// before it.
+// library's message). A watchdog thread aborts the NCCL communicator on an asynchronous error or a
+// collective unfinished after the timeout (counted from when it was queued) and calls
+// NcclOptions::on_fatal_error naming the rank, the device and the collective, so a dead or
+// diverging peer cannot leave the others hanging.
 //
-// Invariant (communicator.h): every rank issues the same collectives in the same order. One
-// thread at a time issues them (the reducer does from autograd's thread for the device).
+// One thread at a time issues the collectives, in the same order on every rank (communicator.h).
 
 #include "comm/collective.h"
 

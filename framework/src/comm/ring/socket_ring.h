@@ -1,44 +1,25 @@
 #pragma once
-// ddp's TCP ring: a Communicator for CPU tensors over plain sockets between the ranks (internal;
-// not installed). ProcessGroup's CPU communicator sends its large all-reduces here between hosts
-// linked by TCP (comm/compose/cpu_communicator.h); it also works alone (tests, benchmarks).
+// ddp's TCP ring: a Communicator for CPU tensors over plain sockets between the ranks. The CPU
+// communicator sends its large all-reduces here between hosts linked by TCP (cpu_communicator.h
+// says why and where); it also works alone (tests, benchmarks).
 //
-// Why it exists: Open MPI's TCP transport moves bytes only while a thread polls it inside an
-// MPI call, so its all-reduce crosses a link at the speed the polling thread gets a core, well
-// below what gloo's sockets reach with training on every core (docs/records/performance.md). Here
-// the kernel moves the bytes while the thread sleeps in poll(): no core is spent waiting. It does
-// not replace MPI where MPI has a faster transport than TCP (shared memory on one host,
-// InfiniBand): CpuOptions::sockets decides where it is used.
+// The all-reduce is the ring of reduce-scatter then all-gather (as gloo's and NCCL's): each rank
+// sends and receives 2(n-1)/n of the tensor, less its zero elements where a frame that leaves
+// them out is shorter (zero_frame.h; lossless), unless the link is fast (RingBuffers::fast_link).
+// Every element is reduced in the same order on every rank, so all ranks hold bitwise the same
+// result, run after run; 16-bit floats are added in float and rounded per element, as on MPI.
+// reduce_scatter and all_gather_into are the two phases alone (rank r ends with segment r);
+// broadcast passes the root's tensor along in 1 MiB pieces; barrier is a one-byte all-reduce.
 //
-// The all-reduce is the ring of reduce-scatter then all-gather (as gloo's and NCCL's): the
-// tensor is cut into size() segments by element; in size()-1 steps each rank sends one segment
-// to the next rank and adds the one it receives from the previous rank, then in size()-1 more
-// steps the reduced segments go round. Each rank sends and receives 2(n-1)/n of the tensor, less
-// its zero elements: a segment travels as a frame that leaves them out where that is shorter
-// (comm/ring/zero_frame.h; lossless), unless the link is fast (RingBuffers::fast_link).
-// Invariants: every element is reduced in the same order on every rank and then copied, so all
-// ranks hold bitwise the same result, run after run (it may differ in the last bits from MPI's:
-// another order of additions); 16-bit floats are added in float and rounded per element, as the
-// MPI backend does. reduce_scatter and all_gather_into are those two phases alone (the chunk
-// rank r ends with is segment r; the input is reduced in a copy); all_gather is the second
-// phase over rows of the result, one per rank; broadcast passes
-// the root's tensor along the ring in pieces of 1 MiB; barrier is an all-reduce of one byte per
-// rank (every rank's result then depends on every rank).
+// Threads and order: the calls run on an MpiWorker (mpi_worker.h), one at a time in call order,
+// under its watchdog and debug-mode check; alone the ring has a worker of its own, in the CPU
+// communicator it shares the MPI one's. Checks and dtypes: the MPI backend's (host_rules).
 //
-// Threads and order: the calls run on an MpiWorker (comm/mpi/mpi_worker.h), one at a time in call
-// order, under its watchdog (a peer that stays connected but never sends is reported as a hung
-// collective), with its debug-mode check. Alone the ring has a worker of its own; inside the
-// CPU communicator it shares the MPI communicator's, which is what keeps that communicator's
-// order (see cpu_communicator.h). Tensors elsewhere than on the CPU go through a host copy.
-// Checks and dtypes: the MPI backend's (comm/collective.h's host_rules).
+// Connections (ring_connections.h) are made by the first collective, collectively on the worker;
+// a failed attempt leaves none, and the next call tries again.
 //
-// Connections (comm/ring/ring_connections.h) are made by the first collective, on the worker, and
-// are collective over the worker's communicator: a ring that is never used opens no socket. A
-// failed connection leaves none, and the next call tries again.
-//
-// Errors: std::runtime_error naming this rank, the peer rank and its address (ring_connections.h).
-// After a collective that failed half way, the ring refuses further calls (bytes of the failed
-// one may still be on the wire).
+// Errors: std::runtime_error naming this rank, the peer rank and its address. After a collective
+// that failed half way the ring refuses further calls (bytes of it may still be on the wire).
 
 #include "comm/collective.h"
 #include "comm/mpi/mpi_worker.h"
@@ -62,9 +43,8 @@ class RingConnections;
 struct RingBuffers {
   torch::Tensor scratch;             // the received segment, before it is reduced in
   std::vector<char> sent, received;  // frames (comm/ring/zero_frame.h)
-  // Whether the last exchange of 1 MiB or more moved 4 Gbit/s or more: then segments are sent as
-  // they are, since packing and unpacking a sparse segment (about 1 ns an element) costs more
-  // than the bytes it saves on such a link.
+  // Whether the last exchange of 1 MiB or more moved 4 Gbit/s or more: then segments go as they
+  // are, since on such a link packing a sparse segment costs more than the bytes it saves.
   bool fast_link = false;
 };
 void ring_all_reduce(RingConnections& ring, RingBuffers& buffers, const torch::Tensor& tensor,
