@@ -150,59 +150,30 @@ CommHook fp16_compress_hook();
 CommHook bf16_compress_hook();
 ///@}
 
-/// No communication: the bucket comes back as it went, this rank's own gradients (PyTorch's
-/// noop_hook). For ZeroRedundancyOptimizer beside DistributedDataParallel: its step()
-/// reduce-scatters the gradients itself, so with this hook they cross the network once, and DDP
-/// still checks the parameters, broadcasts rank 0's weights and buffers, and checks that every
-/// rank produced every gradient. Described as "noop".
+/// No communication: the bucket comes back as it went (PyTorch's noop_hook), described as "noop".
+/// For ZeroRedundancyOptimizer, whose step() reduce-scatters the gradients itself: they cross the
+/// network once, and DDP still broadcasts rank 0's weights and buffers and checks the gradients.
 CommHook noop_hook();
 
 /// `inner`, then the optimizer step of each bucket's parameters, inside backward (PyTorch's
-/// _hook_then_optimizer): as soon as a bucket's reduction is waited for (in bucket order, at the
-/// end of backward), its averages go to its parameters' grad() and `optimizer` steps those
-/// parameters only, while the later buckets are still in flight. loss.backward() then returns
-/// with the model stepped: do not call optimizer.step() after it (the Trainer asks
-/// steps_optimizer() and does not). Bit-identical to optimizer.step() after backward under this
-/// contract, which composing the hook declares: `optimizer` updates each parameter from that
-/// parameter's gradient and state only (SGD, Adam, AdamW, Adagrad, RMSprop, ddp::Adadelta); an
-/// optimizer that takes a norm over all parameters, LBFGS (it re-evaluates the loss) and
-/// ZeroRedundancyOptimizer (its step is collective over every parameter) must not be composed.
-/// The state stays in `optimizer`: its state_dict, learning-rate schedules and zero_grad() work as
-/// before; each step() sees the param groups cut down to the bucket's parameters and gets them
-/// back whole. No place is left between the reduction and the step: gradient clipping, a
-/// GradScaler's unscale and inf check, and dropping a step whose gradients are not finite are
-/// impossible with it. no_sync() backward passes do not step (nothing is reduced).
+/// _hook_then_optimizer): as soon as a bucket's reduction is waited for, its averages go to
+/// grad() and `optimizer` steps those parameters only, while later buckets are still in flight.
+/// loss.backward() then returns with the model stepped: do not call optimizer.step() after it
+/// (the Trainer asks steps_optimizer()). Bit-identical to stepping after backward provided
+/// `optimizer` updates each parameter from its own gradient and state only (SGD, Adam, AdamW,
+/// Adagrad, RMSprop, ddp::Adadelta); one that takes a norm over all parameters, LBFGS and
+/// ZeroRedundancyOptimizer must not be composed. Its state, schedules and zero_grad() work as
+/// usual. Nothing can run between reduction and step (gradient clipping, a GradScaler, dropping a
+/// non-finite step). no_sync() backward passes do not step.
 ///
-/// Its state and description are `inner`'s: the step inside backward changes no result, so a
-/// snapshot written with or without it resumes with the other (PowerSGD's state included).
-/// register_comm_hook refuses it where a step needs more than one bucket (see there). The
-/// optimizer must outlive the wrapper that holds the hook.
+/// Its state and description are `inner`'s, so a snapshot written with or without it resumes with
+/// the other. register_comm_hook refuses it where a step needs more than one bucket. The optimizer
+/// must outlive the wrapper that holds the hook.
 CommHook hook_then_optimizer(CommHook inner, torch::optim::Optimizer& optimizer);
 
-// PowerSGD gradient compression (Vogels et al. 2019) as a comm hook: the algorithm, order of
-// operations and state of PyTorch's torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook
-// (not batched_powerSGD_hook), so that on the same gradients and state it gives the same reduced
-// gradients (up to the order of float sums in matrix products, ~1e-6).
-//
-// Per bucket, once `iter` has reached start_powerSGD_iter (before that: allreduce_hook()):
-//  1. error feedback: the bucket gets the error of its previous compression added;
-//  2. every gradient is viewed as a matrix [dim 0, rest]; those for which
-//     (rows + cols) * rank * min_compression_rate < rows * cols are compressed, the others
-//     (biases and other 1-D tensors, small matrices) are all-reduced uncompressed, as one flat
-//     tensor, and averaged;
-//  3. for each compressed M (grouped by shape, in first-seen order): Q (cols x rank) is random
-//     normal and orthogonalised on the first step (or every step without warm_start), else the
-//     previous step's Q, orthogonalised again; P = M Q; the Ps are summed over the ranks and
-//     orthogonalised; Q = M^T P; the Qs are averaged over the ranks; M = P Q^T;
-//  4. error feedback: the bucket's error is its input minus its result.
-// `iter` counts synchronised backward passes (it grows at the last bucket).
-//
-// The random Qs follow PyTorch's: `rng` is numpy's RandomState(random_seed) (MT19937, drawn as
-// numpy's legacy randint(1_000_000_000) draws), each bucket that needs new Qs seeds a CPU
-// generator with the next draw and fills its Qs with randn in order.
-
-/// PowerSGD's hyper-parameters (PyTorch's PowerSGDState arguments, same defaults) and state. One
-/// state per model; it must not be shared between models.
+/// PowerSGD gradient compression (Vogels et al. 2019), step for step as PyTorch's powerSGD_hook
+/// (powersgd_hook.cpp): its hyper-parameters (PyTorch's PowerSGDState arguments, same defaults)
+/// and state. One state per model; it must not be shared between models.
 struct PowerSGDState {
   int64_t matrix_approximation_rank = 1;  ///< rank of P Q^T; 1 to 4 is usual
   /// synchronised steps all-reduced uncompressed first; > 1 with error feedback or warm start

@@ -82,13 +82,11 @@ class Communicator {
   virtual std::unique_ptr<Work> all_reduce_async(const torch::Tensor& tensor,
                                                  ReduceOp op = ReduceOp::Sum) = 0;
   /// all_reduce_async(tensor, op), with `fill` writing `tensor` first, when the all-reduce's turn
-  /// comes: the call keeps its place in the order of collectives, and the caller goes on without
-  /// waiting for what `fill` needs. `fill` may wait() for collectives issued before this one (a
-  /// comm hook whose second all-reduce is computed from the first's sum: PowerSGD's Qs from the
-  /// Ps), and issues none. MPI and the TCP ring run it on their worker thread, once the
-  /// collectives issued before have finished (for a CPU tensor); this default, and NCCL, run it
-  /// at the call (NCCL's wait() holds up no host thread). What it throws, Work::wait() rethrows;
-  /// the other ranks then wait in this all-reduce, as for any rank that fails in a collective.
+  /// comes: the call keeps its place in the order, and the caller need not wait for what `fill`
+  /// needs. `fill` may wait() for earlier collectives (PowerSGD's Qs from the Ps' sum) and issues
+  /// none. MPI and the TCP ring run it on their worker thread (for a CPU tensor); this default and
+  /// NCCL at the call. What it throws, Work::wait() rethrows; the other ranks then wait in this
+  /// all-reduce, as for any rank that fails in a collective.
   virtual std::unique_ptr<Work> all_reduce_after_fill(const torch::Tensor& tensor,
                                                       std::function<void()> fill,
                                                       ReduceOp op = ReduceOp::Sum);
@@ -104,18 +102,13 @@ class Communicator {
   /// rank order.
   virtual torch::Tensor all_gather(const torch::Tensor& tensor) = 0;
 
-  /// Flat collectives in equal chunks (c10d's reduce_scatter_tensor / all_gather_into_tensor),
-  /// for ZeroRedundancyOptimizer. `input` and `output` are contiguous, of one dtype, on one
-  /// device, and distinct; chunk r of a flat buffer of size() * n elements is its elements
-  /// [r n, (r + 1) n). Sizes that do not divide are the caller's to pad (MPI and NCCL have
-  /// equal-chunk calls; the padding is not sent twice, it is reduced like the rest).
-  ///
-  /// reduce_scatter: `input` has size() times the elements of `output`; every rank gets in
-  /// `output` its own chunk (chunk rank()) of the reduction of every rank's `input`, which it
-  /// leaves unchanged.
-  ///
-  /// The base class implements both with all_reduce() and all_gather() (correct for any backend,
-  /// but it moves size() times the bytes); MPI, NCCL and the TCP ring have their own.
+  /// Flat collectives in equal chunks (c10d's reduce_scatter_tensor / all_gather_into_tensor):
+  /// `input` and `output` contiguous, of one dtype, on one device, and distinct; chunk r of a flat
+  /// buffer of size() * n elements is [r n, (r + 1) n); sizes that do not divide are the caller's
+  /// to pad. reduce_scatter: `input` has size() times the elements of `output`, which gets this
+  /// rank's chunk of the reduction of every rank's `input` (left unchanged). The base class
+  /// implements both over all_reduce() and all_gather() (size() times the bytes); MPI, NCCL and
+  /// the TCP ring have their own.
   virtual void reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
                               ReduceOp op = ReduceOp::Sum);
   /// all_gather_into: `output` has size() times the elements of `input`; every rank gets every

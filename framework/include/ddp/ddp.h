@@ -10,9 +10,7 @@
 ///     ...                                                // forward, loss.backward(): averaged
 ///   });
 ///
-/// The training kit (<ddp/train/train.h>, target ddp::train) builds on it: the Trainer, stop
-/// agreement, checkpointer, reporter, optimizer extras and data sets. No header here includes
-/// MPI, NCCL or the CUDA runtime; the backends live inside libddp.
+/// The training kit is <ddp/train/train.h>. No header here includes MPI, NCCL or CUDA's runtime.
 
 #include <ddp/config.h>
 

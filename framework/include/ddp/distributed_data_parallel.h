@@ -9,21 +9,15 @@
 ///   loss.backward();                                        // gradients averaged
 ///   optimizer.step();
 ///
-/// The forward through the wrapper (forward(), operator()) does the pre-forward work PyTorch's DDP
-/// does in its forward: re-attaching the gradient hooks after torch::load, and broadcasting rank
-/// 0's buffers. Calling the module directly (net->forward(x)) still averages the gradients: the
-/// hooks sit on the parameters, not on the wrapper. What is then lost: the buffer broadcast
-/// (BatchNorm running statistics drift apart between replicas) and the re-attaching of hooks after
-/// torch::load (ddp::load_module copies in place and keeps them). Both make the replicas differ,
-/// which replica_check.h (the Trainer's TrainerOptions::check_sync_every, the examples'
-/// --check-sync-every) detects, naming the first differing tensor.
+/// Calling the module directly (net->forward(x)) still averages the gradients (the hooks sit on
+/// the parameters) but skips forward()'s pre-forward work: BatchNorm statistics drift apart and
+/// hooks replaced by torch::load stay detached, which replica_check.h detects.
 ///
-/// Construction (collective): verifies that every rank has the same parameters and buffers
-/// (names, shapes, dtypes; the first mismatch is reported on every rank), picks the backend
-/// (DDPOptions::backend; Auto: NCCL for a model on the rank's GPU, MPI otherwise; the same on
-/// every rank), broadcasts parameters and buffers from rank 0 with it so all replicas start
-/// identical, and, with more than one rank (or with DDPOptions::reducer_at_one_rank), sets up the
-/// Reducer (reducer.h) that all-reduces gradients in buckets while backward runs.
+/// Construction (collective): verifies that every rank has the same parameters and buffers (the
+/// first mismatch is reported on every rank), picks the backend (DDPOptions::backend, the same on
+/// every rank), broadcasts parameters and buffers from rank 0, and, with more than one rank (or
+/// DDPOptions::reducer_at_one_rank), sets up the Reducer that all-reduces gradients in buckets
+/// while backward runs.
 ///
 /// Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
 /// used identically on every rank.
@@ -68,7 +62,7 @@ enum class Backend {
 /// reducer checks the bucket layout that results).
 struct DDPOptions {
   /// PyTorch's defaults. A cap smaller than every parameter (e.g. 1e-9) gives each parameter a
-  /// bucket of its own (the benchmarks' per-parameter baseline).
+  /// bucket of its own.
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;  ///< small, so communication starts early in backward
   /// false: a parameter without a gradient on some rank is an error naming it and the rank.
@@ -79,41 +73,28 @@ struct DDPOptions {
   /// DDP does before every forward, so every replica evaluates and checkpoints the same model.
   bool broadcast_buffers = true;
   /// true: after the first synchronised backward, buckets are regrouped (same caps) in the order
-  /// rank 0 saw gradients arrive, as PyTorch's Reducer does. Reverse registration order only
-  /// guesses that order; where it guesses wrong, a bucket waits for its latest gradient and its
-  /// all-reduce overlaps less of backward.
+  /// rank 0 saw gradients arrive, as PyTorch's Reducer does: reverse registration order only
+  /// guesses it, and where it guesses wrong a bucket waits for its latest gradient.
   bool rebuild_buckets = true;
   Timeline* timeline = nullptr;  ///< records each bucket's all-reduce when set
-  /// true: build the Reducer at one rank too, as PyTorch's DDP always does, so that a single
-  /// process runs the whole bucket path (hooks, buckets, the backend's all-reduce on its stream
-  /// or thread, rebuild_buckets, no_sync(), find_unused_parameters): how one GPU proves the NCCL
-  /// gradient path. Gradients equal a plain step's bit for bit (a sum over one rank, divided by
-  /// one) unless the comm hook casts them (fp16_compress_hook()); a parameter without a gradient is
-  /// then an error unless find_unused_parameters, as with more ranks. false (default): at one rank
-  /// there is nothing to average and no Reducer is built. No effect with more than one rank.
+  /// true: build the Reducer at one rank too, as PyTorch's DDP always does, so one process runs
+  /// the whole bucket path (how one GPU proves the NCCL gradient path). Gradients equal a plain
+  /// step's bit for bit unless the comm hook casts them; a parameter without a gradient is an
+  /// error unless find_unused_parameters. No effect with more than one rank.
   bool reducer_at_one_rank = false;
   /// true: every parameter's grad() is a view into the reducer's flat bucket (PyTorch's
-  /// gradient_as_bucket_view), so backward accumulates straight into the bucket and nothing is
-  /// copied in before the all-reduce or out after it; the gradients take no memory of their own.
-  /// Results are bit-identical to false. A grad() that exists at construction becomes a view
-  /// then, the others at the first synchronised backward that produces them; the bucket rebuild
-  /// moves them into the new buckets, values included. A grad() that was reset
-  /// (optimizer.zero_grad() with set_to_none, LibTorch's default) or replaced by another tensor is
-  /// copied into its bucket at the next synchronised backward and becomes the view again: correct,
-  /// but the copy and the memory are back, so zero in place (optimizer.zero_grad(false), as the
-  /// Trainer does with this option). No effect without a Reducer (one rank, reducer_at_one_rank
-  /// false).
+  /// gradient_as_bucket_view): nothing is copied in or out, and the gradients take no memory of
+  /// their own; results are bit-identical to false. A grad() reset (zero_grad() with set_to_none,
+  /// LibTorch's default) or replaced is copied in at the next synchronised backward and becomes
+  /// the view again: correct, but the copy is back, so zero in place (zero_grad(false)). No
+  /// effect without a Reducer.
   bool gradient_as_bucket_view = false;
 };
 
 /// Parses "auto" / "mpi" / "nccl"; throws std::invalid_argument naming the value otherwise.
-///@{
 Backend parse_backend(const std::string& name);
-///@}
 /// The names the parsers accept, for messages and logs.
-///@{
 const char* backend_name(Backend backend);
-///@}
 
 /// Wraps any torch::nn::Module for data-parallel training: after loss.backward() every
 /// parameter's grad() holds the average over all ranks (this file's comment says how).
@@ -195,23 +176,18 @@ class DistributedDataParallel {
   ///   }
   ///   join.finish();                     // every rank, when it has no more
   ///
-  /// While the guard lives, each training forward (forward() under grad mode, or
-  /// prepare_forward()) first counts the ranks still training: one all-reduce of world size + 1
-  /// integers. finish() then shadows the others: for each of their steps it takes part in the
-  /// count, the buffer broadcast and the gradient reduction, contributing no gradient, until every
-  /// rank has called it; it ends by broadcasting the parameters and buffers of the highest rank
-  /// that trained last, so every rank leaves with the same model. In a step some ranks sit out:
-  ///  - allreduce_hook(), fp16 and bf16 divide by the ranks still training
-  ///    (GradBucket::training_ranks): the average of their gradients, as with every rank training;
-  ///    a hook that divides by comm.size() (PowerSGD, PyTorch's hooks) averages over every rank,
-  ///    the finished ones counting as zeros (PyTorch's default, divide_by_initial_world_size);
-  ///  - buffers come from the highest rank still training, not rank 0 (PyTorch's rule).
+  /// While the guard lives, each training forward first counts the ranks still training (one
+  /// all-reduce). finish() then shadows the others' steps (the count, the buffer broadcast and the
+  /// gradient reduction, contributing no gradient) until every rank has called it, and ends with
+  /// every rank holding the model of the highest rank that trained last. In a step some ranks sit
+  /// out, allreduce_hook(), fp16 and bf16 average over the ranks still training
+  /// (GradBucket::training_ranks); a hook that divides by comm.size() (PowerSGD) counts the
+  /// finished ones as zeros; buffers come from the highest rank still training.
   /// Contract: per step, one training forward and at most one synchronised backward of this
-  /// model, and no_sync() on all training ranks or none (otherwise a std::runtime_error on every
-  /// rank). Collectives the loop makes besides this model's (a StepBoundary, another model,
-  /// SyncBatchNorm, ZeroRedundancyOptimizer, your own) are not shadowed: a finished rank waits in
-  /// finish() and the job ends with the error that names a collective called by some ranks only.
-  /// A guard destroyed without finish() (an exception) only detaches; it makes no collective.
+  /// model, and no_sync() on all training ranks or none (else a std::runtime_error on every rank).
+  /// Other collectives of the loop (a StepBoundary, SyncBatchNorm, your own) are not shadowed:
+  /// the job ends with the error naming a collective called by some ranks only. A guard destroyed
+  /// without finish() (an exception) only detaches; it makes no collective.
   class Join {
    public:
     /// Attaches to `ddp` (one guard at a time; std::logic_error otherwise); no collective.
@@ -238,19 +214,15 @@ class DistributedDataParallel {
   bool sync_enabled() const;
 
   /// Runs the module's forward on `args` after the pre-forward work, as PyTorch's DDP forward
-  /// does; returns what the module's forward returns (ReturnType: torch::Tensor unless named,
-  /// e.g. model.forward<std::tuple<torch::Tensor, torch::Tensor>>(x)). The arguments are passed
-  /// as LibTorch's AnyModule passes them: their types must be those of the forward's parameters
-  /// (an int literal for an int64_t parameter is an error naming both types).
+  /// does, and returns its result (ReturnType: torch::Tensor unless named, e.g.
+  /// model.forward<std::tuple<torch::Tensor, torch::Tensor>>(x)). The argument types must be the
+  /// forward's parameter types (AnyModule's rule; a mismatch is an error naming both).
   ///
-  /// Pre-forward work: always re-attaches replaced gradient hooks (local, a pointer comparison
-  /// per parameter). Only when grad mode is on (a training forward), with more than one rank and
-  /// options().broadcast_buffers: broadcasts rank 0's buffers, a collective. Under
-  /// torch::NoGradGuard (evaluation) nothing is collective, so ranks may run different numbers of
-  /// evaluation forwards (uneven test shards).
+  /// Pre-forward work: re-attaches replaced gradient hooks (local); in grad mode, with more than
+  /// one rank and options().broadcast_buffers, broadcasts rank 0's buffers (collective). Under
+  /// torch::NoGradGuard nothing is collective, so ranks may evaluate unevenly.
   ///
-  /// Only for a wrapper built from a module type with a forward() (the templated constructors);
-  /// otherwise std::logic_error.
+  /// std::logic_error when there is no forward to run (has_forward()).
   template <typename ReturnType = torch::Tensor, typename... Args>
   ReturnType forward(Args&&... args) {
     before_forward();
@@ -266,35 +238,25 @@ class DistributedDataParallel {
   /// Sequential).
   bool has_forward() const { return !forward_.is_empty() || sequential_ != nullptr; }
 
-  /// The pre-forward work of forward(), for code that runs the module itself (the Trainer, whose
-  /// Forward function calls the model; a wrapper built from a plain torch::nn::Module pointer).
-  /// Superseded by forward(): a program that calls the model through the wrapper needs nothing
-  /// else. Collective, unconditionally (also under NoGradGuard). With more than one rank:
-  ///  - with options().broadcast_buffers, overwrites every buffer with rank 0's (one broadcast
-  ///    per buffer dtype), so BatchNorm statistics stay identical;
-  ///  - re-attaches the gradient hooks of parameters whose storage was swapped since the last
-  ///    step (torch::load(model, ...) does that; ddp::load_module copies instead), which would
-  ///    otherwise silently stop the averaging.
+  /// forward()'s pre-forward work, for code that runs the module itself (the Trainer; a wrapper
+  /// without forward()). Collective, also under NoGradGuard. With more than one rank: broadcasts
+  /// rank 0's buffers (with options().broadcast_buffers) and re-attaches the gradient hooks of
+  /// parameters whose storage was swapped (torch::load), which would silently stop the averaging.
   void prepare_forward();
 
-  /// Wall time the training thread spent on gradient sync that backward did not hide, and the
-  /// bytes of the gradient buckets handed to the comm hook, since construction (0 with one rank
-  /// and no Reducer: nothing to synchronise). The bytes are counted before a hook compresses
-  /// them: with fp16 or PowerSGD fewer cross the network.
+  /// Since construction: wall time the training thread spent on gradient sync that backward did
+  /// not hide, and bytes of buckets handed to the comm hook, before it compresses them (0 without
+  /// a Reducer).
   ///@{
   double sync_seconds() const;
   int64_t sync_bytes() const;
   ///@}
 
-  /// Sets what reduces each bucket of gradients (comm_hook.h; PyTorch's register_comm_hook; its
-  /// state is what the hook captures, e.g. powersgd_hook(state)). Replaces the default,
-  /// allreduce_hook(). Call it before the first training backward, identically on every rank;
-  /// later it is a std::logic_error. With one rank and no Reducer (DDPOptions::reducer_at_one_rank
-  /// false) there is nothing to reduce and the hook never runs. A hook that steps an optimizer
-  /// (hook_then_optimizer()) is refused (std::invalid_argument, naming the reason) where a step
-  /// would need more than one bucket: with find_unused_parameters (a parameter no rank used keeps
-  /// its gradient, known only after the last bucket), and when a parameter of the optimizer is not
-  /// one of the module's (no bucket would ever step it).
+  /// Sets what reduces each bucket of gradients (comm_hook.h; PyTorch's register_comm_hook),
+  /// replacing allreduce_hook(). Before the first training backward, identically on every rank;
+  /// later a std::logic_error. Without a Reducer the hook never runs. A hook that steps an
+  /// optimizer (hook_then_optimizer()) is refused (std::invalid_argument naming why) with
+  /// find_unused_parameters, or when a parameter of the optimizer is not the module's.
   void register_comm_hook(CommHook hook);
 
   /// The optimizer that loss.backward() steps (the registered hook's steps_optimizer()), so that
@@ -310,11 +272,10 @@ class DistributedDataParallel {
   /// "custom"); "none" with one rank and no Reducer, where nothing is reduced.
   std::string comm_hook_description() const;
 
-  /// What the wrapper keeps between steps that the next steps depend on: the comm hook's state
-  /// (CommHookState: PowerSGD's error feedback and matrices) and the bucket order the first
-  /// synchronised backward rebuilt (a hook's state is per bucket). This rank's: the hook's state
-  /// differs between ranks. Training snapshots save every rank's (snapshot.h), so a run resumed
-  /// from one continues exactly; the Checkpointer does this when given the wrapper.
+  /// What the next steps depend on: the comm hook's state (CommHookState: PowerSGD's error
+  /// feedback and matrices) and the rebuilt bucket order (a hook's state is per bucket). This
+  /// rank's: the hook's state differs between ranks. Snapshots save every rank's (snapshot.h), so
+  /// a resumed run continues exactly.
   void save_state(torch::serialize::OutputArchive& archive) const;
   /// Restores what save_state() wrote, before the first training backward (std::logic_error
   /// after it). Collective (every rank checks the bucket layout). The hook's state is restored

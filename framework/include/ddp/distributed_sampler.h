@@ -5,13 +5,11 @@
 ///
 /// An epoch is a permutation of the data set (seeded with seed + epoch), padded to a multiple of
 /// the ranks by repeating its start (or cut with drop_last); rank r takes positions r, r + N,
-/// r + 2N, ... of it. A rank that batches its shard in order with batch size B has, after k
-/// batches on every rank, trained with the others exactly the first N * k * B positions, and
-/// each global batch is a contiguous range of positions. So an epoch interrupted at N ranks can
-/// continue at M: set_epoch(epoch, start) with start = the positions trained so far gives each of
-/// the M ranks its share of the rest (positions start.. of the permutation, padded or cut to a
-/// multiple of M as a whole epoch is), and every sample of the epoch is trained exactly once,
-/// padding aside. With start 0 (the default) nothing differs from torch's sampler.
+/// r + 2N, ... of it. So after k batches of B on every rank, exactly the first N * k * B positions
+/// were trained, and an epoch interrupted at N ranks can continue at M: set_epoch(epoch, start),
+/// with start the positions trained so far, shares the rest (positions start.., padded or cut as
+/// a whole epoch is) among the M ranks, and every sample is trained once, padding aside. With
+/// start 0 (the default) nothing differs from torch's sampler.
 
 #include <torch/data/samplers/base.h>
 #include <torch/serialize/archive.h>
@@ -31,10 +29,8 @@ class DistributedSampler {
                      int64_t seed = 0, bool drop_last = false);
 
   /// The permutation is seeded with seed + epoch, so all ranks agree on it. `start` > 0: the
-  /// epoch continues from that position of its permutation (the positions before it were
-  /// trained, by any number of ranks; this file's comment says how); indices() and
-  /// num_samples() are then this rank's share of the rest. Throws std::invalid_argument unless
-  /// 0 <= start < dataset_size() (start 0 is always valid).
+  /// epoch continues from that position of its permutation (see this file's comment).
+  /// Throws std::invalid_argument unless 0 <= start < dataset_size() (start 0 is always valid).
   void set_epoch(int64_t epoch, int64_t start = 0);
   /// The epoch set_epoch() set (0 before).
   int64_t epoch() const { return epoch_; }
@@ -75,9 +71,8 @@ std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed);
 /// padding (indices rank, rank + num_replicas, ...), so metrics summed over ranks are exact.
 std::vector<int64_t> evaluation_shard(int64_t dataset_size, int64_t num_replicas, int64_t rank);
 
-/// A DistributedSampler for torch::data's DataLoader: what a program with its own torch::data
-/// dataset and worker threads hands to torch::data::make_data_loader, as a Python program hands
-/// a DistributedSampler to torch.utils.data.DataLoader.
+/// A DistributedSampler for torch::data's DataLoader, as a Python program hands a
+/// DistributedSampler to torch.utils.data.DataLoader.
 ///
 ///   ddp::DistributedSampler sampler(dataset.size().value(), world_size, rank, /*shuffle=*/true);
 ///   auto loader = torch::data::make_data_loader(
@@ -88,17 +83,11 @@ std::vector<int64_t> evaluation_shard(int64_t dataset_size, int64_t num_replicas
 ///     for (auto& batch : *loader) { ... }
 ///   }
 ///
-/// Contract:
-/// - It refers to `sampler`, which must outlive it (the loader holds a copy of this object, so
-///   the set_epoch above is seen by the loader: each reset() at the start of a pass over the
-///   loader takes the indices of the sampler's epoch at that moment).
-/// - A pass yields this rank's indices of DistributedSampler::indices(), in that order, cut into
-///   batches of the loader's batch size (the last one shorter). With workers the loader keeps
-///   this order (DataLoaderOptions::enforce_ordering, its default).
-/// - reset(size) with a size other than the sampler's dataset size throws std::invalid_argument
-///   naming both: the data set and the sampler disagree.
-/// - save/load keep the epoch and the position within it; load() throws when the sampler's
-///   epoch is not the saved one (call set_epoch first).
+/// Contract: `sampler` must outlive it; each reset() (the start of a pass) takes the indices of
+/// the sampler's epoch at that moment, and the pass yields them in order in batches of the
+/// loader's batch size (kept with workers: DataLoaderOptions::enforce_ordering). reset(size) with
+/// another size than the sampler's throws std::invalid_argument naming both. save/load keep the
+/// epoch and the position in it; load() throws unless the sampler is at the saved epoch.
 class DataLoaderSampler final : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
   /// Hands out `sampler`'s indices (see the contract above).

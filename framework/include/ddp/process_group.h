@@ -8,9 +8,7 @@
 ///   ddp::ProcessGroup group(runtime);
 ///   ddp::DistributedDataParallel model(group, net);
 ///
-/// The backends know nothing of the Runtime: this is where they get what they need from it (the
-/// bootstrap communicator, rank, size, device, the collective timeout, the debug mode
-/// (DDP_DEBUG=DETAIL), and Runtime::abort as what to do when a watchdog fires).
+/// The backends know nothing of the Runtime: they get what they need from it here.
 ///
 /// Invariant: destroyed before the Runtime (declare it after), since its communicators need MPI.
 
@@ -29,13 +27,12 @@ namespace ddp {
 struct ProcessGroupOptions {
   /// How long a collective of any of the group's communicators (MPI and NCCL) may take before
   /// its watchdog ends the job. 0: DDP_TIMEOUT_SECONDS, else 600 s (PyTorch's default); NCCL's
-  /// still honours the older DDP_NCCL_TIMEOUT_SECONDS. The examples' --timeout sets it.
+  /// still honours the older DDP_NCCL_TIMEOUT_SECONDS.
   std::chrono::seconds timeout{0};
-  /// Whether the CPU communicators' all-reduces go through one leader per host: reduce on each
-  /// host, all-reduce among the leaders (over the transport the flat all-reduce would take
-  /// between hosts), broadcast on each host. Auto: when the ranks span several hosts and some
-  /// host has several ranks. The result is bitwise the same on every rank either way, and
-  /// equals the flat one up to the order of the additions. The examples' --hierarchical sets it.
+  /// Whether the CPU communicators' all-reduces go through one leader per host (reduce on each
+  /// host, all-reduce among the leaders, broadcast on each host). Auto: when the ranks span
+  /// several hosts and some host has several ranks. Equal to the flat all-reduce up to the order
+  /// of the additions, and bitwise the same on every rank either way.
   HierarchicalAllReduce hierarchical = HierarchicalAllReduce::Auto;
 };
 
@@ -46,9 +43,8 @@ struct GroupChecks;  ///< parallel/backend_options.h: what the group's MPI commu
 /// The job's communicators (this file's comment says what they are and when they are made).
 class ProcessGroup {
  public:
-  /// Collective over every rank of `runtime`. Reads the environment: DDP_TIMEOUT_SECONDS (unless
-  /// options.timeout is set), DDP_DEBUG, and the MPI backend's tuning variables
-  /// (the table in src/util/environment.cpp); a bad value is an error naming the variable.
+  /// Collective over every rank of `runtime`. Reads the DDP_* environment (timeout, debug mode,
+  /// MPI tuning); a bad value is an error naming the variable.
   explicit ProcessGroup(Runtime& runtime, ProcessGroupOptions options = {});
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -82,13 +78,10 @@ class ProcessGroup {
   /// CPU, so that its traffic cannot be confused with anybody else's. Collective.
   std::shared_ptr<Communicator> for_device(torch::Device device);
 
-  /// A new MPI communicator over all ranks, with a worker thread of its own. Collective.
-  /// Under DDP_DEBUG=DETAIL the calls of all the group's MPI communicators (cpu(), these,
-  /// for_device()'s) are checked as one sequence: a rank calling a collective on one while
-  /// another calls one on a second is named at once instead of hanging (docs/reliability.md);
-  /// `name` says which communicator it is in that message ("" : "made by
-  /// ProcessGroup::new_cpu_communicator()"). So the order of the calls across the group's
-  /// communicators must then be the same on every rank, as it is within one.
+  /// A new MPI communicator over all ranks, with a worker thread of its own. Collective. Under
+  /// DDP_DEBUG=DETAIL the calls of all the group's MPI communicators are checked as one sequence
+  /// (docs/reliability.md), so their order across communicators must be the same on every rank;
+  /// `name` names this one in messages ("": "made by ProcessGroup::new_cpu_communicator()").
   std::unique_ptr<Communicator> new_cpu_communicator(const std::string& name = "");
 
  private:

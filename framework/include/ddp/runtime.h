@@ -7,23 +7,16 @@
 /// share memory (MPI_COMM_TYPE_SHARED), local ranks are numbered 0..local_size()-1 in world-rank
 /// order, and nodes are numbered in the order of their lowest world rank.
 ///
-/// Start-up also checks how the job was launched: a launch that cannot work (srun without PMIx,
-/// torchrun's variables without MPI, ...) ends with a message saying how to fix it,
-/// rank 0 prints a banner (launcher, nodes, ranks per node, devices, threads) and warns when a
-/// node's GPUs and ranks do not pair up, and LibTorch's intra-op threads are set to the CPUs
-/// this rank has unless OMP_NUM_THREADS says otherwise. Set DDP_SKIP_LAUNCH_CHECKS=1 to skip
-/// the checks.
+/// Start-up checks the launch (one that cannot work, e.g. srun without PMIx, ends with a message
+/// saying how to fix it; DDP_SKIP_LAUNCH_CHECKS=1 skips this), has rank 0 print a banner, and sets
+/// LibTorch's intra-op threads to the rank's CPUs unless OMP_NUM_THREADS says otherwise.
 ///
-/// GPUs (docs/gpu.md): one process is one rank, trains one model replica, on one device. Each
-/// rank computes on GPU local_rank() among those it sees, or on device 0 when the launcher gave
-/// every rank a GPU of its own; start-up makes that device current, before anything is allocated
-/// on it. A node with more ranks than visible GPUs ends the job saying how to launch it instead;
-/// fewer ranks than GPUs (`srun --gpus-per-node 2` with one task per node) is a notice on rank 0:
-/// each rank uses one GPU, and the notice says how to start one task per GPU.
+/// GPUs (docs/gpu.md): each rank computes on GPU local_rank() among those it sees, or on device 0
+/// when every rank has a GPU of its own, made current before anything is allocated. A node with
+/// more ranks than visible GPUs ends the job saying how to launch it; fewer is a notice on rank 0.
 ///
-/// The Runtime says where the job runs; it does not communicate tensors. The communicators are
-/// built from it by ProcessGroup (process_group.h). MPI itself stays inside the library: this
-/// header includes no MPI header.
+/// The Runtime does not communicate tensors: ProcessGroup (process_group.h) builds the
+/// communicators from it. This header includes no MPI header.
 
 #include <torch/types.h>
 
@@ -41,11 +34,8 @@ struct RuntimeOptions {
   bool use_cuda = true;
   /// false: rank 0 prints no start-up banner (warnings and errors still appear).
   bool print_banner = true;
-  /// How long MPI start-up (MPI_Init and the Runtime's first collectives) may wait for the other
-  /// ranks before the phase watchdog ends the job (WatchedPhase below). 0: the start-up default,
-  /// DDP_STARTUP_TIMEOUT_SECONDS, else 600 s. ddp::cli sets --timeout here, so that a job given
-  /// a timeout is bounded by it from its first moment, not by a default it never asked for.
-  /// Must be >= 0.
+  /// How long MPI start-up may wait for the other ranks before the phase watchdog ends the job
+  /// (WatchedPhase). 0: DDP_STARTUP_TIMEOUT_SECONDS, else 600 s. Must be >= 0.
   std::chrono::seconds startup_timeout{0};
 };
 
@@ -116,31 +106,22 @@ class Runtime {
   bool own_gpu_ = false;  ///< every rank of the node sees one GPU, its own
 };
 
-/// A phase of this rank's life that can block on other ranks or on a file system where no
-/// collective watchdog runs (process_group.h): MPI start-up, building a communicator, the
-/// DistributedDataParallel constructor, loading data, an evaluation, writing a snapshot. While
-/// one lives, the process's phase watchdog (a thread, started with the first phase, asleep when
-/// none lives) ends the whole job once the phase has made no progress for its timeout:
+/// A phase of this rank's life that can block on other ranks or a file system where no collective
+/// watchdog runs (MPI start-up, building a communicator, DistributedDataParallel's constructor,
+/// loading data, an evaluation, writing a snapshot). Once a phase has made no progress for its
+/// timeout, the process's phase watchdog (a thread, started with the first phase) ends the job:
 ///   ddp: rank 0 (host): watchdog: loading data (...) unfinished after 605 s (limit 600 s:
 ///   ProcessGroupOptions::timeout, --timeout, DDP_TIMEOUT_SECONDS). Ending the job.
-/// then MPI_Abort; before MPI is up, this process exits with status 1 and the launcher ends the
-/// others. So a rank that is stopped, or stuck on a file system, cannot leave the others
-/// waiting forever in MPI_Init or MPI_Comm_dup.
+/// then MPI_Abort (before MPI is up: exit status 1, and the launcher ends the others). So a
+/// stopped or stuck rank cannot leave the others waiting forever in MPI_Init or MPI_Comm_dup.
 ///
-/// Who marks what: the Runtime its MPI start-up (RuntimeOptions::startup_timeout, which ddp::cli's
-/// --timeout sets; without it DDP_STARTUP_TIMEOUT_SECONDS, default 600 s),
-/// ProcessGroup the communicators it builds, DistributedDataParallel its constructor, the
-/// training kit data loading, evaluation (progress after each batch) and snapshot writes.
-///
-/// Invariants: phases nest per thread and only the innermost phase of each thread is watched
-/// (when it ends, the enclosing one's clock restarts); phases of several threads are watched
-/// independently. A phase fires 5 s after its timeout, so that a collective inside it,
-/// whose own watchdog names the ranks that never arrived, is reported by that watchdog first.
+/// Invariants: phases nest per thread and only each thread's innermost one is watched (when it
+/// ends, the enclosing one's clock restarts). A phase fires 5 s after its timeout, so that the
+/// watchdog of a collective inside it, which names the missing ranks, reports first.
 class WatchedPhase {
  public:
   /// `what` names the phase in the message, e.g. "loading data (train-images-idx3-ubyte)".
-  /// `timeout` 0: the phase timeout (set_phase_timeout; a ProcessGroup sets its
-  /// ProcessGroupOptions::timeout, --timeout in ddp::cli; else DDP_TIMEOUT_SECONDS, else 600 s).
+  /// `timeout` 0: the phase timeout (set_phase_timeout(), else DDP_TIMEOUT_SECONDS, else 600 s).
   explicit WatchedPhase(const std::string& what,
                         std::chrono::seconds timeout = std::chrono::seconds(0));
   ~WatchedPhase();

@@ -5,32 +5,20 @@
 /// it stands and exit (docs/reliability.md). The handler does nothing else: whatever a signal
 /// interrupts (an MPI call, an allocation, a write) goes on, and the loop acts on the flag.
 ///
-/// The signals are the ones that reach a rank ahead of a kill:
-///   SIGTERM  Slurm at the time limit and on preemption (SIGKILL follows after KillWait or
-///            GraceTime); Open MPI's mpirun to its ranks when it gets SIGTERM or SIGINT itself
-///            (SIGKILL follows after odls_base_sigkill_timeout, 1 s by default);
-///   SIGUSR1, SIGUSR2  `sbatch --signal=USR1@SECONDS` and `scancel --signal=USR1`; forwarded to
-///            the ranks by mpirun and srun.
+/// The signals are those that reach a rank ahead of a kill: SIGTERM (Slurm at the time limit and
+/// on preemption; mpirun to its ranks when it gets SIGTERM or SIGINT), SIGUSR1 and SIGUSR2
+/// (`sbatch --signal=USR1@SECONDS`, `scancel --signal=USR1`; forwarded by mpirun and srun).
 /// SIGINT (Ctrl-C) keeps its default: someone at a terminal wants the job gone now.
 ///
-/// One exception, for a process that Open MPI's mpirun started (ORTE: it has
-/// OMPI_MCA_orte_launch in its environment): a SIGTERM sent by its parent (mpirun, or the orted
-/// of a remote node) while no stop is under way kills as by default. That SIGTERM is mpirun
-/// ending the job (it got SIGTERM or Ctrl-C; a rank died, aborted or exited non-zero), SIGKILL
-/// follows 1 s later, and mpirun reports a failure whatever the ranks return, so nothing can be
-/// saved that a requeue would use; catching it only delayed the job's end by that second.
-/// Slurm's SIGTERM (srun's tasks, or every process of a batch job) comes from slurmstepd, with
-/// KillWait (30 s) to SIGKILL, and stays a stop request.
+/// One exception: in a rank that Open MPI's mpirun started (ORTE), a SIGTERM from its parent while
+/// no stop is under way kills as by default: it is mpirun ending the job, SIGKILL follows within a
+/// second, and nothing saved then would be used. Slurm's SIGTERM stays a stop request.
 ///
-/// Cover the program's whole life: a program that installs the handlers only around its
-/// training loop dies of a signal that comes during start-up (MPI_Init, data loading, the
-/// DistributedDataParallel constructor: 138 for SIGUSR1) or while it finishes after a stop
-/// (143 for a second SIGTERM), and a requeue sees a kill. ddp::cli::run holds them from its first
-/// line to its return, and the ranks stop together at the first check (75). A program with its
-/// own main does the same: a StopSignalHandlers as main's first local, before ddp::Runtime, and
-/// then a ddp::StopAgreement (or the Trainer, which checks before every step) to stop.
-/// Earlier still: LibTorch's static initialisers run 0.4 s (idle) to over 1 s (loaded) before
-/// main; DDP_STOP_HANDLERS_BEFORE_MAIN() in the program's own sources covers that time too.
+/// Cover the program's whole life: handlers installed only around the training loop let a signal
+/// during start-up, or while finishing after a stop, kill the rank, and a requeue sees a kill.
+/// ddp::cli::run holds them throughout; a program with its own main makes a StopSignalHandlers
+/// main's first local, before ddp::Runtime, and stops through a ddp::StopAgreement (or the
+/// Trainer). DDP_STOP_HANDLERS_BEFORE_MAIN() covers LibTorch's static initialisers too.
 
 #include <csignal>
 
@@ -58,12 +46,10 @@ class StopSignalHandlers {
 /// DDP_STOP_HANDLERS_BEFORE_MAIN() calls.
 void install_stop_handlers_for_life();
 
-/// Put once at namespace scope in a source file of the executable (the examples have it in
-/// their program's file): installs the stop handlers before any static initialiser of any
-/// library runs (an ELF .preinit_array entry, which the dynamic loader runs after loading and
-/// relocating the libraries, before their initialisers), so a stop signal during LibTorch's
-/// and MPI's start-up is recorded instead of killing. Executables only: a shared library's
-/// .preinit_array is ignored.
+/// Put once at namespace scope in a source file of the executable: installs the stop handlers
+/// before any library's static initialiser runs (an ELF .preinit_array entry), so a stop signal
+/// during LibTorch's and MPI's start-up is recorded instead of killing. Executables only: a shared
+/// library's .preinit_array is ignored.
 #define DDP_STOP_HANDLERS_BEFORE_MAIN()                                                       \
   __attribute__((section(".preinit_array"), used)) static void (*ddp_stop_handlers_preinit_)( \
       int, char**, char**) = [](int, char**, char**) { ::ddp::install_stop_handlers_for_life(); }
@@ -79,10 +65,9 @@ double seconds_since_stop_signal();
 void clear_stop_signal();
 
 /// Tells the handlers that this process is stopping on a signal another rank received
-/// (StopAgreement calls it when the ranks agree to stop): from then on the parent's SIGTERM
-/// under Open MPI's mpirun is caught like any stop signal (see above), so that a rank still
-/// saving or finishing is not killed at once when a faster rank has already exited 75.
-/// clear_stop_signal() forgets it too.
+/// (StopAgreement calls it when the ranks agree to stop): from then on a SIGTERM from Open MPI's
+/// mpirun is caught like any stop signal (see above), so a rank still saving is not killed at once
+/// when a faster one has exited 75. clear_stop_signal() forgets it too.
 void mark_stopping();
 
 /// "SIGTERM", "SIGUSR1", "SIGUSR2", else "signal N".

@@ -3,15 +3,12 @@
 /// Batch normalisation that can be synchronised across ranks (PyTorch's SyncBatchNorm):
 /// ddp::BatchNorm1d, ddp::BatchNorm2d and ddp::BatchNorm3d, and convert_sync_batchnorm.
 ///
-/// Each is torch::nn::BatchNormXd's numerics and state (weight, bias, running_mean, running_var,
-/// num_batches_tracked: the same names, so checkpoints load either way) with one extra mode:
-/// synchronised. Synchronised, a training-mode forward computes each channel's mean and
-/// variance over the batches of all ranks (one all-reduce of per-channel sums and counts), and
-/// backward all-reduces the two per-channel gradient terms, so N ranks with per-rank batch b
-/// compute what one process computes on the N*b batch: output, input gradient, running
-/// statistics; each rank's weight and bias gradients are its share of the global ones, which
-/// DistributedDataParallel's gradient averaging combines like every other parameter's. Eval mode
-/// uses the running statistics and never communicates.
+/// Each has torch::nn::BatchNormXd's numerics and state (the same names, so checkpoints load
+/// either way). Synchronised, a training-mode forward computes each channel's mean and variance
+/// over the batches of all ranks and backward all-reduces the per-channel gradient terms, so N
+/// ranks with batch b compute what one process computes on N*b (output, input gradient, running
+/// statistics; weight and bias gradients are each rank's share, which DDP's averaging combines).
+/// Eval mode never communicates.
 ///
 /// The change in a user's model is one type per layer, then one call:
 /// \code
@@ -26,9 +23,6 @@
 /// Why modules of our own rather than swapping torch::nn::BatchNormXd in place, as Python's
 /// convert_sync_batchnorm does: a LibTorch model holds its layers in typed C++ members, so a
 /// replaced child would not be the one forward() calls.
-///
-/// One implementation serves the three: BatchNormImpl<D>, where D (1, 2 or 3) only decides the
-/// rank of input accepted; the statistics run over every dimension but dimension 1 (channels).
 
 #include <ddp/communicator.h>
 
@@ -67,13 +61,11 @@ class BatchNormImpl : public torch::nn::Cloneable<BatchNormImpl<D>> {
   /// initial values): weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0.
   void reset() override;
 
-  /// Not synchronised, and in eval mode in either mode: exactly torch::nn::BatchNormXd
-  /// (without running statistics, eval mode normalises with this rank's batch, as PyTorch's
-  /// SyncBatchNorm does). Synchronised training mode runs the synchronised path even on one
-  /// rank; ranks may hold different batch sizes, empty ones included, but all ranks together
-  /// must hold more than one value per channel. Stricter than torch::nn in one corner: a
-  /// channel count other than num_features is an error even without affine parameters and
-  /// running statistics (where torch::nn would normalise it anyway).
+  /// Not synchronised, or in eval mode: exactly torch::nn::BatchNormXd (without running
+  /// statistics, eval mode normalises with this rank's batch, as PyTorch's SyncBatchNorm does).
+  /// Synchronised training mode runs the synchronised path even on one rank; ranks may hold
+  /// different batch sizes, empty ones included, but together more than one value per channel.
+  /// A channel count other than num_features is an error even where torch::nn would go on.
   torch::Tensor forward(const torch::Tensor& input);
 
   /// `ddp::BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true,
