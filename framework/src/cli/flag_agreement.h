@@ -6,13 +6,9 @@
 // collective with an MPI error that names nothing (Open MPI's MPI_ERR_TRUNCATE), or silently
 // train something else.
 //
-// The fingerprint is generic: the program's name, then every option in Boost's variables_map,
-// defaults included, as "name=value", sorted by name. A new flag is covered with no code here.
-// No flag is expected to differ between ranks: paths are compared as given (a relative
-// --data-dir is the same text on every rank even if the ranks' working directories differ;
-// what it names is checked where it is read). The ranks exchange a 64-bit hash of the text
-// (one all_gather of 8 bytes); only when the hashes differ are the texts gathered, to name the
-// first differing setting (in name order, the program first) and which ranks hold which value.
+// The fingerprint is generic (every option of Boost's variables_map, defaults included), so a new
+// flag is covered with no code here. Paths are compared as given. The ranks exchange a hash of
+// the text; only when the hashes differ are the texts gathered, to name the difference.
 
 #include <ddp/communicator.h>
 

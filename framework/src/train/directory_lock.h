@@ -1,27 +1,17 @@
 #pragma once
-// One job per checkpoint directory: flock(2) on <dir>/.ddp.lock, taken by the process that
-// writes the directory (rank 0's Checkpointer; the other ranks never touch it) and held while it
-// uses it. The file names its holder in one line (host, pid, start time, Slurm job), so that a
-// second job is refused naming the first; its other ranks are not asked, so the ranks of one job
-// never refuse each other.
+// One job per checkpoint directory: flock(2) on <dir>/.ddp.lock, taken by rank 0's Checkpointer
+// (the other ranks never touch it, so the ranks of one job never refuse each other) and held while
+// it uses the directory. The file names its holder in one line, so that a second job is refused
+// naming the first.
 //
-// Why flock: the kernel drops it when the holding process ends, however it ends (kill -9, a
-// crash, MPI_Abort), so a lock file whose flock is free was left by a job that is gone. It is
-// taken over, and the taker says whose it was. A clean release removes the file (while still
-// holding the flock; a taker that opened the old file before the removal sees that it no longer
-// is the file at the path and opens the new one), so the note appears only after a job died.
+// Why flock: the kernel drops it when the holder ends, however it ends, so a lock file whose flock
+// is free was left by a job that is gone, and is taken over. A clean release removes the file while
+// still holding the flock (a taker that opened the old file sees it is no longer the file at the
+// path and opens the new one). Within a process the locks of one directory are counted: flock
+// would refuse a second open of the same file even in the same process.
 //
-// Within a process the locks of one directory are shared (counted): flock would refuse a second
-// open file description of the same file even in the same process, and a program or a test may
-// build a second Checkpointer on a directory it already uses.
-//
-// What flock does not cover (docs/reliability.md): it is advisory (a program that does not take
-// it is not stopped); on NFS Linux emulates it with POSIX byte-range locks, which work across
-// hosts only when the server's lock manager does (NFSv4, or NFSv3 with lockd; a mount with
-// `nolock` or `local_lock=flock|all` locks on this host only); Lustre refuses flock unless
-// mounted with `-o flock` (with `-o localflock` it covers this host only). Where flock itself
-// fails for want of support (ENOLCK, EOPNOTSUPP, ENOSYS, EINVAL), take() warns and goes on
-// without a lock instead of refusing to train.
+// Where flock fails for want of support (ENOLCK, EOPNOTSUPP, ENOSYS, EINVAL), take() warns and goes
+// on without a lock; docs/reliability.md says what flock does not cover (NFS, Lustre).
 
 #include <sys/types.h>
 

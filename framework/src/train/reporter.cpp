@@ -225,9 +225,7 @@ void Reporter::write_step_record(int64_t b, double loss, const double* phases,
     line["sync_share"] = phases[2] / seconds;
     line["optimizer_share"] = phases[3] / seconds;
   }
-  // A failed write does not end the job here, inside the epoch, where all since the last
-  // snapshot would be lost: the error is kept, the file dropped, and write_metrics throws it at
-  // the epoch's end, after the loop's checkpoint (issue 38's order).
+  // A failed write does not end the job inside the epoch (Reporter::batch_done).
   try {
     if (metrics_.is_open()) append_metrics_line(line.dump());
     if (tensorboard_) {

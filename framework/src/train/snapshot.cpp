@@ -249,7 +249,6 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
   archive.write("optimizer", optimizer_archive);
   archive.write("model_description", c10::IValue(detail::describe_parts(parts)));
   archive.write("optimizer_type", c10::IValue(detail::optimizer_types(parts)));
-  // Values 6 and 7 (batch size, samples done) came later: readers take what is there.
   archive.write("progress",
                 torch::tensor({progress.epoch, progress.global_step, progress.seed,
                                static_cast<int64_t>(progress.world_size), progress.batches_done,
@@ -261,7 +260,6 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
                 rank_generators.defined() ? rank_generators : torch::empty({0}, torch::kByte));
   archive.write("rank_values",
                 rank_values.defined() ? rank_values : torch::empty({0}, torch::kDouble));
-  // Only when the ranks compute on CUDA: files from CPU runs (and from before the entry) lack it.
   if (cuda_generators.defined()) archive.write("cuda_generator_states", cuda_generators);
   // Entries only when the run has them (load_snapshot checks both ways).
   if (extras.lr_schedule) {
@@ -478,8 +476,7 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   if (progress.world_size == comm.size()) {
     // Shared, not a copy.
     at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-    // A tensor of its own: given a row view of the gathered states (storage offset > 0 on every
-    // rank but 0), LibTorch 2.15's set_state crashed on rank 1; a clone starts at offset 0.
+    // A tensor of its own: set_state mishandled a row view (storage offset > 0), off rank 0.
     generator.set_state(generators[comm.rank()].clone());
     if (cuda.in_file) cuda.state = cuda_generators[comm.rank()].clone();
     if (rank_state) {

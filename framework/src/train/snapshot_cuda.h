@@ -1,9 +1,6 @@
 #pragma once
-// save_snapshot and load_snapshot with this rank's CUDA generator state handed over explicitly
-// (snapshot.h says what the entry is), so that the entry's format is tested on the CPU with a
-// made-up state. save_snapshot passes the state of the default CUDA generator of the model's
-// device (none for a model on the CPU); load_snapshot restores what load_snapshot_with returns
-// into that generator, or says why it does not.
+// save_snapshot and load_snapshot with this rank's CUDA generator state handed over explicitly,
+// so that the entry's format is tested on the CPU with a made-up state.
 
 #include <ddp/train/snapshot.h>
 

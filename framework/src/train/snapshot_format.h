@@ -1,10 +1,7 @@
 #pragma once
-// The snapshot file's header and the checks of its values, as pure functions on bytes, so that
-// load_snapshot and the libFuzzer target (fuzz/fuzz_snapshot.cpp, built by clang without
-// LibTorch) check the same code. Format 3: "DDPSNAP3", the payload's byte count and its XXH64
-// hash (little-endian uint64 each), then the payload (a LibTorch archive, which only LibTorch
-// reads: its own checks are LibTorch's). Format 3 added the position inside an epoch and every
-// rank's state; format 2 saved only at epoch ends; format 1 (FNV-1a) predates the xxHash switch.
+// The snapshot file's header (format 3: snapshot.h) and the checks of its values, as pure
+// functions on bytes, so that load_snapshot and the libFuzzer target (fuzz/fuzz_snapshot.cpp,
+// built without LibTorch) check the same code.
 
 #include <cstddef>
 #include <cstdint>

@@ -245,8 +245,8 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
     reporter_.print_epoch(r);
     results.push_back(r);
     if (scheduler) scheduler->step();
-    // The checkpoint before the metrics line (issue 38): a metrics write that fails (a full
-    // disk) then ends the job with the epoch saved, not lost with it.
+    // The checkpoint before the metrics line: a failed metrics write ends the job with the epoch
+    // saved.
     boundary_.checkpointer().save_epoch(epoch, global_step_);
     write_metrics_after_save(reporter_, r, options_.checkpoint.dir, epoch);
     if (options_.dry_run) break;

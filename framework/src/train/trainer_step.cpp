@@ -69,9 +69,8 @@ StepOutput Trainer::step(int64_t epoch, int64_t b, int64_t batches, at::Generato
     task_.prepare_any(batch, generator);
   });
   if (group_start) {
-    // Gradients that are views into DDP's buckets are zeroed in place: reset, they would be
-    // allocated again by backward and copied into the buckets
-    // (DDPOptions::gradient_as_bucket_view).
+    // Gradients that are views into DDP's buckets (gradient_as_bucket_view) are zeroed in place:
+    // reset, backward would allocate them again and copy them into the buckets.
     const bool set_to_none = !(ddp_ && ddp_->options().gradient_as_bucket_view);
     phase("zero_grad", phases.optimizer, [&] { optimizer_.zero_grad(set_to_none); });
   }

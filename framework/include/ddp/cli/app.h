@@ -1,16 +1,12 @@
 #pragma once
 /// \file
-/// The start-up and run helper of a training program: what every program around a training body
-/// must get right, in the right order.
-///  1. Parse the flags before the Runtime, because --no-cuda decides the device the Runtime sets
-///     up; check their values then too, so a bad value costs no time and reads no data.
-///  2. Start the Runtime (MPI), then (under 3's ProcessGroup) compare the ranks' flags: a hash of
-///     the program's name and every option's "name=value" (src/cli/flag_agreement.h). Ranks
-///     started with different flags stop with status 2, rank 0 naming the first differing
-///     setting: `<name>: the ranks were started with different flags: --limit-train-batches is 3
-///     on ranks 0,2 and 5 on rank 1`. A flag error: every rank stops with status 2, rank 0 alone
-///     says `<name>: <error> (see --help)` (naming the ranks when only some have it); --help:
-///     rank 0 prints the usage, status 0.
+/// The start-up and run helper of a training program, which gets the order right:
+///  1. Parse and check the flags before the Runtime: --no-cuda decides its device, and a bad value
+///     then costs no time and reads no data.
+///  2. Start the Runtime (MPI), then compare the ranks' flags (src/cli/flag_agreement.h). Ranks
+///     started with different flags, or a flag error on any rank, stop with status 2, rank 0 alone
+///     saying `<name>: <error> (see --help)` or naming the first differing setting and its ranks;
+///     --help: rank 0 prints the usage, status 0.
 ///  3. Run the body under ddp::run_or_abort (an exception on one rank ends the whole job, naming
 ///     the rank), with the ProcessGroup (with --timeout's collective timeout).
 ///

@@ -25,11 +25,9 @@ namespace ddp::cli {
 void place_data(ddp::ProcessGroup& group, ddp::ImageDataset& train, ddp::ImageDataset& test,
                 const std::string& data_dir);
 
-/// Refuses, before training, a --batch-size or --test-batch-size whose batches cannot fit in
-/// the host memory left for this node's ranks (src/cli/memory_check.h: a lower bound measured
-/// with one forward of `model` on samples of `sample_shape`, e.g. {1, 28, 28}). A batch holds at
-/// most a rank's shard of the train (test) set of `train_size` (`test_size`) samples; the
-/// node's ranks share the memory. Nothing is checked for a GPU.
+/// Refuses, before training, a --batch-size or --test-batch-size whose batches cannot fit in the
+/// host memory left for this node's ranks (src/cli/memory_check.h: a lower bound, from one forward
+/// of `model` on samples of `sample_shape`, e.g. {1, 28, 28}). Nothing is checked for a GPU.
 void check_batch_memory(ddp::ProcessGroup& group, const TrainingFlags& flags,
                         torch::nn::Module& model,
                         const std::function<torch::Tensor(const torch::Tensor&)>& forward,

@@ -22,12 +22,10 @@ namespace ddp::cli {
 int finish(ddp::ProcessGroup& group, const TrainingFlags& flags, const TrainingDefaults& defaults,
            ddp::Timeline* timeline, const torch::nn::Module& model, const ddp::Trainer& trainer);
 
-/// Runs a training body (ddp::cli::run does). Training that diverged
-/// (ddp::TrainingDiverged, thrown on every rank at the same step) ends with
+/// Runs a training body (ddp::cli::run does). ddp::TrainingDiverged ends with
 /// ddp::kDivergedExitCode, rank 0 printing the message and the flags that help, instead of an
-/// abort; --keep-global-batch refused (ddp::GlobalBatchNotDivisible, thrown on every rank when
-/// the resumed snapshot's global batch does not divide among the ranks) ends with 2, as a bad
-/// flag, rank 0 naming the flag and the numbers; anything else propagates.
+/// abort; ddp::GlobalBatchNotDivisible ends with 2, as a bad flag, rank 0 naming
+/// --keep-global-batch and the numbers; anything else propagates.
 int run_training(ddp::ProcessGroup& group, const std::function<int(ddp::ProcessGroup&)>& train);
 
 }  // namespace ddp::cli

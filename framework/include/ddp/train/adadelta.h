@@ -1,8 +1,7 @@
 #pragma once
 /// \file
-/// Adadelta for LibTorch, which ships none: numerically the algorithm of torch.optim.Adadelta
-/// (PyTorch 1.13, single-tensor path), including weight decay. Works with LibTorch's LR
-/// schedulers (StepLR) through get_lr/set_lr.
+/// Adadelta for LibTorch, which ships none: torch.optim.Adadelta's single-tensor algorithm,
+/// weight decay included.
 
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -29,11 +28,9 @@ struct AdadeltaOptions : public torch::optim::OptimizerCloneableOptions<Adadelta
  public:
   double get_lr() const override { return lr(); }          ///< lr(), for the LR schedulers
   void set_lr(const double lr) override { this->lr(lr); }  ///< lr(lr), for the LR schedulers
-  ///@{
   /// Reads or writes lr, rho, eps and weight_decay by name.
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
-  ///@}
 };
 
 /// A parameter's running averages, kept in the base class's state() as torch::optim's
@@ -44,11 +41,9 @@ struct AdadeltaParamState : public torch::optim::OptimizerCloneableParamState<Ad
   TORCH_ARG(torch::Tensor, acc_delta);   ///< running average of update^2
 
  public:
-  ///@{
   /// Reads or writes square_avg and acc_delta.
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
-  ///@}
 };
 
 /// torch.optim.Adadelta's update, bit for bit: per parameter with a gradient, the running

@@ -1,12 +1,10 @@
 #pragma once
 /// \file
 /// Mixed precision for the forward pass: while an Autocast lives, the operations LibTorch's
-/// autocast lists run in the lower precision on that device type (matrix products, convolutions,
-/// Linear in bf16 or fp16) and the precision-sensitive ones in fp32 (losses, softmax, norms),
-/// exactly as inside Python's `with torch.autocast(device_type, dtype=...)`: the same
-/// thread-local switches of ATen (at::autocast), set and restored the same way (nesting counted,
-/// cast cache cleared when the outermost guard ends). tests/reference/autocast.py checks the
-/// dtypes against torch.autocast("cpu", dtype=torch.bfloat16).
+/// autocast lists run in the lower precision on that device type (matrix products, convolutions)
+/// and the precision-sensitive ones in fp32 (losses, softmax, norms), exactly as inside Python's
+/// `with torch.autocast(device_type, dtype=...)`: the same thread-local switches of ATen, set and
+/// restored the same way (nesting counted, cast cache cleared when the outermost guard ends).
 ///
 ///   {
 ///     ddp::Autocast autocast(runtime.device().type(), torch::kBFloat16);
@@ -15,7 +13,7 @@
 ///   loss.backward();   // outside, as in PyTorch: backward runs each op in its forward's dtype
 ///
 /// bf16 keeps fp32's exponent range and needs no loss scaling; fp16 (mostly for GPUs) needs
-/// GradScaler (optim/grad_scaler.h). Parameters and gradients stay fp32. Autocast state is per
+/// GradScaler (grad_scaler.h). Parameters and gradients stay fp32. Autocast state is per
 /// thread: a guard covers the forward of the thread that made it.
 
 #include <c10/core/DeviceType.h>

@@ -1,53 +1,28 @@
 #pragma once
 /// \file
-/// Snapshots of a training run and resuming from them, for any loop: at every epoch end (the
-/// weights as model_with_epoch<N>.pt, as the seed scripts write them, and snapshot_epoch<N>.pt),
-/// inside an epoch every N optimizer steps or every S seconds and when the ranks agreed to stop
-/// (snapshot_epoch<E>_batch<B>.pt), and at start-up the newest one (or a given one) to continue
-/// from. Built on save_snapshot / load_snapshot (snapshot.h: the file format, 3).
+/// Snapshots of a training run (snapshot.h: what they hold, the file format) and resuming from
+/// them, for any loop: at every epoch end (snapshot_epoch<N>.pt, and the weights as
+/// model_with_epoch<N>.pt), inside an epoch every N steps or S seconds and at a stop
+/// (snapshot_epoch<E>_batch<B>.pt). A StepBoundary owns it and calls it at every step boundary:
 ///
-/// A loop hands it to a StepBoundary (step_boundary.h), which calls it at every step boundary and
-/// says where each epoch starts after resume():
-///
-///   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, *net, optimizer, options,
-///   {&schedule}));
+///   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, *net, optimizer, options, {&lr}));
 ///   ... boundary.resume(), boundary.start_epoch(), boundary.at_step() ...
 ///   boundary.checkpointer().save_epoch(epoch, step);                 // at every epoch end
 ///
-/// What a snapshot holds: the model and the optimizer (or any number of named ones: SnapshotParts,
-/// snapshot.h), the position (the epoch, its batches done,
-/// which is the sampler's position, the global step, and the samples of the epoch's order
-/// trained, with which it resumes inside an epoch on another number of ranks: snapshot.h), the
-/// data order's seed, the world size and the per-rank batch size, every rank's CPU generator, and
-/// inside an epoch every rank's RankState: a generator of the caller's (the Trainer's augmentation,
-/// an autoencoder's noise) and the epoch's sums so far (EpochMeter::state). TrainingExtras adds a
-/// per-step LRSchedule and a GradScaler. Everything else random in an epoch must be a function of
-/// (seed, epoch, rank): then a resumed run ends bit-identical to an uninterrupted one on the CPU.
+/// Everything random in an epoch must be in a snapshot (RankState) or a function of (seed, epoch,
+/// rank): then a resumed run ends bit-identical to an uninterrupted one on the CPU. Timed
+/// snapshots are agreed over the ranks: step_boundary.h.
 ///
-/// Snapshots every S seconds (every_seconds): each rank's clock says when S seconds have passed
-/// since the newest snapshot ended (or resume()), but the ranks' clocks differ and a snapshot is
-/// collective, so the ranks agree on it: StepBoundary sends time_due() on the stop check's
-/// all-reduce (no message of its own) and hands the agreed answer to at_boundary. Timed snapshots
-/// fall on the boundary after a stop check.
-/// cost() sums the wall time of the snapshots written (rank 0's is what the summary shows).
+/// Invariants: every rank makes the same calls in the same order (they are collective: every
+/// rank's state is gathered, rank 0 writes); only rank 0 touches the directory; only the newest
+/// snapshot inside an epoch is kept, and an epoch-end snapshot removes those before it; `keep`
+/// epochs of epoch-end files are kept. A model whose parameters or buffers are not finite is never
+/// written (TrainingDiverged), so a diverged run cannot rotate the good files out.
 ///
-/// State: the options, references to what it saves (which must outlive it), the step and time of
-/// the newest snapshot written or resumed from, the snapshots' cost so far. Invariants: every rank
-/// makes the same calls in the same order (they are collective: every rank's state is gathered,
-/// rank 0 writes); only rank 0 touches the directory; only the newest snapshot inside an epoch is
-/// kept, and an epoch-end snapshot removes those before it; `keep` epochs of epoch-end files are
-/// kept.
-///
-/// A model whose parameters or buffers are not finite is never written (TrainingDiverged,
-/// divergence.h), so a diverged run cannot replace or rotate out the good files.
-///
-/// At construction (rank 0): the directory is created if missing and checked writable, so that
-/// a read-only or uncreatable directory is reported before any training; rank 0 takes the
-/// directory's lock (`<dir>/.ddp.lock`, flock; held until the Checkpointer goes), so that a second
-/// job on the same directory is refused naming the first (its host, pid, start, Slurm job), and a
-/// lock left by a job that is gone is taken over, saying whose it was; then temporary files of
-/// writes that a killed run left behind are removed (remove_stale_temporaries), each named.
-/// docs/reliability.md says what flock does not cover (NFS and Lustre mounts without it).
+/// At construction rank 0 creates the directory if missing and checks that it is writable (so a
+/// bad directory is reported before any training), takes its lock (`<dir>/.ddp.lock`, held while
+/// the Checkpointer lives: src/train/directory_lock.h), and removes, naming each, the temporary
+/// files a killed run left (remove_stale_temporaries).
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
@@ -87,22 +62,18 @@ struct CheckpointerOptions {
   /// warning; only the newest such file is kept. 0: at epoch ends and stops only.
   int64_t every_steps = 0;
   /// Also a snapshot inside an epoch once this many seconds have passed since the newest
-  /// snapshot (or the start), agreed over the ranks (time_due); either trigger may come first.
-  /// 0: none.
+  /// snapshot (or the start), agreed over the ranks (time_due). 0: none.
   double every_seconds = 0;
-  /// The clock of every_seconds, in seconds (monotonic). Empty: std::chrono::steady_clock. Tests
-  /// give a fake one, so that when a snapshot is due does not depend on the machine's speed.
+  /// every_seconds' monotonic clock, in seconds (tests give a fake one). Empty: steady_clock.
   std::function<double()> clock;
   /// The data order's seed (the DistributedSampler's), saved so that a resumed run continues
   /// the same order: resume() returns the snapshot's, warning when it is not this one.
   int64_t seed = 0;
-  /// The per-rank batch size, saved so that a run resumed at another world size can keep the
-  /// global batch (TrainerOptions::keep_global_batch), and the samples a crash cost counted
-  /// (reached_position.h). 0: not saved.
+  /// The per-rank batch size, saved for TrainerOptions::keep_global_batch and to count the
+  /// samples a crash cost. 0: not saved.
   int64_t batch_size = 0;
-  /// What else shapes the trajectory, as the caller names it (the Trainer: accumulation, mixed
-  /// precision, clipping): recorded in every snapshot with the optimizer's type and options and
-  /// the comm hook, and compared at resume (resume() names each difference).
+  /// What else shapes the trajectory, as the caller names it: recorded in every snapshot with the
+  /// optimizer's and the comm hook's, and compared at resume.
   Settings settings;
 };
 
@@ -112,23 +83,17 @@ struct ResumePoint {
   std::string path;           ///< the snapshot read; empty on a fresh start
   int64_t seed = 0;           ///< the snapshot's data-order seed (the options' on a fresh start)
   /// Inside an epoch (position.batch > 0) at the same world size: this rank's RankState as
-  /// saved, else empty (at another world size no rank's state is restored).
+  /// saved, else empty.
   RankState rank_state;
-  ///@{
-  /// The run that wrote the snapshot: its ranks and per-rank batch size (0: not recorded); 0 and
-  /// 0 on a fresh start. position.samples is its samples_done (snapshot.h).
-  int world_size = 0;
-  int64_t batch_size = 0;
-  ///@}
+  int world_size = 0;      ///< the snapshot's run's ranks; 0 on a fresh start
+  int64_t batch_size = 0;  ///< its per-rank batch size; 0: not recorded, or a fresh start
 
   bool resumed() const { return !path.empty(); }  ///< a snapshot was read (not a fresh start)
   /// The epochs the snapshot had finished (0 on a fresh start).
   int64_t epochs_done() const { return position.epoch - 1; }
 };
 
-/// The wall time the snapshots of a run took on this rank: each the whole collective save
-/// (gathering the ranks' states, the write to a temporary file and its rename), epoch ends'
-/// included.
+/// The wall time this rank spent in whole collective saves, epoch ends' included.
 struct SnapshotCost {
   int64_t written = 0;       ///< snapshots (step and epoch-end ones)
   int64_t at_epoch_end = 0;  ///< of them, at epoch ends
@@ -137,10 +102,7 @@ struct SnapshotCost {
   double mean_seconds() const { return written ? seconds / written : 0.0; }  ///< 0 when none
 };
 
-/// Saves and resumes a run's whole training state (snapshot.h) in CheckpointerOptions::dir:
-/// snapshots at epoch ends, inside epochs (every_steps, every_seconds) and at a stop, and the
-/// model's weights at epoch ends; rotates the old files out. Each collective call is made on
-/// every rank in the same order.
+/// Saves and resumes a run's training state in CheckpointerOptions::dir (see the file's text).
 class Checkpointer {
  public:
   /// Collective only through its checks' failure (rank 0 checks the directory). Throws
@@ -150,10 +112,9 @@ class Checkpointer {
   /// dir: <dir> is in use by another job (host n1, pid 1234, since ... holds <dir>/.ddp.lock)").
   Checkpointer(ProcessGroup& group, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options, TrainingExtras extras = {});
-  /// The same for any number of named modules and optimizers (SnapshotParts, snapshot.h: a GAN's
-  /// generator and discriminator with an optimizer each), saved and resumed together, each
-  /// module's weights at an epoch end as `<name>_with_epoch<N>.pt`. Throws std::invalid_argument
-  /// naming a part whose name is not valid (check_snapshot_parts).
+  /// The same for named modules and optimizers (SnapshotParts: a GAN's generator and
+  /// discriminator), each module's weights at an epoch end as `<name>_with_epoch<N>.pt`. Throws
+  /// std::invalid_argument naming a part whose name is not valid (check_snapshot_parts).
   Checkpointer(ProcessGroup& group, SnapshotParts parts, CheckpointerOptions options,
                TrainingExtras extras = {});
   /// The same for the module `model` wraps, with the wrapper's own state too (its comm hook's
@@ -162,26 +123,19 @@ class Checkpointer {
                torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                TrainingExtras extras = {});
 
-  /// Collective. Loads the snapshot `resume` names (restoring the model, the optimizer, the
-  /// extras and every rank's CPU generator; replaying `scheduler`, a per-epoch LibTorch
-  /// scheduler, to the snapshot's epoch) and says where to continue; a fresh start when
-  /// `resume` is empty, or "latest" finds none. Rank 0 prints what it resumed from (or that there
-  /// was nothing), and warns when the seed differs, or the world size: then each rank's random
-  /// generators and, inside an epoch, its RankState are not restored, and the rest of the epoch
-  /// is re-sharded (the line says so: the epoch's metrics cover only its rest). It also warns,
-  /// one line each, for every setting (Settings: the optimizer, the comm hook, the per-rank batch
-  /// size, CheckpointerOptions::settings) that differs from the snapshot's run: the run goes on,
-  /// but no longer on the trajectory the snapshot's run would have followed. Throws
-  /// std::runtime_error naming the file when it cannot be read or does not fit the run
-  /// (snapshot.h).
+  /// Collective. Loads the snapshot `resume` names (replaying `scheduler`, a per-epoch LibTorch
+  /// scheduler) and says where to continue; a fresh start when `resume` is empty, or "latest"
+  /// finds none. Rank 0 says what it resumed from, and warns, one line each, when the seed, the
+  /// world size (see snapshot.h) or a setting (Settings, the per-rank batch size) differs from the
+  /// snapshot's run; the run goes on. Throws std::runtime_error naming the file when it cannot be
+  /// read or does not fit the run (snapshot.h).
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
   /// Collective, at a step boundary: writes a step snapshot of `at` when `stopping`, or when
   /// steps were taken since the newest snapshot written or resumed from (or since step 0) and
   /// every_steps divides at.step or `time_due` (the ranks' agreed time_due(), which must be the
-  /// same on every rank). Calls `rank_state` only then (empty: a loop with no per-rank state,
-  /// as `{}` gives). Returns the path written; "" when none
-  /// (or without a directory). Rank 0 also records `at` as how far the run got.
+  /// same on every rank). Calls `rank_state` only then (`{}`: no per-rank state). Returns the
+  /// path written, else "". Rank 0 also records `at` as how far the run got.
   std::string at_boundary(bool stopping, const TrainingPosition& at,
                           const std::function<RankState()>& rank_state, bool time_due = false);
   /// Whether at_boundary(false, at, ..., time_due) writes a snapshot. Local.
@@ -219,8 +173,7 @@ class Checkpointer {
   double last_time_ = 0;         ///< now() when it ended (or at construction, resume())
   SnapshotCost cost_;
   std::shared_ptr<detail::DirectoryLock> lock_;  ///< rank 0 with a dir, where flock works
-  /// Rank 0 with a dir: <dir>/.ddp.reached, rewritten at every step boundary, so that the run
-  /// resumed after a crash can say how much work the crash cost (reached_position.h).
+  /// Rank 0 with a dir: how far the run got, for a resume after a crash (reached_position.h).
   std::shared_ptr<detail::ReachedRecord> reached_;
 
   double now() const;  ///< options_.clock, else the steady clock
@@ -236,8 +189,7 @@ class Checkpointer {
   void create_directory() const;
   /// The weights files of the end of `epoch`, one per module.
   std::vector<std::string> weights_paths(int64_t epoch) const;
-  /// Throws TrainingDiverged (divergence.h) naming `path` and the tensor when a parameter or
-  /// buffer of a module is not finite: a diverged model is never saved, nor rotates good files out.
+  /// Throws TrainingDiverged naming `path` and the tensor when a parameter or buffer is not finite.
   void refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const;
   void remove_older_step_snapshots(const std::string& newest) const;
 };

@@ -4,23 +4,18 @@
 /// model mapping normalised images to log-probabilities, nll_loss, argmax accuracy) and its report
 /// format, which prints the seed scripts' lines.
 ///
-///   ddp::ClassificationTask task(train, &test, [&](const torch::Tensor& x) { return
-///   net->forward(x); },
-///                                ddp::RandomCropFlip{4, true});     // the augmentation: optional
+///   auto forward = [&](const torch::Tensor& x) { return net->forward(x); };
+///   ddp::ClassificationTask task(train, &test, forward, ddp::RandomCropFlip{4, true});
 ///   options.report.format = std::make_shared<ddp::ClassificationFormat>();
 ///   ddp::Trainer trainer(group, *net, task, optimizer, options, &model);
 ///
-/// Training batches are gathered one step ahead (ImageDataset::gather: on a GPU, copied on a side
-/// stream), then in their step augmented (the Augment, drawing from the Trainer's
-/// generator) and normalised, as torchvision orders its transforms. Evaluation sums the per-sample
-/// losses in float64 and counts correct predictions as the test metric "accuracy" (a sum: its mean
-/// is the accuracy), so the test loss and the correct count do not depend on the batching or the
-/// ranks.
+/// Batches are augmented in their step, then normalised, as torchvision orders its transforms.
+/// Evaluation sums the per-sample losses in float64 and counts correct predictions as the metric
+/// "accuracy" (its mean is the fraction correct), so neither depends on the batching or the ranks.
 ///
-/// ClassificationFormat: the seed scripts' lines, "Train Epoch: 1 [640/60000 (1%)]\tLoss:
-/// 1.397769" (with "\tETA 0:01" added) and "Test set: Average loss: 0.3343, Accuracy: 8743/10000
-/// (87%)", and the summary's test accuracy as a percentage ("test acc"). The metrics file is the
-/// same as for any task (test_accuracy is the metric's mean: the fraction correct).
+/// ClassificationFormat: "Train Epoch: 1 [640/60000 (1%)]\tLoss: 1.397769\tETA 0:01", "Test set:
+/// Average loss: 0.3343, Accuracy: 8743/10000 (87%)", and "test acc" as a percentage in the
+/// summary. The metrics file is the same as for any task.
 
 #include <ddp/train/image_dataset.h>
 #include <ddp/train/reporter.h>

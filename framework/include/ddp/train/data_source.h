@@ -1,14 +1,10 @@
 #pragma once
 /// \file
 /// Where an epoch's training batches come from, on one rank: the indices of a DistributedSampler's
-/// epoch, cut into batches, from a given batch on (a resumed epoch continues with the batch after
-/// its snapshot) up to a given end (an epoch cut short by a batch limit).
-///
-/// - IndexSource: a function gathers each batch from its indices on the training thread, one
-///   batch ahead (while the device runs the step's backward). In-memory data (Task::train_batch).
-/// - DataLoaderSource: LibTorch's DataLoader over a torch::data dataset, whose worker threads
-///   decode the batches ahead of the training thread. For data whose batches take time to make.
-/// - BatchRangeSampler: the sampler such a DataLoader reads, for a loop of one's own:
+/// epoch, cut into batches, from a given batch on (a resumed epoch) up to a given end (a batch
+/// limit). IndexSource gathers in-memory data on the training thread, one batch ahead;
+/// DataLoaderSource runs LibTorch's DataLoader, whose workers make batches that take time to make;
+/// BatchRangeSampler is the sampler such a DataLoader reads, for a loop of one's own:
 ///
 ///     auto loader = torch::data::make_data_loader(
 ///         dataset.map(torch::data::transforms::Stack<>()),
@@ -121,11 +117,9 @@ class BatchRangeSampler final : public torch::data::samplers::Sampler<std::vecto
   void reset(std::optional<size_t> new_size = std::nullopt) override;
   /// The next batch's indices (the last one may be shorter), nullopt after the range's end.
   std::optional<std::vector<size_t>> next(size_t batch_size) override;
-  ///@{
   /// DataLoaderSampler's: the epoch and the position in it.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
-  ///@}
 
  private:
   DataLoaderSampler indices_;

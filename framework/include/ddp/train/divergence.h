@@ -2,15 +2,17 @@
 /// \file
 /// Training that diverged: a loss or gradient that is not finite (NaN or inf), usually a learning
 /// rate too high, sometimes bad data. Without a check, a run trains on NaN to the end, exits 0 and
-/// writes NaN checkpoints (rotating the good ones out). The Trainer (trainer.h) checks every step
-/// and stops (or drops the step: OnNonFinite); the Checkpointer (checkpointer.h) refuses to write
-/// a model whose parameters are not finite, for any loop.
-///
-/// How the ranks agree without a message of their own: after DistributedDataParallel's backward
-/// every rank holds the same averaged gradients, so a local check of them gives the same answer
-/// everywhere (and a NaN on one rank's gradients reaches all of them through the average). A
-/// loss is per rank: its flag rides on the stop agreement's all-reduce at the next step boundary
-/// (StepBoundary::at_step) and on the epoch's reduction of the loss sums (EpochMeter).
+/// writes NaN checkpoints (rotating the good ones out). The policy:
+/// - Gradients: after DistributedDataParallel's backward every rank holds the same averaged
+///   gradients (a NaN on one rank reaches all through the average), so a local check before the
+///   optimizer step (their largest |value|, or clip_grad_norm's total norm when clipping) decides
+///   alike everywhere, without a message. OnNonFinite says what follows. Under AmpMode::Fp16 the
+///   GradScaler's own skip handles them; they are neither checked again nor counted.
+/// - A loss is per rank and always stops: its flag rides on the stop agreement at the next step
+///   boundary and at the epoch's end (StepBoundary::at_step, end_epoch), before evaluation and the
+///   epoch's snapshot; by then the step was taken.
+/// - An update of finite gradients that overflows shows in the next step's gradients; at an
+///   epoch's end the parameters are read once, and the Checkpointer never writes non-finite ones.
 ///
 ///   try {
 ///     trainer.fit(epochs);
@@ -36,8 +38,8 @@ constexpr int kDivergedExitCode = 3;
 /// What the Trainer does at a step whose gradients are not finite (TrainerOptions::on_nonfinite).
 enum class OnNonFinite {
   Stop,  ///< fit() throws TrainingDiverged on every rank, before the optimizer step
-  Skip,  ///< the optimizer step is dropped (as GradScaler drops one); after
-         /// TrainerOptions::max_skipped_steps such steps in a row, Stop
+  Skip,  ///< the step is dropped and said (the schedule and step count still advance, as with
+         /// GradScaler); after TrainerOptions::max_skipped_steps in a row, Stop
 };
 
 /// "stop" or "skip"; std::invalid_argument listing them otherwise.

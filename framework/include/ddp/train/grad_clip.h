@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_ (PyTorch 2.x).
+/// Gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_.
 ///
 /// The total norm is the norm_type-norm of the per-parameter gradient norms (each computed in the
 /// gradient's dtype, as PyTorch does), and every gradient is multiplied by

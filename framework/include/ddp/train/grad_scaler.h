@@ -1,37 +1,29 @@
 #pragma once
 /// \file
-/// Loss scaling for fp16 mixed precision, as torch.amp.GradScaler (PyTorch 2.x), with the overflow
-/// decision agreed over the ranks.
+/// Loss scaling for fp16 mixed precision, as torch.amp.GradScaler, with the overflow decision
+/// agreed over the ranks.
 ///
 ///   ddp::GradScaler scaler(&group.cpu());
 ///   {
-///     ddp::Autocast autocast(torch::kCUDA, torch::kHalf);   // nn/autocast.h
+///     ddp::Autocast autocast(torch::kCUDA, torch::kHalf);   // autocast.h
 ///     loss = loss_fn(model(inputs), targets);
 ///   }
 ///   scaler.scale(loss).backward();      // gradients averaged, still scaled
 ///   scaler.unscale_(optimizer);         // optional: before ddp::clip_grad_norm
 ///   scaler.step(optimizer);             // skipped when a gradient is inf or NaN
-///   scaler.update();                    // backoff after a skipped step, growth after
-///                                       // growth_interval good ones
+///   scaler.update();                    // backoff after a skip, growth after growth_interval
 ///
-/// The numbers are PyTorch's: the same ATen kernels unscale and check the gradients
-/// (_amp_foreach_non_finite_check_and_unscale_, with 1/scale computed in double) and update the
-/// scale (_amp_update_scale_), so the sequence of scales and skipped steps is torch's on the same
-/// gradients (tests/reference/grad_scaler.py checks it).
+/// PyTorch's ATen kernels unscale, check and update the scale, so the scales and skipped steps are
+/// torch's on the same gradients.
 ///
-/// What ddp adds: unscale_() all-reduces the found-inf flag (max) over `comm`, so every rank skips
-/// the same steps and keeps the same scale. DistributedDataParallel averages the gradients, so an
-/// inf on one rank normally reaches all of them through the all-reduce, which is all PyTorch's
-/// GradScaler relies on. But it is not guaranteed: the flag comes from the local unscale (an
-/// average that overflows only after the multiplication by 1/scale, a gradient written outside the
-/// reducer, gradient compression rounding differently), and a single rank that skipped a step its
-/// peers took would silently leave the replicas apart. One all-reduce of one float per step
-/// removes the question. On a GPU the flag is copied to the host for it (PyTorch's step() syncs
-/// there too, to read the flag).
+/// Why an agreement: unscale_() all-reduces the found-inf flag (max) over `comm`, so every rank
+/// skips the same steps and keeps the same scale. The averaged gradients usually carry an inf to
+/// every rank, but not always (an average that overflows only once multiplied by 1/scale, a
+/// gradient written outside the reducer, compression rounding differently), and one rank skipping
+/// a step its peers took would silently leave the replicas apart.
 ///
-/// Gradients must be fp32 (fp32 master weights; the forward runs in fp16 under autocast); fp16
-/// gradients are refused, as PyTorch does. One scaler may serve several optimizers: each gets
-/// unscale_/step once per iteration, then one update().
+/// Gradients must be fp32 (fp16 gradients are refused, as PyTorch does). One scaler may serve
+/// several optimizers: each gets unscale_/step once per iteration, then one update().
 
 #include <ddp/communicator.h>
 
@@ -80,12 +72,10 @@ class GradScaler {
   bool is_enabled() const { return options_.enabled; }           ///< GradScalerOptions::enabled
   const GradScalerOptions& options() const { return options_; }  ///< as constructed
 
-  ///@{
   /// The scale and the growth tracker (PyTorch's state_dict); load() keeps this scaler's options
   /// and throws std::runtime_error when the archive's are not scalars.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
-  ///@}
 
  private:
   enum class Stage { Ready, Unscaled, Stepped };

@@ -4,21 +4,15 @@
 /// constant rate, a cosine decay or a step decay, with an optional linear scaling of the base rate
 /// with the global batch. (lr_scheduler.h holds the schedules stepped once per epoch.)
 ///
-/// The rate of step t (the t-th optimizer step, counting from 0), for each parameter group of base
-/// rate `base` (the optimizer's rate at construction, times global_batch / reference_batch when
-/// scaling is on):
-///   t < W (warmup):   base * (f + (1 - f) * t / W)                torch's LinearLR(start_factor=f,
-///                                                                 total_iters=W)
-///   t >= W, u = t - W:
-///     Constant:       base
-///     Cosine:         min_lr + (base - min_lr) * (1 + cos(pi * u / T)) / 2
-///     CosineAnnealingLR(T_max=T,
-///                                                                 eta_min=min_lr), rising again
-///                                                                 past T as PyTorch's does
-///     Step:           base * gamma^floor(u / step_size)           StepLR
-/// which is what PyTorch gives with SequentialLR([LinearLR, CosineAnnealingLR or StepLR],
-/// milestones=[W]) stepped after every optimizer.step() (tests/reference/lr_schedule.py checks it).
-/// The closed form depends only on t, so a schedule restored from save() continues exactly.
+/// The rate of step t (counting from 0) for a parameter group of base rate `base` (the optimizer's
+/// rate at construction, times global_batch / reference_batch when scaling is on), u = t - W:
+///   t < W:     base * (f + (1 - f) * t / W)                          LinearLR(f, total_iters=W)
+///   Constant:  base
+///   Cosine:    min_lr + (base - min_lr) * (1 + cos(pi * u / T)) / 2  CosineAnnealingLR(T, min_lr)
+///   Step:      base * gamma^floor(u / step_size)                     StepLR
+/// as PyTorch's SequentialLR([LinearLR, ...], milestones=[W]) stepped after every optimizer.step()
+/// (the cosine rises again past T, as PyTorch's does). The closed form depends only on t, so a
+/// schedule restored from save() continues exactly.
 ///
 /// Use: build it after the optimizer (it sets the rates of step 0), call step() after every
 /// optimizer.step(). With gradient accumulation, step it once per optimizer step, not per
@@ -36,11 +30,9 @@ namespace ddp {
 /// What follows the warmup (the formulas above): the base rate, a cosine decay or a step decay.
 enum class LRDecay { Constant, Cosine, Step };
 
-///@{
 /// "constant", "cosine", "step"; parse_lr_decay throws std::invalid_argument naming the text.
 std::string lr_decay_name(LRDecay decay);
 LRDecay parse_lr_decay(const std::string& text);
-///@}
 
 /// The schedule's shape (the file's text gives the formulas); LRSchedule checks each field.
 struct LRScheduleOptions {
@@ -52,13 +44,10 @@ struct LRScheduleOptions {
   double min_lr = 0.0;      ///< Cosine: the rate reached after T steps
   int64_t step_size = 1;    ///< Step: steps between decays
   double gamma = 0.1;       ///< Step: factor per decay
-  /// Linear scaling rule (Goyal et al.): base = optimizer rate * global_batch / reference_batch.
-  /// 0: no scaling. global_batch is the samples of one optimizer step over all ranks (batch per
-  /// rank * ranks * accumulation steps).
-  ///@{
+  /// Linear scaling rule: base = optimizer rate * global_batch / reference_batch (0: no scaling;
+  /// global_batch_size() below).
   int64_t reference_batch = 0;
   int64_t global_batch = 0;
-  ///@}
 };
 
 /// The linear scaling rule (Goyal et al., "Accurate, Large Minibatch SGD"): a rate tuned for a
@@ -99,10 +88,8 @@ class LRSchedule {
   /// loaded, whose rates are then mid-schedule, still restores its base); load() sets the
   /// optimizer's rates of that position. load() throws std::runtime_error when the archive's
   /// parameter groups differ in number from the optimizer's.
-  ///@{
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
-  ///@}
 
  private:
   void apply();

@@ -1,16 +1,9 @@
 #pragma once
 /// \file
-/// Learning-rate schedules stepped once per epoch, matching torch.optim.lr_scheduler.
-///
-/// LibTorch's StepLR counts epochs one behind torch.optim.lr_scheduler.StepLR: Python's
-/// constructor takes an initial step, LibTorch's does not, so LibTorch decays the learning rate
-/// one epoch late (the same in 1.13 and 2.x). This StepLR takes that initial step, so C++ and
-/// Python runs use the same learning rate in every epoch.
-///
-/// LibTorch 1.13 has no cosine schedule; CosineAnnealingLR is Python's closed form
-/// (eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2, rising again past t_max as
-/// Python's does), which depends only on the step count, so replaying the steps restores it
-/// exactly (snapshot.h relies on that).
+/// Learning-rate schedules stepped once per epoch, matching torch.optim.lr_scheduler. Both take
+/// Python's initial step in their constructor (LibTorch's StepLR does not, and decays one epoch
+/// late). Their rates depend only on the step count, so replaying the steps restores them
+/// (snapshot.h relies on that).
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -49,8 +42,8 @@ class StepLR : public torch::optim::StepLR {
   }
 };
 
-/// torch.optim.lr_scheduler.CosineAnnealingLR's closed form (the file's text), step() once per
-/// epoch.
+/// torch.optim.lr_scheduler.CosineAnnealingLR's closed form, rising again past t_max as Python's
+/// does; step() once per epoch.
 class CosineAnnealingLR : public torch::optim::LRScheduler {
  public:
   /// `t_max`: epochs from the base learning rate (the optimizer's now) down to eta_min.

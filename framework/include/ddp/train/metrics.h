@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// What an epoch measures: each rank adds up its batches (the loss weighted by the samples, named
-/// metric sums, the time per phase), and at the epoch end one all-reduce turns every rank's sums
-/// into the epoch's result over all ranks. The Trainer and a hand-written loop use the same meter.
+/// metric sums, the time per phase) on the device, without a host sync per step, and at the epoch
+/// end one all-reduce turns every rank's sums into the epoch's result over all ranks.
 ///
 ///   ddp::EpochMeter meter({"abs_error"}, device);
 ///   for (...) {
@@ -11,16 +11,9 @@
 ///   }
 ///   ddp::EpochResult result = meter.reduce(group.cpu(), epoch);   // every rank, collective
 ///
-/// State: float64 running sums on the device (no host synchronisation per step), the phase times
-/// the caller adds to, and the time since the meter was built (plus a restored part).
-/// Invariants: metrics are named sums; a Metric's mean is its sum per sample. What a metric means
-/// (an "accuracy" that counts correct predictions, say) is its task's business and its report
-/// format's (classification.h), not the meter's. Every rank's meter has the same metric names, and
-/// every rank calls reduce() at the same point: it is one collective.
-///
-/// Inside an epoch, state() is what a step snapshot keeps of this rank's epoch so far
-/// (checkpointer.h) and restore() continues from it, so that a resumed epoch reports the same sums
-/// as an uninterrupted one.
+/// Invariants: a Metric's mean is its sum per sample; every rank's meter has the same metric names,
+/// and every rank calls reduce() at the same point. state() and restore() carry an epoch's sums
+/// through a step snapshot, so a resumed epoch reports the same sums as an uninterrupted one.
 
 #include <ddp/communicator.h>
 
@@ -64,12 +57,10 @@ struct EpochResult {
   /// the device's peak when an epoch starts). -1 when training on the CPU.
   double gpu_memory_peak_mb = -1;
   std::vector<Metric> train_metrics;  ///< one per TrainingTask::train_metrics name, in order
-  ///@{
   /// Set when the epoch was evaluated: the mean test loss per sample, and one Metric per
   /// TrainingTask::test_metrics name (empty when not evaluated).
   std::optional<double> test_loss;
   std::vector<Metric> test_metrics;
-  ///@}
 };
 
 /// An evaluation over a whole test set, all ranks.
@@ -80,8 +71,7 @@ struct Evaluation {
   std::vector<Metric> metrics;
 };
 
-/// Sums one rank's epoch (loss, samples, metric sums, phase times) on the device without a sync
-/// per batch, and reduces it over the ranks once, at the epoch's end (reduce()).
+/// The meter of the file's text.
 class EpochMeter {
  public:
   /// `metrics`: the names of the sums add() takes, in that order. Sums are kept in float64 on

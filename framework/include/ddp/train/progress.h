@@ -6,9 +6,6 @@
 /// samples/s over all ranks, the latest loss (averaged over ranks at each log interval), the time
 /// spent and the time left (ETA). Where the output is not a terminal (a Slurm log, a file, CI),
 /// a log line at the log interval, with the ETA (the report format's: reporter.h).
-///
-/// The formatting and parsing are pure; output_is_terminal(), resolve_progress_mode() and
-/// terminal_width() look at the process's output. The Reporter (reporter.h) decides and prints.
 
 #include <cstdint>
 #include <string>

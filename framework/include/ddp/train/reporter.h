@@ -33,20 +33,13 @@
 ///    the loop timed the phases, data_share, forward_backward_share, sync_share and
 ///    optimizer_share: each phase's seconds since the previous record (averaged over the ranks)
 ///    over the wall seconds since it (rank 0's).
-/// A fresh run starts a new file; a resumed run keeps what its snapshot had reached (the lines of
-/// the epochs it had finished, the step records up to its step) and drops the rest (written after
-/// the snapshot by the run that stopped, and trained again now).
+/// A fresh run starts a new file; a resumed run keeps the lines up to its snapshot's epoch and step
+/// and drops the rest (written after the snapshot by the run that stopped).
 ///
 /// With ReporterOptions::tensorboard_dir, rank 0 writes the same numbers as TensorBoard scalars
-/// to a new event file there: "step/<key>" at the record's step for each number of a step record
-/// (but epoch, batch and step), "epoch/<key>" at the epoch's number for each of an epoch line (but
-/// epoch); the run's hyperparameters (ReporterOptions::hparams) for the hparams plugin; and, in a
-/// resumed run, TensorBoard's restart mark at the step after the snapshot's, which makes it drop
-/// the steps the stopped run wrote after the snapshot.
-///
-/// State: the options and format, the resolved progress mode (rank 0; None elsewhere), the open
-/// metrics file and event file, the epoch in progress (its plan, clock, samples, latest averaged
-/// loss), and what the next step record covers (samples and phase times since the previous one).
+/// to a new event file there ("step/<key>" at the record's step, "epoch/<key>" at the epoch), the
+/// run's hyperparameters (ReporterOptions::hparams), and in a resumed run TensorBoard's restart
+/// mark at the step after the snapshot's, which drops the steps the stopped run wrote after it.
 
 #include <ddp/process_group.h>
 #include <ddp/train/checkpointer.h>
@@ -94,10 +87,8 @@ class ReportFormat {
   /// A metric's column in the summary table: its heading and its cell for an epoch, right
   /// aligned in the heading's width. `set` is "train" or "test". Generic: "test_<name>" (at least
   /// 10 wide) and the mean per sample.
-  ///@{
   virtual std::string metric_heading(const std::string& set, const Metric& metric) const;
   virtual std::string metric_cell(const std::string& set, const Metric& metric, int width) const;
-  ///@}
 
   /// The end-of-run table, one row per epoch: train loss and metrics, test loss and metrics
   /// (when the first epoch has them), time, samples/s over all ranks, the gradient sync's share.
@@ -148,8 +139,7 @@ struct EpochPlan {
   int64_t dataset_size = 0;       ///< samples in the training set
 };
 
-/// Shows and writes a run's progress and results (see the file's text): rank 0 prints and
-/// writes, every rank makes the same calls in the same order.
+/// The reporter of the file's text.
 class Reporter {
  public:
   /// Throws std::invalid_argument naming ReporterOptions::log_interval when it is negative.
@@ -165,19 +155,17 @@ class Reporter {
   /// Before the epoch's first batch: restarts the epoch's clock, counts and bar. Local.
   void start_epoch(const EpochPlan& plan);
   /// After batch `b` of the epoch, with its mean loss (on any device), its samples and what else
-  /// the loop knows of it. Every log_interval batches (b % log_interval == 0) the loss (and the
-  /// phase times) are averaged over the ranks: a collective, so every rank calls it for every
-  /// batch; rank 0 then writes a step record (metrics file, TensorBoard). Draws the bar at most
-  /// 10 times a second and after the last batch, or prints a log line. A record that cannot be
-  /// written does not throw here, inside the epoch: rank 0 says so on stderr, writes no more
-  /// records, and the next write_metrics throws the error (after the loop's checkpoint).
+  /// the loop knows of it. Every log_interval batches the loss (and phase times) are averaged over
+  /// the ranks: a collective, so every rank calls it for every batch; rank 0 then writes a step
+  /// record. A record that cannot be written does not throw here, inside the epoch: rank 0 says so
+  /// on stderr, writes no more records, and the next write_metrics throws the error.
   void batch_done(int64_t b, const torch::Tensor& loss, int64_t samples,
                   const StepScalars& scalars = {});
   /// After the epoch's batches: ends the bar's line.
   void end_epoch();
-  /// Rank 0: the epoch's lines (the format's) and its metrics-file line: print_epoch, then
-  /// write_metrics. A loop that saves a checkpoint at the epoch's end calls the two itself with
-  /// the save between them, so that a metrics write that fails ends the job with the epoch saved.
+  /// Rank 0: print_epoch, then write_metrics. A loop that saves a checkpoint at the epoch's end
+  /// calls the two itself with the save between them, so that a failed metrics write ends the job
+  /// with the epoch saved.
   void epoch_done(const EpochResult& result);
   /// Rank 0: the epoch's lines.
   void print_epoch(const EpochResult& result);

@@ -1,8 +1,8 @@
 #pragma once
 /// \file
-/// The step boundary of any training loop, in one part: the ranks' one agreement per step (a stop
-/// signal, a loss that was not finite, the snapshot timer), the snapshots (it owns the
-/// Checkpointer), and where the loop starts after a resume, at the same or another world size:
+/// The step boundary of any training loop: the ranks' one agreement per step (a stop signal, a
+/// loss that was not finite, the snapshot timer), the snapshots (it owns the Checkpointer), and
+/// where each epoch starts after a resume, at the same or another world size:
 ///
 ///   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, model, optimizer, options));
 ///   const ddp::ResumePoint& resumed = boundary.resume();                // collective
@@ -10,8 +10,7 @@
 ///     const ddp::EpochStart start = boundary.start_epoch(epoch, sampler, batch_size);
 ///     ... if (start.rank_state.generator.defined()) restore it (and .values) ...
 ///     const int64_t batches = start.batches(sampler, batch_size);
-///     // the sampler's batches start.sampler_batch(start.first_batch) ..
-///     start.sampler_batch(batches) for (int64_t b = start.first_batch; b < batches; ++b) {
+///     for (int64_t b = start.first_batch; b < batches; ++b) {  // sampler: sampler_batch(b)
 ///       if (boundary.at_step(b, step, [&] { return ddp::RankState{...}; })) {
 ///         reporter.stopped(boundary.stop(), boundary.position(), boundary.snapshot());
 ///         return ddp::kStoppedExitCode;                                 // 75: saved
@@ -23,29 +22,23 @@
 ///   }
 ///
 /// The agreement: one all-reduce per stop check carries this rank's stop signal
-/// (StopAgreement's values, stop_agreement.h), the first step whose loss was not finite on it
-/// (at_step's argument) and whether its snapshot timer is due (Checkpointer::time_due; clocks
-/// differ between ranks, and a snapshot is collective). It is started without waiting and read at
-/// the next boundary, so no boundary waits for a round trip on a slow link: the ranks stop, or
-/// fail on a non-finite loss, one boundary after the one that sent it, still all at the same one.
-/// The first check, and a boundary that writes a snapshot (a stop, every_steps, the timer),
-/// agree on their own values, waiting: a signal during start-up stops the ranks before any step,
-/// and a loss that was not finite in the step just taken is refused before it is saved. Timed
-/// snapshots therefore fall on the boundary after a stop check.
+/// (stop_agreement.h), its first step whose loss was not finite, and whether its snapshot timer is
+/// due (Checkpointer::time_due: clocks differ between ranks, and a snapshot is collective). It is
+/// started without waiting and read at the next boundary, so no boundary waits for a round trip:
+/// the ranks stop, or fail on a non-finite loss, one boundary after the one that sent it, all at
+/// the same one. The first check, and a boundary that writes a snapshot, agree on their own values,
+/// waiting: a signal during start-up stops the ranks before any step, and a non-finite loss in the
+/// step just taken is refused before it is saved. Timed snapshots therefore fall on the boundary
+/// after a stop check.
 ///
-/// Where an epoch starts: the resumed epoch continues after the snapshot's batches. At the same
-/// world size and per-rank batch size each rank continues its own shard at the snapshot's batch,
-/// with its RankState. At another (or with a snapshot whose per-rank batch size differs), the rest
-/// of the epoch's sample order (from the snapshot's samples done) is re-sharded over this run's
-/// ranks (DistributedSampler::set_epoch's start): every sample of the epoch is still trained once,
-/// batches are counted on from the snapshot's, and at another world size no rank's state is
-/// restored (it is per rank).
+/// Re-sharding: at the same world size and per-rank batch size each rank continues its own shard
+/// at the snapshot's batch, with its RankState. Otherwise the rest of the epoch's sample order
+/// (from the snapshot's samples done) is re-sharded over this run's ranks (DistributedSampler::
+/// set_epoch's start): every sample of the epoch is still trained once, batches are counted on
+/// from the snapshot's, and at another world size no rank's state is restored (it is per rank).
 ///
-/// State: the stop agreement, the Checkpointer, the resume point (consumed by the epoch it names),
-/// the current epoch's start and the per-rank batch size (for the samples a snapshot records),
-/// the newest boundary and the snapshot written there, the agreement in flight. Invariants: every
-/// rank makes the same calls in the same order (they are collective); an epoch's start_epoch()
-/// comes before its at_step() calls.
+/// Invariants: every rank makes the same calls in the same order (they are collective); an epoch's
+/// start_epoch() comes before its at_step() calls.
 
 #include <ddp/distributed_sampler.h>
 #include <ddp/process_group.h>
@@ -94,8 +87,7 @@ struct EpochLength {
 /// Throws std::invalid_argument unless batches >= 0, limit >= 0 and accumulate >= 1.
 EpochLength epoch_length(int64_t batches, int64_t limit = 0, int64_t accumulate = 1);
 
-/// The step boundary of the file's text: a StopAgreement and the Checkpointer it owns; every
-/// rank makes its collective calls at the same boundaries.
+/// The step boundary of the file's text.
 class StepBoundary {
  public:
   /// `stop_check_every`: steps between the agreements (StopAgreement's `every`; 0: none, and no
@@ -135,19 +127,14 @@ class StepBoundary {
   /// at_step (the next epoch's first) stops.
   void end_epoch(int64_t nonfinite_loss_step = -1);
 
-  ///@{
-  /// The newest boundary (its position, with the samples done) and the snapshot written there
-  /// ("" when none).
+  /// The newest boundary (with the samples done) and the snapshot written there ("" when none).
   const TrainingPosition& position() const { return position_; }
   const std::string& snapshot() const { return snapshot_; }
-  ///@}
 
   const StopAgreement& stop() const { return stop_; }  ///< the agreement: whether, why, who
-  ///@{
   /// The Checkpointer it owns: for the epoch-end snapshots (save_epoch) and its cost().
   Checkpointer& checkpointer() { return checkpointer_; }
   const Checkpointer& checkpointer() const { return checkpointer_; }
-  ///@}
 
  private:
   /// This boundary's values: StopAgreement's, then the non-finite loss and the timer.

@@ -1,11 +1,7 @@
 #pragma once
 /// \file
 /// What the Trainer trains: a task says how many samples there are, how to gather a batch of them
-/// by index, and what a batch's loss is. The Trainer does everything else: the sharding
-/// (DistributedSampler; evaluation_shard for the test set), the step (zero_grad, the DDP
-/// pre-forward work, autocast, backward under no_sync for accumulation, loss scaling, clipping,
-/// optimizer and schedule), the replica checks, stop signals, snapshots and resuming, the timeline
-/// phases, and the metrics reduced over ranks.
+/// by index, and what a batch's loss is. The Trainer does everything else (trainer.h).
 ///
 /// Write a task by deriving from Task<YourBatch> (any copyable type: a tensor pair, a struct of
 /// tensors, a tuple) and overriding train_size(), train_batch() and loss(); test_size() and
@@ -31,11 +27,8 @@
 ///   TrainerOptions::amp asks. It returns the batch's mean loss (a scalar with a graph) and the
 ///   batch's sample count; the epoch's train loss is the sample-weighted mean over all ranks.
 /// - Metric sums: StepOutput::sums has one scalar per name of train_metrics() (evaluate(): of
-///   test_metrics()), in that order. The Trainer adds them up in float64 over the batches of an
-///   epoch and over all ranks (one all-reduce at the epoch end, nothing per step), and reports
-///   each as a Metric: the sum and the mean per sample (sum / samples). What a sum means is the
-///   task's: a report format may show it its own way (ClassificationFormat shows the sum
-///   "accuracy" as correct predictions out of the samples).
+///   test_metrics()), in that order, summed over an epoch's batches and all ranks (metrics.h).
+///   What a sum means is the task's, and its report format's.
 /// - evaluate() runs under NoGradGuard with the model in eval mode; each test sample is
 ///   evaluated exactly once over all ranks (evaluation_shard), so the sums equal one process's.
 
@@ -61,7 +54,7 @@ struct StepOutput {
   /// The batch's samples: the weight of `loss` in the epoch's mean (and the denominator of every
   /// metric's mean).
   int64_t samples = 0;
-  /// One scalar per metric name, summed over batches and ranks (see the contract above).
+  /// One scalar per metric name (see the contract above).
   std::vector<torch::Tensor> sums;
   /// Optional, evaluation only: the sum of the per-sample losses, so that the test loss does not
   /// depend on how the samples are batched; undefined: loss * samples.
@@ -78,13 +71,10 @@ class TrainingTask {
   virtual int64_t train_size() const = 0;
   /// Samples of the test set; 0: fit() does not evaluate.
   virtual int64_t test_size() const { return 0; }
-  ///@{
   /// Names of the sums loss() (train_metrics) and evaluate() (test_metrics) return. Lower case
-  /// letters, digits and '_', unique: they become keys of the metrics file ("train_<name>",
-  /// "test_<name>").
+  /// letters, digits and '_', unique: they become keys of the metrics file ("train_<name>").
   virtual std::vector<std::string> train_metrics() const { return {}; }
   virtual std::vector<std::string> test_metrics() const { return {}; }
-  ///@}
 
   /// The training batches (Task::train_source, or train_batch() by index), type-erased.
   virtual std::unique_ptr<DataSource<std::any>> train_source_any() = 0;

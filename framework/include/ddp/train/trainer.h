@@ -1,22 +1,10 @@
 #pragma once
 /// \file
-/// The training loop for any model, batch type and loss, composed from the kit's parts: a task
-/// (task.h) says how to gather a batch and what its loss and metric sums are; the Trainer shards
-/// the data (DistributedSampler), runs the step (accumulation, clipping, mixed precision, a
-/// per-step schedule), and hands the rest to the parts a hand-written loop uses too:
-///   StepBoundary  (step_boundary.h)   a stop signal on any rank stops every rank before the same
-///                                     step (fit() returns, stopped_by() says why); snapshots
-///                                     (its Checkpointer, checkpointer.h) at epoch ends, every N
-///                                     steps or S seconds and on a stop; resuming continues
-///                                     exactly where the run was, or re-sharded on other ranks;
-///   Reporter      (reporter.h)        the progress bar or log lines, the epoch's lines, the
-///                                     metrics file and the summary table, in its format;
-///   EpochMeter    (metrics.h)         the epoch's sums, reduced over ranks;
-///   divergence.h                      a loss or gradient that is not finite stops every rank
-///                                     (TrainingDiverged) or drops the step (OnNonFinite);
-///   DataSource    (data_source.h)     the task's batches: by index, or a DataLoader's workers.
-/// Every epoch reports where the time went (data, forward+backward, gradient sync, optimizer).
-/// The same Trainer runs a single process (world size 1, no DistributedDataParallel).
+/// The training loop for any model, batch type and loss: a task (task.h) gathers batches and
+/// computes their loss and metric sums; the Trainer shards the data (DistributedSampler), runs the
+/// step (accumulation, clipping, mixed precision, a per-step schedule) and composes the parts a
+/// hand-written loop uses too: StepBoundary, Reporter, EpochMeter, DataSource
+/// (docs/training_loop.md). The same Trainer runs a single process (no DistributedDataParallel).
 ///
 ///   MyTask task(...);                                     // a Task<Batch>
 ///   ddp::TrainerOptions options;
@@ -25,16 +13,8 @@
 ///   trainer.fit(epochs);        // throws TrainingDiverged (exit with kDivergedExitCode)
 ///   return trainer.stopped_by() ? ddp::kStoppedExitCode : 0;
 ///
-/// The examples train the classification preset (classification.h): a ClassificationTask over
-/// ImageDatasets, with options.report.format a ClassificationFormat for the seed scripts' lines.
-/// docs/training_loop.md has a task of one's own.
-///
-/// State: references to the group, model, task, optimizer and wrapper (all must outlive the
-/// Trainer); the options; the parts; the global step; the sampler; where a resumed run continues.
-/// Invariants: every rank builds the same Trainer and makes the same calls (the parts'
-/// collectives run in the same order everywhere); everything random in an epoch is a function of
-/// (seed, epoch, rank) or restored by a snapshot, so a resumed run ends bit-identical to an
-/// uninterrupted one on the CPU.
+/// Invariants: every rank builds the same Trainer and makes the same calls in the same order; the
+/// group, model, task, optimizer and wrapper must outlive it.
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
@@ -81,7 +61,6 @@ struct TrainerOptions {
   /// buffers (replica_check.h); a difference stops the job naming the tensor and ranks. 0: never.
   int64_t check_sync_every = 0;
 
-  /// The training step (docs/training_loop.md has the same pieces in a loop of one's own).
   /// Micro-batches per optimizer step: backward runs under DistributedDataParallel::no_sync() on
   /// all but the last of each group, and each micro-batch's loss is divided by `accumulate`, so a
   /// step sees the mean over batch_size * ranks * accumulate samples. An epoch's last group may be
@@ -99,42 +78,22 @@ struct TrainerOptions {
   /// per-epoch scheduler as well.
   LRSchedule* lr_schedule = nullptr;
 
-  /// A step whose gradients are not finite (NaN or inf): every rank sees the same averaged
-  /// gradients, so every rank decides alike without a message; checked before the optimizer
-  /// step, reading the gradients only (their largest |value|, or clip_grad_norm's total norm when
-  /// clipping). Stop: fit() throws TrainingDiverged before the step, so no snapshot holds a
-  /// diverged model. Skip: the step is dropped and said (the schedule and the step count still
-  /// advance, as with GradScaler); after max_skipped_steps dropped steps in a row, Stop. With
-  /// AmpMode::Fp16 the GradScaler's own skip handles non-finite gradients (its loss scale causes
-  /// most of them); they are neither checked again nor counted here.
-  /// A loss that is not finite (any rank) always stops: it is agreed at the next stop check
-  /// (stop_check_every) and at the epoch's end, before evaluation and the epoch's snapshot; by
-  /// then the step was taken. An update of finite gradients that overflows (a huge rate) shows
-  /// in the next step's gradients; at an epoch's end the parameters are read once instead, and
-  /// the Checkpointer refuses to write non-finite ones anyway.
+  /// A step whose gradients are not finite: divergence.h says what is checked when.
   OnNonFinite on_nonfinite = OnNonFinite::Stop;
   int64_t max_skipped_steps = 10;  ///< >= 1
 
-  /// On resuming from a snapshot written by another number of ranks (or with another per-rank
-  /// batch size): true sets batch_size to the snapshot's global batch (its per-rank batch size x
-  /// its ranks) / this run's ranks, so training continues on the same global batches (and the
-  /// same steps per epoch, so the learning-rate schedule means the same); fit() throws
-  /// GlobalBatchNotDivisible when it does not divide, and std::runtime_error when the snapshot does
-  /// not record its batch size (older files). False: batch_size stays, so the global batch
-  /// changes by the ratio of the world sizes and the schedule continues on the global step count
-  /// (docs/reliability.md: what that means under the linear scaling rule). No effect on a fresh
-  /// start.
+  /// On resuming from a snapshot of another number of ranks or per-rank batch size: true sets
+  /// batch_size to the snapshot's global batch / this run's ranks, so the global batches and the
+  /// steps per epoch (and the schedule) stay; fit() throws GlobalBatchNotDivisible when it does not
+  /// divide, std::runtime_error when the snapshot does not record its batch size. False: the global
+  /// batch changes with the world size (docs/reliability.md: the linear scaling rule).
   bool keep_global_batch = false;
 
-  ///@{
-  /// The parts. `checkpoint.seed` and `checkpoint.batch_size` are set from `seed` and `batch_size`.
   ReporterOptions report;
+  /// Its seed and batch_size are set from `seed` and `batch_size`.
   CheckpointerOptions checkpoint;
-  ///@}
-  /// Steps between the checks whether a rank got a stop signal (StepBoundary's): one
-  /// all-reduce of 6 doubles on the group's CPU communicator, which also agrees on a timed
-  /// snapshot (checkpoint.every_seconds needs it > 0). 0: no check, and the signals keep their
-  /// default action (the process dies).
+  /// Steps between the stop agreements (step_boundary.h; checkpoint.every_seconds needs it > 0).
+  /// 0: none, and the signals keep their default action (the process dies).
   int64_t stop_check_every = 1;
 };
 
@@ -154,21 +113,17 @@ class GlobalBatchNotDivisible : public std::invalid_argument {
   int snapshot_ranks_, ranks_;
 };
 
-/// The training loop of the file's text: fit() trains a TrainingTask's model data-parallel (or
-/// in one process), with every part the options ask for. Its calls are collective: every rank
-/// makes them in the same order.
+/// The training loop of the file's text. Its calls are collective.
 class Trainer {
  public:
-  /// `task` gathers the batches and computes the loss, running `model` (the module whose
-  /// parameters `optimizer` steps, and that snapshots save). `ddp` is the wrapper around `model`
-  /// when training data-parallel, or null for a single process. Checks the options (errors name
-  /// the field, e.g. TrainerOptions::batch_size), the task's metric names, and the checkpoint
-  /// directory (Checkpointer); installs the stop handlers (StepBoundary). When the wrapper's
-  /// backward steps `optimizer` (its comm hook, hook_then_optimizer(), registered before this),
-  /// the Trainer does not step it after backward, and refuses (std::invalid_argument) what needs
-  /// every gradient before the step: clip_grad_norm, AmpMode::Fp16, OnNonFinite::Skip. The
-  /// gradient check then reads the gradients after the step: a non-finite one still stops the job
-  /// before any snapshot, but the model in memory has taken the step.
+  /// `task` computes the loss running `model` (the module `optimizer` steps and snapshots save);
+  /// `ddp` is the wrapper around it, or null for a single process. Checks the options (errors name
+  /// the field, e.g. TrainerOptions::batch_size), the task's metric names and the checkpoint
+  /// directory; installs the stop handlers. When the wrapper's backward steps `optimizer`
+  /// (hook_then_optimizer(), registered before this), the Trainer does not, and refuses
+  /// (std::invalid_argument) clip_grad_norm, AmpMode::Fp16 and OnNonFinite::Skip, which need every
+  /// gradient before the step; a non-finite gradient then still stops the job before any snapshot,
+  /// but the model in memory has taken the step.
   Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& task,
           torch::optim::Optimizer& optimizer, TrainerOptions options,
           DistributedDataParallel* ddp = nullptr);
@@ -183,12 +138,8 @@ class Trainer {
   /// has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
   /// the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws
   /// TrainingDiverged on every rank when training diverged (TrainerOptions::on_nonfinite),
-  /// GlobalBatchNotDivisible (TrainerOptions::keep_global_batch).
-  ///
-  /// A snapshot taken inside an epoch by another number of ranks, or with another per-rank batch
-  /// size, continues that epoch with the rest of its sample order re-sharded over this run's
-  /// ranks (DistributedSampler's start): every sample of the epoch is trained once. Its batches
-  /// are counted on from the snapshot's (the batch limit and the step count go on as they were).
+  /// GlobalBatchNotDivisible (TrainerOptions::keep_global_batch). A resumed epoch may be
+  /// re-sharded: step_boundary.h.
   std::vector<EpochResult> fit(int64_t epochs, torch::optim::LRScheduler* scheduler = nullptr);
 
   /// Optimizer steps taken so far, counting those before a resume.
