@@ -29,31 +29,72 @@ enum class Parallelism { SingleProcess, DataParallel };
 /// The parsed flags, a field per flag (--batch-size: batch_size); --help says what each means.
 /// add_training_flags stores into it; the defaults are its own.
 struct TrainingFlags {
+  ///@{
+  /// --batch-size (per rank, >= 1), --test-batch-size (>= 1, default 1000), --epochs (>= 1),
+  /// --log-interval (batches between progress lines and step records, default 10; 0: none),
+  /// --seed (>= 0, default 1: model init, data order, augmentation).
   int64_t batch_size = 0, test_batch_size = 0, epochs = 0, log_interval = 0, seed = 0;
+  ///@}
+  ///@{
+  /// --limit-train-batches (at most N batches per epoch; 0: all), --check-sync-every (compare
+  /// the replicas every N steps; 0: never), --keep-checkpoints (newest N epochs kept, default 3;
+  /// 0: all).
   int64_t limit_train_batches = 0, check_sync_every = 0, keep_checkpoints = 0;
+  ///@}
+  /// --checkpoint-every-steps: also a snapshot every N steps inside an epoch (0: epoch ends only).
   int64_t checkpoint_every_steps = 0;
+  ///@{
+  /// --lr (finite, > 0), --bucket-mb (gradient bucket cap in MiB, default 25), --first-bucket-mb
+  /// (the first bucket's cap in MiB, default 1).
   double lr = 0, bucket_mb = 0, first_bucket_mb = 0;
+  ///@}
+  ///@{
+  /// The switches --save-model, --no-cuda, --dry-run (one batch, one epoch) and --show-topology.
   bool save_model = false, no_cuda = false, dry_run = false, show_topology = false;
+  ///@}
+  ///@{
+  /// The switches --find-unused-parameters, --no-broadcast-buffers and --resume-fallback (with
+  /// --resume: skip an unreadable newest snapshot for the previous one).
   bool find_unused_parameters = false, no_broadcast_buffers = false, resume_fallback = false;
-  bool keep_global_batch = false;
-  bool deterministic = false;
-  bool gradient_as_bucket_view = false;
-  bool overlap_step = false;
-  /// `resume`: "" for a fresh start, "latest" for a bare --resume, else a snapshot's path.
+  ///@}
+  bool keep_global_batch = false;  ///< --keep-global-batch (TrainerOptions::keep_global_batch)
+  bool deterministic = false;      ///< --deterministic (use_deterministic_kernels)
+  bool gradient_as_bucket_view = false;  ///< --gradient-as-bucket-view (DDPOptions's)
+  bool overlap_step = false;             ///< --overlap-step (make_ddp composes hook_then_optimizer)
+  ///@{
+  /// --data-dir, --metrics-file (JSON lines; empty: none), --timeline (trace file; empty: none),
+  /// --backend (auto, mpi or nccl), --checkpoint-dir (empty: no checkpoints), --resume (empty:
+  /// a fresh start; "latest" for a bare --resume: the newest snapshot; else a snapshot's path).
   std::string data_dir, metrics_file, timeline, backend, checkpoint_dir, resume;
-  std::string tensorboard;
+  ///@}
+  std::string tensorboard;  ///< --tensorboard DIR (ReporterOptions::tensorboard_dir)
+  /// --progress: bar, log, none or auto (the default).
   std::string progress;
+  ///@{
+  /// The training step: --accumulate (micro-batches per optimizer step, >= 1) and --warmup-steps
+  /// (linear warmup over N optimizer steps, then the schedule per step; 0: per epoch).
   int64_t accumulate = 1, warmup_steps = 0;
-  int64_t scale_lr_with_batch = 0;  ///< 0: off
+  ///@}
+  int64_t scale_lr_with_batch = 0;  ///< --scale-lr-with-batch REFERENCE; 0: off
+  /// --clip-grad-norm: the gradients' global 2-norm cap (0: no clipping).
   double clip_grad_norm = 0;
+  ///@{
+  /// --amp (off, bf16 or fp16; default off) and --schedule (cosine or step).
   std::string amp, schedule;
-  std::string on_nonfinite = "stop";
+  ///@}
+  std::string on_nonfinite = "stop";  ///< --on-nonfinite: stop or skip (ddp::OnNonFinite)
+  /// --max-skipped-steps: with --on-nonfinite skip, stop after N dropped steps in a row (>= 1).
   int64_t max_skipped_steps = 10;
-  std::optional<double> timeout;  ///< when given
-  std::string hierarchical = "auto";
-  std::optional<double> checkpoint_every_seconds;  ///< when given
+  std::optional<double> timeout;                   ///< --timeout, when given
+  std::string hierarchical = "auto";               ///< --hierarchical: auto, on or off
+  std::optional<double> checkpoint_every_seconds;  ///< --checkpoint-every-seconds, when given
+  /// --comm-hook: allreduce, fp16, bf16 or powersgd (with --powersgd-rank, --powersgd-start-iter).
   std::string comm_hook = "allreduce";
+  ///@{
+  /// --powersgd-rank (the approximation's rank, >= 1) and --powersgd-start-iter (plain
+  /// all-reduce for the first N steps, >= 2).
   int64_t powersgd_rank = 1, powersgd_start_iter = 1000;
+  ///@}
 };
 
 /// The defaults that differ between programs.

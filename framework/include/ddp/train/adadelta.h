@@ -28,9 +28,11 @@ struct AdadeltaOptions : public torch::optim::OptimizerCloneableOptions<Adadelta
  public:
   double get_lr() const override { return lr(); }          ///< lr(), for the LR schedulers
   void set_lr(const double lr) override { this->lr(lr); }  ///< lr(lr), for the LR schedulers
+  ///@{
   /// Reads or writes lr, rho, eps and weight_decay by name.
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  ///@}
 };
 
 /// A parameter's running averages, kept in the base class's state() as torch::optim's
@@ -41,9 +43,11 @@ struct AdadeltaParamState : public torch::optim::OptimizerCloneableParamState<Ad
   TORCH_ARG(torch::Tensor, acc_delta);   ///< running average of update^2
 
  public:
+  ///@{
   /// Reads or writes square_avg and acc_delta.
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  ///@}
 };
 
 /// torch.optim.Adadelta's update, bit for bit: per parameter with a gradient, the running

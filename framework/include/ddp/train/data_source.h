@@ -117,9 +117,11 @@ class BatchRangeSampler final : public torch::data::samplers::Sampler<std::vecto
   void reset(std::optional<size_t> new_size = std::nullopt) override;
   /// The next batch's indices (the last one may be shorter), nullopt after the range's end.
   std::optional<std::vector<size_t>> next(size_t batch_size) override;
+  ///@{
   /// DataLoaderSampler's: the epoch and the position in it.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  ///@}
 
  private:
   DataLoaderSampler indices_;

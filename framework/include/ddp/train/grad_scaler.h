@@ -72,10 +72,12 @@ class GradScaler {
   bool is_enabled() const { return options_.enabled; }           ///< GradScalerOptions::enabled
   const GradScalerOptions& options() const { return options_; }  ///< as constructed
 
+  ///@{
   /// The scale and the growth tracker (PyTorch's state_dict); load() keeps this scaler's options
   /// and throws std::runtime_error when the archive's are not scalars.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+  ///@}
 
  private:
   enum class Stage { Ready, Unscaled, Stepped };

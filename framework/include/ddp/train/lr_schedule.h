@@ -30,9 +30,11 @@ namespace ddp {
 /// What follows the warmup (the formulas above): the base rate, a cosine decay or a step decay.
 enum class LRDecay { Constant, Cosine, Step };
 
+///@{
 /// "constant", "cosine", "step"; parse_lr_decay throws std::invalid_argument naming the text.
 std::string lr_decay_name(LRDecay decay);
 LRDecay parse_lr_decay(const std::string& text);
+///@}
 
 /// The schedule's shape (the file's text gives the formulas); LRSchedule checks each field.
 struct LRScheduleOptions {
@@ -44,10 +46,12 @@ struct LRScheduleOptions {
   double min_lr = 0.0;      ///< Cosine: the rate reached after T steps
   int64_t step_size = 1;    ///< Step: steps between decays
   double gamma = 0.1;       ///< Step: factor per decay
+  ///@{
   /// Linear scaling rule: base = optimizer rate * global_batch / reference_batch (0: no scaling;
   /// global_batch_size() below).
   int64_t reference_batch = 0;
   int64_t global_batch = 0;
+  ///@}
 };
 
 /// The linear scaling rule (Goyal et al., "Accurate, Large Minibatch SGD"): a rate tuned for a
@@ -84,12 +88,14 @@ class LRSchedule {
   const std::vector<double>& base_lrs() const { return base_lrs_; }
   const LRScheduleOptions& options() const { return options_; }  ///< as constructed
 
+  ///@{
   /// The position and the base rates (so that a schedule built after the optimizer's state was
   /// loaded, whose rates are then mid-schedule, still restores its base); load() sets the
   /// optimizer's rates of that position. load() throws std::runtime_error when the archive's
   /// parameter groups differ in number from the optimizer's.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+  ///@}
 
  private:
   void apply();

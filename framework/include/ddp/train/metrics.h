@@ -57,10 +57,12 @@ struct EpochResult {
   /// the device's peak when an epoch starts). -1 when training on the CPU.
   double gpu_memory_peak_mb = -1;
   std::vector<Metric> train_metrics;  ///< one per TrainingTask::train_metrics name, in order
+  ///@{
   /// Set when the epoch was evaluated: the mean test loss per sample, and one Metric per
   /// TrainingTask::test_metrics name (empty when not evaluated).
   std::optional<double> test_loss;
   std::vector<Metric> test_metrics;
+  ///@}
 };
 
 /// An evaluation over a whole test set, all ranks.

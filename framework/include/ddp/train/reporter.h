@@ -84,11 +84,13 @@ class ReportFormat {
   /// "2 rank(s)". Generic: "Train set: loss 0.5267, abs_error 0.1234", "Test set: ..." when
   /// evaluated, then the timing line.
   virtual std::string epoch_lines(const EpochResult& result, const std::string& ranks) const;
+  ///@{
   /// A metric's column in the summary table: its heading and its cell for an epoch, right
   /// aligned in the heading's width. `set` is "train" or "test". Generic: "test_<name>" (at least
   /// 10 wide) and the mean per sample.
   virtual std::string metric_heading(const std::string& set, const Metric& metric) const;
   virtual std::string metric_cell(const std::string& set, const Metric& metric, int width) const;
+  ///@}
 
   /// The end-of-run table, one row per epoch: train loss and metrics, test loss and metrics
   /// (when the first epoch has them), time, samples/s over all ranks, the gradient sync's share.

@@ -127,14 +127,18 @@ class StepBoundary {
   /// at_step (the next epoch's first) stops.
   void end_epoch(int64_t nonfinite_loss_step = -1);
 
+  ///@{
   /// The newest boundary (with the samples done) and the snapshot written there ("" when none).
   const TrainingPosition& position() const { return position_; }
   const std::string& snapshot() const { return snapshot_; }
+  ///@}
 
   const StopAgreement& stop() const { return stop_; }  ///< the agreement: whether, why, who
+  ///@{
   /// The Checkpointer it owns: for the epoch-end snapshots (save_epoch) and its cost().
   Checkpointer& checkpointer() { return checkpointer_; }
   const Checkpointer& checkpointer() const { return checkpointer_; }
+  ///@}
 
  private:
   /// This boundary's values: StopAgreement's, then the non-finite loss and the timer.

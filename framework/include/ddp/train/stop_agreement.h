@@ -37,20 +37,24 @@ class StopAgreement {
   /// Collective at a step boundary, before optimizer step `step` + 1: whether the ranks stop
   /// here. Communicates only when step % every == 0 (and not yet stopping).
   bool should_stop(int64_t step);
+  ///@{
   /// should_stop()'s two halves: this rank's values (the signal, the rank, the seconds since),
   /// and the decision from their maximum over the ranks (`agreed`, kValues doubles; what
   /// should_stop returns). Local.
   static constexpr int kValues = 3;
   std::array<double, kValues> values() const;
   bool decide(const double* agreed);
+  ///@}
   /// Whether should_stop() has returned true (the ranks agreed to stop). Local.
   bool stopping() const { return signal_ != 0; }
+  ///@{
   /// After should_stop() returned true: the highest signal number any rank got (SIGTERM,
   /// SIGUSR1, SIGUSR2), the highest rank that got one, and the seconds from that signal to now
   /// on the rank that waited longest. 0, -1 and 0 before.
   int signal() const { return signal_; }
   int rank() const { return rank_; }
   double seconds_since_signal() const;
+  ///@}
   /// "SIGTERM (rank 1)".
   std::string describe() const;
 

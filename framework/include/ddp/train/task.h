@@ -71,10 +71,12 @@ class TrainingTask {
   virtual int64_t train_size() const = 0;
   /// Samples of the test set; 0: fit() does not evaluate.
   virtual int64_t test_size() const { return 0; }
+  ///@{
   /// Names of the sums loss() (train_metrics) and evaluate() (test_metrics) return. Lower case
   /// letters, digits and '_', unique: they become keys of the metrics file ("train_<name>").
   virtual std::vector<std::string> train_metrics() const { return {}; }
   virtual std::vector<std::string> test_metrics() const { return {}; }
+  ///@}
 
   /// The training batches (Task::train_source, or train_batch() by index), type-erased.
   virtual std::unique_ptr<DataSource<std::any>> train_source_any() = 0;

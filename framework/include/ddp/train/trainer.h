@@ -89,9 +89,11 @@ struct TrainerOptions {
   /// batch changes with the world size (docs/reliability.md: the linear scaling rule).
   bool keep_global_batch = false;
 
+  ///@{
+  /// The parts. `checkpoint.seed` and `checkpoint.batch_size` are set from `seed` and `batch_size`.
   ReporterOptions report;
-  /// Its seed and batch_size are set from `seed` and `batch_size`.
   CheckpointerOptions checkpoint;
+  ///@}
   /// Steps between the stop agreements (step_boundary.h; checkpoint.every_seconds needs it > 0).
   /// 0: none, and the signals keep their default action (the process dies).
   int64_t stop_check_every = 1;
