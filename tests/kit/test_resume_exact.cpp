@@ -35,7 +35,9 @@ ddp::ProcessGroup& pg() { return ddp_test::group(); }
 constexpr int64_t kSamples = 64;
 constexpr int64_t kBatch = 4;
 constexpr int64_t kEpochs = 2;
-constexpr int64_t kStopAfterStep = 5;  // inside epoch 1 at 1 and 2 ranks, epoch 2 at 4
+// Inside epoch 1 at 1 and 2 ranks, epoch 2 at 4; the signal (a step before) not in an epoch's last
+// step, where the stop would land at the epoch's end (StepBoundary::end_epoch).
+constexpr int64_t kStopAfterStep = 6;
 
 struct Batch {
   torch::Tensor x, y;
@@ -185,7 +187,7 @@ std::unique_ptr<torch::optim::Optimizer> sgd(Mlp& net) {
 
 std::shared_ptr<ddp::PowerSGDState> powersgd_state() {
   auto state = std::make_shared<ddp::PowerSGDState>();
-  state->start_powerSGD_iter = 2;  // compressed from step 3: the stop after 5 is mid-compression
+  state->start_powerSGD_iter = 2;  // compressed from step 3: the stop after 6 is mid-compression
   return state;
 }
 
