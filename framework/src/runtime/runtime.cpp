@@ -236,7 +236,6 @@ void Runtime::init_topology(RuntimeOptions options) {
   } catch (const std::exception& e) {
     abort(e.what());  // a placement error on every rank: end the job with the reason
   }
-  intra_op_threads_ = threads.threads;
   report_job(options);
   g_first_runtime_done = true;
 }
