@@ -49,10 +49,6 @@ class MpiWork final : public Work {
     if (target_.defined() && !target_.is_same(host_)) target_.copy_(host_);
     target_ = host_ = torch::Tensor();
   }
-  std::exception_ptr error() const override {
-    std::lock_guard<std::mutex> lock(task_->mutex);
-    return task_->error;
-  }
   std::optional<Span> host_span() const override {
     std::lock_guard<std::mutex> lock(task_->mutex);
     if (!task_->done) return std::nullopt;
