@@ -325,7 +325,6 @@ void MpiWorker::loop() {
       std::lock_guard<std::mutex> lock(state_mutex_);
       state_.seq = task->call.seq;
       state_.in_collective = true;
-      state_.kind = task->call.kind;
       state_.call = std::shared_ptr<const Collective>(task, &task->call);  // for the watchdog
       state_.entered = Clock::now();
     }
