@@ -21,10 +21,6 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options)
 
 MpiCommunicator::~MpiCommunicator() = default;
 
-void MpiCommunicator::check_all_reduce(const torch::Tensor& tensor, ReduceOp op) const {
-  (void)Collective::all_reduce(rules_, tensor, op);
-}
-
 std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor& tensor,
                                                              std::function<void()> fill,
                                                              ReduceOp op) {

@@ -81,9 +81,6 @@ class MpiCommunicator final : public Communicator {
   void all_gather_into(const torch::Tensor& output, const torch::Tensor& input) override;
   void barrier() override;
 
-  // Throws what all_reduce_async(tensor, op) would throw for its arguments.
-  void check_all_reduce(const torch::Tensor& tensor, ReduceOp op) const;
-
   // The communicator the MPI calls use (the worker's duplicate; for benchmarks).
   MPI_Comm comm() const { return worker_->comm(); }
   // The worker, to share with the TCP ring (comm/compose/cpu_communicator.h).
