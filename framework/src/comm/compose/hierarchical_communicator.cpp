@@ -292,7 +292,7 @@ std::unique_ptr<Work> HierarchicalCommunicator::all_reduce_after_fill(const torc
   State* state = state_.get();
   const int size = this->size();
   auto run = [state, fill, host, op, size] {
-    detail::run_filled(fill);
+    if (fill) fill();
     state->all_reduce(host, op, size);
   };
   return flat_.worker()->submit(std::move(call), std::move(run), tensor, host);

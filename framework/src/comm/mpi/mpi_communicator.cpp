@@ -36,7 +36,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor
   const bool arrival_barrier = blocking && !worker_->options().check_collectives;
   detail::MpiWorker* worker = worker_.get();  // outlives the calls queued on it
   auto run = [worker, fill, host, type, reduce, op, size, max_bytes, blocking, arrival_barrier] {
-    detail::run_filled(fill);
+    if (fill) fill();
     const MPI_Comm comm = worker->comm();
     if (arrival_barrier) {
       MPI_Request request;

@@ -177,12 +177,8 @@ torch::Tensor on_host(const torch::Tensor& tensor);
 
 // The host backends' all_reduce_after_fill (communicator.h): for a tensor on the host, returns
 // `fill`, for the worker to run first; for one elsewhere, runs it now (the host copy, made next,
-// must hold what it writes) and returns an empty function. Then run_filled(fill) in the worker's
-// call runs it if any.
+// must hold what it writes) and returns an empty function. The worker's call runs it if any.
 std::function<void()> fill_on_worker(const torch::Tensor& tensor, std::function<void()> fill);
-inline void run_filled(const std::function<void()>& fill) {
-  if (fill) fill();
-}
 
 }  // namespace detail
 }  // namespace ddp

@@ -191,7 +191,7 @@ std::unique_ptr<Work> SocketRing::all_reduce_after_fill(const torch::Tensor& ten
   const torch::Tensor host = detail::on_host(tensor);
   const int size = this->size();
   return submit(std::move(call), tensor, host, [fill, host, op, size](State& s) {
-    detail::run_filled(fill);
+    if (fill) fill();
     s.call("all_reduce",
            [&](RingConnections& ring) { ring_all_reduce(ring, s.buffers, host, op); });
     detail::finish_avg(host, op, size);
