@@ -25,7 +25,6 @@ namespace ddp {
 //   DDP_MPI_SPIN_US       MpiOptions::spin in microseconds (busy-testing before sleeping)
 //   DDP_MPI_MAX_SLEEP_US  MpiOptions::max_sleep in microseconds (0: never sleep)
 //   DDP_MPI_BLOCKING_KIB  MpiOptions::blocking_bytes in KiB
-//   DDP_MPI_MESSAGE_KIB   MpiOptions::max_message_bytes in KiB (0: one call per tensor)
 //   DDP_MPI_SOCKETS       CpuOptions::sockets: auto | never | always
 //   DDP_MPI_SOCKET_KIB    CpuOptions::socket_bytes in KiB
 //   DDP_SOCKET_IFNAME     CpuOptions::socket_interfaces (comma-separated interface names)

@@ -112,7 +112,7 @@ struct HierarchicalCommunicator::State {
   int host_size = 1, leaders_size = 1, hosts = 1;
   bool leader = false;
   bool ring_wanted = false;  // the leaders' large all-reduces take the TCP ring
-  std::size_t socket_bytes = 0, blocking_bytes = 0, max_message_bytes = 0;
+  std::size_t socket_bytes = 0, blocking_bytes = 0;
   std::string interfaces;
   std::unique_ptr<detail::RingConnections> ring;  // the leaders' ring, connected by its first call
   detail::RingBuffers buffers;                    // the ring's, reused between calls
@@ -154,7 +154,7 @@ struct HierarchicalCommunicator::State {
   // with ranks sharing cores a spinning wait takes the core it needs (docs/records/performance.md).
   void transfer(const torch::Tensor& t, int peer, bool send) const {
     const MPI_Datatype type = detail::mpi_type(t.scalar_type());
-    detail::for_each_chunk(t, 0, [&](void* data, int count) {
+    detail::for_each_chunk(t, [&](void* data, int count) {
       MPI_Request request;
       if (send) {
         DDP_MPI_CHECK(MPI_Isend(data, count, type, peer, 0, host.comm, &request));
@@ -208,7 +208,7 @@ struct HierarchicalCommunicator::State {
         const MPI_Op reduce = detail::mpi_op(op, t.scalar_type());  // Avg: the sum
         const bool blocking = t.nbytes() >= blocking_bytes;
         if (blocking) wait_for_all(leaders.comm);
-        detail::for_each_chunk(t, max_message_bytes, [&](void* data, int count) {
+        detail::for_each_chunk(t, [&](void* data, int count) {
           if (blocking) {
             DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm));
             return;
@@ -251,7 +251,6 @@ HierarchicalCommunicator::HierarchicalCommunicator(MPI_Comm comm, CpuOptions opt
   }
   state->socket_bytes = options.socket_bytes;
   state->blocking_bytes = options.mpi.blocking_bytes;
-  state->max_message_bytes = options.mpi.max_message_bytes;
   state->interfaces = options.socket_interfaces;
   int ring = state->ring_wanted ? 1 : 0;  // rank 0, a leader, tells the others for its message
   DDP_MPI_CHECK(MPI_Bcast(&ring, 1, MPI_INT, 0, comm));

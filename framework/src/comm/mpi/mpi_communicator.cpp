@@ -30,12 +30,11 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor
   const MPI_Datatype type = detail::mpi_type(host.scalar_type());
   const MPI_Op reduce = detail::mpi_op(op, host.scalar_type());
   const int size = this->size();
-  const std::size_t max_bytes = options_.max_message_bytes;
   const bool blocking = host.nbytes() >= options_.blocking_bytes;
   // The debug mode's all-gather already waits for every rank.
   const bool arrival_barrier = blocking && !worker_->options().check_collectives;
   detail::MpiWorker* worker = worker_.get();  // outlives the calls queued on it
-  auto run = [worker, fill, host, type, reduce, op, size, max_bytes, blocking, arrival_barrier] {
+  auto run = [worker, fill, host, type, reduce, op, size, blocking, arrival_barrier] {
     if (fill) fill();
     const MPI_Comm comm = worker->comm();
     if (arrival_barrier) {
@@ -43,7 +42,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor
       DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
       worker->wait(request);
     }
-    detail::for_each_chunk(host, max_bytes, [&](void* data, int count) {
+    detail::for_each_chunk(host, [&](void* data, int count) {
       if (blocking) {
         DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, comm));
         return;
@@ -63,7 +62,7 @@ void MpiCommunicator::broadcast(const torch::Tensor& tensor, int root) {
   const MPI_Datatype type = detail::mpi_type(host.scalar_type());
   detail::MpiWorker* worker = worker_.get();
   auto run = [worker, host, type, root] {
-    detail::for_each_chunk(host, 0, [&](void* data, int count) {
+    detail::for_each_chunk(host, [&](void* data, int count) {
       MPI_Request request;
       DDP_MPI_CHECK(MPI_Ibcast(data, count, type, root, worker->comm(), &request));
       worker->wait(request);

@@ -40,14 +40,6 @@ struct MpiOptions : WorkerOptions {
   // the blocking MPI_Allreduce (see above); smaller ones are one MPI_Iallreduce. 0: every
   // all-reduce so. ProcessGroup reads DDP_MPI_BLOCKING_KIB.
   std::size_t blocking_bytes = 64 << 10;
-
-  // The largest message of one MPI_Allreduce: a larger all-reduce is made of consecutive calls
-  // on pieces of at most this many bytes (the result is the same, element by element). 0 (the
-  // default): one call per tensor (up to INT_MAX elements). Why it exists: Open MPI moved large
-  // messages slower per byte than pieces of a few MiB over shared memory and over TCP
-  // (docs/records/performance.md), though no end-to-end gain was shown. DDP_MPI_MESSAGE_KIB sets
-  // it for ProcessGroup.
-  std::size_t max_message_bytes = 0;
 };
 
 class MpiCommunicator final : public Communicator {
