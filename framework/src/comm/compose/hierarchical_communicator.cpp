@@ -176,18 +176,7 @@ struct HierarchicalCommunicator::State {
     torch::Tensor out = t;
     for (int r = 1; r < host_size; ++r) {
       transfer(in, r, /*send=*/false);
-      switch (op) {
-        case ReduceOp::Sum:
-        case ReduceOp::Avg:
-          out.add_(in);
-          break;  // 16-bit floats: in float, rounded per element
-        case ReduceOp::Min:
-          torch::minimum_out(out, out, in);
-          break;
-        case ReduceOp::Max:
-          torch::maximum_out(out, out, in);
-          break;
-      }
+      detail::reduce_into(out, in, op);
     }
   }
 

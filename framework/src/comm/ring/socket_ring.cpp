@@ -97,18 +97,7 @@ void reduce_scatter_phase(RingConnections& ring, RingBuffers& buffers, const Seg
     torch::Tensor in = segment(rank + owned - 2 - s);
     const torch::Tensor got = scratch.slice(0, 0, in.numel());
     exchange_segments(ring, buffers, out, got);
-    switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Avg:
-        in.add_(got);
-        break;
-      case ReduceOp::Min:
-        torch::minimum_out(in, in, got);
-        break;
-      case ReduceOp::Max:
-        torch::maximum_out(in, in, got);
-        break;
-    }
+    detail::reduce_into(in, got, op);
   }
 }
 
