@@ -119,13 +119,6 @@ struct HierarchicalCommunicator::State {
   torch::Tensor received;                         // the leader's: a host rank's tensor (phase 1)
   bool ring_broken = false;  // a ring call threw half way: bytes may be in flight
 
-  // Sleeps until every rank of `comm` has arrived (before a blocking call, see the header).
-  void wait_for_all(MPI_Comm comm) const {
-    MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
-    worker->wait(request);
-  }
-
   void leaders_ring(const torch::Tensor& t, ReduceOp op) {
     if (!ring) {
       ring = std::make_unique<detail::RingConnections>(leaders.comm, interfaces,
@@ -196,17 +189,7 @@ struct HierarchicalCommunicator::State {
         const MPI_Datatype type = detail::mpi_type(t.scalar_type());
         const MPI_Op reduce = detail::mpi_op(op, t.scalar_type());  // Avg: the sum
         const bool blocking = t.nbytes() >= blocking_bytes;
-        if (blocking) wait_for_all(leaders.comm);
-        detail::for_each_chunk(t, [&](void* data, int count) {
-          if (blocking) {
-            DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm));
-            return;
-          }
-          MPI_Request request;
-          DDP_MPI_CHECK(
-              MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm, &request));
-          worker->wait(request);
-        });
+        detail::mpi_all_reduce(*worker, leaders.comm, t, type, reduce, blocking, blocking);
       }
     }
     if (leader) detail::finish_avg(t, op, size);

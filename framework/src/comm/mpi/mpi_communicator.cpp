@@ -36,21 +36,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor
   detail::MpiWorker* worker = worker_.get();  // outlives the calls queued on it
   auto run = [worker, fill, host, type, reduce, op, size, blocking, arrival_barrier] {
     if (fill) fill();
-    const MPI_Comm comm = worker->comm();
-    if (arrival_barrier) {
-      MPI_Request request;
-      DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
-      worker->wait(request);
-    }
-    detail::for_each_chunk(host, [&](void* data, int count) {
-      if (blocking) {
-        DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, comm));
-        return;
-      }
-      MPI_Request request;
-      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, comm, &request));
-      worker->wait(request);
-    });
+    detail::mpi_all_reduce(*worker, worker->comm(), host, type, reduce, blocking, arrival_barrier);
     detail::finish_avg(host, op, size);
   };
   return worker_->submit(std::move(call), std::move(run), tensor, host);
@@ -138,4 +124,25 @@ void MpiCommunicator::barrier() {
       ->wait();
 }
 
+namespace detail {
+
+void mpi_all_reduce(const MpiWorker& worker, MPI_Comm comm, const torch::Tensor& t,
+                    MPI_Datatype type, MPI_Op reduce, bool blocking, bool arrive_first) {
+  if (arrive_first) {
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
+    worker.wait(request);
+  }
+  for_each_chunk(t, [&](void* data, int count) {
+    if (blocking) {
+      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, comm));
+      return;
+    }
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, comm, &request));
+    worker.wait(request);
+  });
+}
+
+}  // namespace detail
 }  // namespace ddp

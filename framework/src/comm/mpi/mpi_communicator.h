@@ -87,4 +87,13 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<detail::MpiWorker> worker_;
 };
 
+namespace detail {
+
+// The all-reduce of `t` (on the host) in place over `comm`, on `worker`'s thread: the blocking
+// MPI_Allreduce when `blocking` (first waiting in an MPI_Ibarrier when `arrive_first`), else
+// MPI_Iallreduce, waited for by the worker.
+void mpi_all_reduce(const MpiWorker& worker, MPI_Comm comm, const torch::Tensor& t,
+                    MPI_Datatype type, MPI_Op reduce, bool blocking, bool arrive_first);
+
+}  // namespace detail
 }  // namespace ddp
