@@ -46,6 +46,14 @@ struct CallReport {
 struct RankReport {
   bool answered = false;
   std::vector<CallReport> calls;
+
+  // Whether the rank's worker `member` is in the collective of fingerprint `call`.
+  bool in(int member, const Collective::Fingerprint& call) const {
+    for (const CallReport& c : calls) {
+      if (c.member == member && c.fingerprint == call) return true;
+    }
+    return false;
+  }
 };
 
 class Inquiry {

@@ -192,11 +192,7 @@ bool stalled(const std::vector<RankReport>& reports, int self, int member,
   for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
     if (r == self) continue;
     if (!reports[r].answered) return false;
-    bool here = false;
-    for (const CallReport& call : reports[r].calls) {
-      here = here || (call.member == member && call.fingerprint == mine);
-    }
-    if (here) continue;
+    if (reports[r].in(member, mine)) continue;
     if (reports[r].calls.empty()) return false;  // in none: its program may yet call it
     missing = true;
   }
@@ -291,11 +287,7 @@ std::string MpiWorker::failure_message(const Collective& call, const std::string
       differ = true;
       continue;
     }
-    bool here = false;
-    for (const CallReport& c : reports[r].calls) {
-      here = here || (c.member == inquiry_member_ && c.fingerprint == mine);
-    }
-    differ = differ || !here;
+    differ = differ || !reports[r].in(inquiry_member_, mine);
     others += reports[r].calls.empty() ? " is in no collective"
                                        : " is in " + describe_calls(*inquiry_, reports[r]);
   }
