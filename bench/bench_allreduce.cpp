@@ -4,9 +4,8 @@
 // --max-bytes. Each iteration is timed alone between barriers (untimed re-initialisation), the
 // time is the mean over iterations of the slowest rank, and every result is checked.
 //   algbw = bytes / time;  busbw = algbw * 2 (n - 1) / n  (the per-rank traffic of a ring)
-//   mpirun -np 2 bench_allreduce --min-bytes 4096 --max-bytes 268435456 [--max-message 4MiB]
+//   mpirun -np 2 bench_allreduce --min-bytes 4096 --max-bytes 268435456
 //                                [--sockets auto|never|always]
-// --max-message: MpiOptions::max_message_bytes for the ddp column (0: one MPI call per tensor).
 // --sockets: CpuOptions::sockets for the ddp column (auto: the TCP ring between hosts only;
 // always: all-reduces of 64 KiB or more on the ring, on one host too).
 #include "comm/compose/cpu_communicator.h"
@@ -78,13 +77,11 @@ int main(int argc, char** argv) {
         min_bytes = parse_bytes(argv[i + 1]);
       else if (flag == "--max-bytes")
         max_bytes = parse_bytes(argv[i + 1]);
-      else if (flag == "--max-message")
-        options.mpi.max_message_bytes = static_cast<std::size_t>(parse_bytes(argv[i + 1]));
       else if (flag == "--sockets")
         options.sockets = ddp::parse_sockets(argv[i + 1], "--sockets");
       else
         throw std::invalid_argument("unknown flag " + flag +
-                                    " (--min-bytes, --max-bytes, --max-message, --sockets)");
+                                    " (--min-bytes, --max-bytes, --sockets)");
     }
     const std::unique_ptr<ddp::Communicator> made =
         ddp::make_cpu_communicator(ddp::detail::RuntimeInternals::comm(runtime), options);
@@ -99,16 +96,10 @@ int main(int argc, char** argv) {
       const char* sockets = ddp::to_string(options.sockets);
       std::printf(
           "# all-reduce, float32 sum, in place, %d ranks on %d node(s), OMP_NUM_THREADS=%s, ddp: "
-          "%s, "
-          "socket ring %s (from %zu KiB)\n",
+          "one MPI call per tensor, socket ring %s (from %zu KiB)\n",
           w, runtime.num_nodes(),
-          std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",
-          options.mpi.max_message_bytes == 0
-              ? "one MPI call per tensor"
-              : ("pieces of at most " + std::to_string(options.mpi.max_message_bytes >> 10) +
-                 " KiB")
-                    .c_str(),
-          sockets, options.socket_bytes >> 10);
+          std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset", sockets,
+          options.socket_bytes >> 10);
       std::printf(
           "#                                   ddp CPU communicator                   raw "
           "MPI_Allreduce\n");

@@ -8,7 +8,7 @@
 # RESULTS/commands.txt. Called by bench/run_all.sh; needs root.
 #   bench/emulated_hosts.sh RESULTS_DIR [QUICK(0|1)]
 # DDP_BENCH_MODELS and DDP_BENCH_LINKS pick a subset (default: mlp cnn resnet18; 1gbit 100mbit);
-# DDP_* and OMP_* settings of the caller reach the ranks (DDP_MPI_MESSAGE_KIB=1024, say).
+# DDP_* and OMP_* settings of the caller reach the ranks (DDP_MPI_BLOCKING_KIB=1024, say).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}

@@ -74,25 +74,6 @@ TEST(MpiCommunicator, AllReduceLargeTensorIsExact) {
   EXPECT_TRUE(torch::equal(t, want));
 }
 
-TEST(MpiCommunicator, AllReduceInPiecesGivesTheSameResult) {
-  // Pieces of 12 bytes: 3 floats, 1.5 doubles (rounded down to 1), 6 halves; 1001 elements end
-  // on a partial piece. Every element must be reduced exactly once, in every dtype.
-  const int r = comm().rank(), w = comm().size();
-  ddp::MpiOptions options;
-  options.max_message_bytes = 12;
-  ddp::MpiCommunicator pieces(MPI_COMM_WORLD, options);
-  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kLong, torch::kHalf}) {
-    torch::Tensor t = (torch::arange(1001, torch::kLong).remainder(100) + r).to(dtype);
-    pieces.all_reduce(t, ddp::ReduceOp::Sum);
-    const torch::Tensor want =
-        torch::arange(1001, torch::kLong).remainder(100) * w + w * (w - 1) / 2;
-    EXPECT_TRUE(torch::equal(t.to(torch::kLong), want)) << dtype;
-  }
-  torch::Tensor avg = torch::full({7}, 2.0 * r);
-  pieces.all_reduce(avg, ddp::ReduceOp::Avg);
-  EXPECT_TRUE(torch::equal(avg, torch::full({7}, double(w - 1))));
-}
-
 TEST(MpiCommunicator, EveryWayOfWaitingGivesTheSameResult) {
   // Blocking all-reduce after an arrival barrier (blocking_bytes 0), non-blocking only (a huge
   // threshold), sleeping at once (spin 0), never sleeping (max_sleep 0): the same sums.

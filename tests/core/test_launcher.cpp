@@ -320,7 +320,7 @@ TEST(Settings, ABadValueNamesTheVariable) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 10 * 7);  // every variable with a range
+  EXPECT_EQ(checked, 9 * 7);  // every variable with a range
   EXPECT_EQ(setting_error({{"DDP_MPI_SPIN_US", "1000001"}}, ddp::Setting::MpiSpin),
             "DDP_MPI_SPIN_US='1000001': expected an integer from 0 to 1000000");
   EXPECT_EQ(setting_error({{"DDP_MPI_SOCKET_KIB", "1073741825"}}, ddp::Setting::SocketThreshold),

@@ -11,7 +11,6 @@
 #include <torch/serialize/input-archive.h>
 
 #include <cstddef>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,12 +24,6 @@ namespace ddp {
 void write_atomically(const std::string& path, const void* data, std::size_t size);
 /// write_atomically() of the bytes in `bytes`.
 void write_atomically(const std::string& path, const std::string& bytes);
-
-/// Calls write(temporary_path), then makes the result durable and renames it to `path`. Throws
-/// std::runtime_error naming the file on any failure and removes the temporary file. Prefer the
-/// byte overload: what `write` does to the file (an ofstream, say) may hide the system's reason.
-void write_atomically(const std::string& path,
-                      const std::function<void(const std::string&)>& write);
 
 /// Creates `dir` (and its parents) if missing, then creates, writes and removes a small file in
 /// it, so that a directory the run cannot write to (read-only, full, not a directory) is

@@ -15,7 +15,6 @@
 #include <torch/types.h>
 
 #include <chrono>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -57,8 +56,6 @@ class Work {
   /// error. MPI: the host waits until the worker thread has finished it. NCCL: the calling
   /// thread's current CUDA stream waits for the collective; the host does not.
   virtual void wait() = 0;
-  /// The collective's error once it has failed; null while it runs and after success.
-  virtual std::exception_ptr error() const = 0;
   /// When the host ran it (MPI's worker thread), once finished; NCCL runs it on the GPU and
   /// has no host span. For timelines.
   virtual std::optional<Span> host_span() const { return std::nullopt; }

@@ -140,8 +140,6 @@ class DistributedDataParallel {
 
   /// The module it wraps.
   torch::nn::Module& module() const { return *module_; }
-  /// The module it wraps, shared.
-  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
   /// As given, with the backend resolved (Mpi or Nccl, never Auto).
   const DDPOptions& options() const { return options_; }
 

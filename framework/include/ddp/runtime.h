@@ -75,9 +75,6 @@ class Runtime {
   torch::Device device() const { return device_; }
   /// MPI's thread support level (MPI_THREAD_MULTIPLE, which the communicators need).
   int mpi_thread_level() const { return thread_level_; }
-  /// LibTorch's intra-op threads, as start-up chose them (the rank's CPUs), or as
-  /// OMP_NUM_THREADS set them.
-  int intra_op_threads() const { return intra_op_threads_; }
 
   /// "rank 1/4 local 1/2 node 0/2 host n1 device cpu"
   std::string summary() const;
@@ -101,7 +98,6 @@ class Runtime {
   int node_rank_ = 0, num_nodes_ = 1;
   std::string hostname_;
   torch::Device device_{torch::kCPU};
-  int intra_op_threads_ = 1;
   int visible_gpus_ = 0;  ///< CUDA devices this rank sees (0 without CUDA or with use_cuda off)
   bool own_gpu_ = false;  ///< every rank of the node sees one GPU, its own
 };

@@ -50,26 +50,4 @@ class Timeline {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Records a span from construction to destruction (no-op when the timeline is null).
-class TimelineScope {
- public:
-  /// Starts the span `name` now.
-  TimelineScope(Timeline* timeline, std::string name, const char* category)
-      : timeline_(timeline),
-        name_(std::move(name)),
-        category_(category),
-        start_(Timeline::Clock::now()) {}
-  ~TimelineScope() {
-    if (timeline_) timeline_->span(name_, category_, start_, Timeline::Clock::now());
-  }
-  TimelineScope(const TimelineScope&) = delete;
-  TimelineScope& operator=(const TimelineScope&) = delete;
-
- private:
-  Timeline* timeline_;
-  std::string name_;
-  const char* category_;
-  Timeline::Clock::time_point start_;
-};
-
 }  // namespace ddp

@@ -228,4 +228,19 @@ void finish_avg(const torch::Tensor& reduced, ReduceOp op, int size) {
   if (op == ReduceOp::Avg) reduced.div_(size);
 }
 
+void reduce_into(torch::Tensor& into, const torch::Tensor& in, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      into.add_(in);
+      break;  // 16-bit floats: in float, rounded per element
+    case ReduceOp::Min:
+      torch::minimum_out(into, into, in);
+      break;
+    case ReduceOp::Max:
+      torch::maximum_out(into, into, in);
+      break;
+  }
+}
+
 }  // namespace ddp::detail

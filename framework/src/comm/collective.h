@@ -85,5 +85,8 @@ struct Collective {
 // Avg without a native average: reduce with without_avg(op), then finish_avg(result, op, size).
 inline ReduceOp without_avg(ReduceOp op) { return op == ReduceOp::Avg ? ReduceOp::Sum : op; }
 void finish_avg(const torch::Tensor& reduced, ReduceOp op, int size);
+// The host backends' reduction of one rank's values into another's: into = op(into, in)
+// elementwise (Avg: the sum).
+void reduce_into(torch::Tensor& into, const torch::Tensor& in, ReduceOp op);
 
 }  // namespace ddp::detail

@@ -33,8 +33,6 @@ CpuOptions cpu_options_from_environment(const Runtime& runtime, std::chrono::sec
     mpi.max_sleep = std::chrono::microseconds(*us);
   if (const auto kib = read_number(env, Setting::MpiBlocking))
     mpi.blocking_bytes = std::size_t(*kib) << 10;
-  if (const auto kib = read_number(env, Setting::MpiMessage))
-    mpi.max_message_bytes = std::size_t(*kib) << 10;
   if (const auto mode = read_text(env, Setting::Sockets))
     options.sockets = parse_sockets(*mode, setting_info(Setting::Sockets).name);
   if (const auto kib = read_number(env, Setting::SocketThreshold))

@@ -77,10 +77,6 @@ CommHook fp16_compress_hook() { return compress_hook(torch::kHalf, "fp16"); }
 
 CommHook bf16_compress_hook() { return compress_hook(torch::kBFloat16, "bf16"); }
 
-}  // namespace ddp
-
-namespace ddp {
-
 CommHook noop_hook() {
   return CommHook([](Communicator&, GradBucket& bucket) { return BucketFuture(bucket.buffer); },
                   nullptr, "noop");

@@ -1,4 +1,4 @@
-#include "parallel/resolve_backend.h"
+#include "parallel/reducer.h"
 
 #include <stdexcept>
 

@@ -130,8 +130,6 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
 }
 
 void Reducer::set_comm_hook(CommHook hook) {
-  if (!hook)
-    throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
   if (synced_once_) {
     throw std::logic_error(
         "DistributedDataParallel::register_comm_hook: called after the first "

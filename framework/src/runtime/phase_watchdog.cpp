@@ -4,6 +4,7 @@
 
 #include "util/clock.h"
 #include "util/environment.h"
+#include "util/host_name.h"
 #include "util/testing_hooks.h"
 
 #include <mpi.h>
@@ -92,11 +93,7 @@ class PhaseWatchdog {
   std::atomic<int64_t> default_timeout_seconds{0};  // 0: not set yet
 
  private:
-  PhaseWatchdog() {
-    char host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
-    host_ = host;
-  }
+  PhaseWatchdog() : host_(detail::host_name("?")) {}
 
   void loop() {
     std::unique_lock<std::mutex> lock(mutex_);

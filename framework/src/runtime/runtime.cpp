@@ -5,6 +5,7 @@
 #include "runtime/phase_watchdog.h"
 #include "runtime/runtime_internals.h"
 #include "util/hash.h"
+#include "util/host_name.h"
 #include "util/mpi_check.h"
 #if DDP_WITH_CUDA
 #include "util/cuda_device.h"
@@ -86,9 +87,8 @@ LaunchInfo check_launch_before_mpi_init() {
   if (error.empty()) return launch;
   // Without MPI there is no MPI_Abort: every process stops, the first one says why.
   if (launch.rank <= 0) {
-    char host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
-    std::cerr << "ddp: rank 0 (" << (launch.slurm_node.empty() ? host : launch.slurm_node)
+    std::cerr << "ddp: rank 0 ("
+              << (launch.slurm_node.empty() ? detail::host_name("?") : launch.slurm_node)
               << "): " << error << std::endl;
   }
   std::exit(1);
@@ -236,7 +236,6 @@ void Runtime::init_topology(RuntimeOptions options) {
   } catch (const std::exception& e) {
     abort(e.what());  // a placement error on every rank: end the job with the reason
   }
-  intra_op_threads_ = threads.threads;
   report_job(options);
   g_first_runtime_done = true;
 }

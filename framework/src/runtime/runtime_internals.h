@@ -31,7 +31,6 @@ namespace detail {
 struct RuntimeInternals {
   static MPI_Comm comm(const Runtime& runtime) { return runtime.impl_->comm; }
   static const LaunchInfo& launch(const Runtime& runtime) { return runtime.impl_->launch; }
-  static const ThreadChoice& threads(const Runtime& runtime) { return runtime.impl_->threads; }
 };
 
 }  // namespace detail

@@ -51,20 +51,6 @@ std::string temporary_path(const std::string& path) {
   return path + kTmp + detail::host_name() + "." + std::to_string(::getpid());
 }
 
-// Renames the complete temporary file onto `path` and makes that durable; on failure removes
-// the temporary file and says that the previous file is untouched.
-void commit(const std::string& path, const std::string& tmp) {
-  try {
-    fsync_path(tmp, O_RDONLY);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw_file_error(path, "cannot rename " + tmp + " onto it", errno);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  fsync_path(parent_dir(path), O_RDONLY | O_DIRECTORY);  // make the rename itself durable
-}
-
 const char* const kKept =
     " (the temporary file is removed; the previous file, if any, is unchanged)";
 
@@ -109,22 +95,6 @@ void write_atomically(const std::string& path, const void* data, std::size_t siz
 
 void write_atomically(const std::string& path, const std::string& bytes) {
   write_atomically(path, bytes.data(), bytes.size());
-}
-
-void write_atomically(const std::string& path,
-                      const std::function<void(const std::string&)>& write) {
-  const std::string tmp = temporary_path(path);
-  try {
-    try {
-      write(tmp);
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(path + ": cannot write: " + e.what_without_backtrace());
-    }
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  commit(path, tmp);
 }
 
 void check_writable_directory(const std::string& dir, const std::string& what) {

@@ -2,7 +2,7 @@
 // The one check for CUDA runtime calls: on failure, throws std::runtime_error with the world
 // rank, the host, file:line, the call and CUDA's error name and string.
 
-#include "util/check_context.h"
+#include "util/host_name.h"
 
 #include <cuda_runtime_api.h>
 

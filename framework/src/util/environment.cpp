@@ -15,7 +15,7 @@ using Kind = SettingInfo::Kind;
 constexpr long kMaxKiB = 1L << 30;  // the largest size in KiB (1 TiB)
 
 // Every DDP_* variable the core reads, in the order of `Setting`.
-constexpr std::array<SettingInfo, 12> kSettings{{
+constexpr std::array<SettingInfo, 11> kSettings{{
     {Setting::Timeout, "DDP_TIMEOUT_SECONDS", Kind::Seconds, 0, nullptr, nullptr,
      "seconds a collective of either backend may take before its watchdog ends the job "
      "(ProcessGroupOptions::timeout wins; default 600)"},
@@ -33,8 +33,6 @@ constexpr std::array<SettingInfo, 12> kSettings{{
      "MpiOptions::max_sleep in microseconds; 0: never sleep"},
     {Setting::MpiBlocking, "DDP_MPI_BLOCKING_KIB", Kind::Number, kMaxKiB, nullptr, nullptr,
      "MpiOptions::blocking_bytes in KiB"},
-    {Setting::MpiMessage, "DDP_MPI_MESSAGE_KIB", Kind::Number, kMaxKiB, nullptr, nullptr,
-     "MpiOptions::max_message_bytes in KiB; 0: one MPI call per tensor"},
     {Setting::Sockets, "DDP_MPI_SOCKETS", Kind::Choice, 0, "auto|never|always",
      "auto, never or always",
      "where large all-reduces take ddp's TCP ring instead of MPI (CpuOptions::sockets)"},

@@ -29,7 +29,6 @@ enum class Setting {
   MpiSpin,           // DDP_MPI_SPIN_US
   MpiMaxSleep,       // DDP_MPI_MAX_SLEEP_US
   MpiBlocking,       // DDP_MPI_BLOCKING_KIB
-  MpiMessage,        // DDP_MPI_MESSAGE_KIB
   Sockets,           // DDP_MPI_SOCKETS
   SocketThreshold,   // DDP_MPI_SOCKET_KIB
   SocketInterfaces,  // DDP_SOCKET_IFNAME

@@ -2,7 +2,7 @@
 // The one check for NCCL calls: on failure, throws std::runtime_error with the world rank, the
 // host, file:line, the call, NCCL's error string and its last detailed message.
 
-#include "util/check_context.h"
+#include "util/host_name.h"
 
 #include <nccl.h>
 

@@ -103,7 +103,7 @@ std::unique_ptr<Work> SizeRoutedCommunicator::all_reduce_after_fill(const torch:
                                                                     std::function<void()> fill,
                                                                     ReduceOp op) {
   // Checked as MPI checks it, whichever path it takes: the same errors for every size.
-  mpi_.check_all_reduce(tensor, op);
+  (void)detail::Collective::all_reduce(detail::host_rules("MpiCommunicator::"), tensor, op);
   return route(tensor).all_reduce_after_fill(tensor, std::move(fill), op);
 }
 

@@ -112,19 +112,12 @@ struct HierarchicalCommunicator::State {
   int host_size = 1, leaders_size = 1, hosts = 1;
   bool leader = false;
   bool ring_wanted = false;  // the leaders' large all-reduces take the TCP ring
-  std::size_t socket_bytes = 0, blocking_bytes = 0, max_message_bytes = 0;
+  std::size_t socket_bytes = 0, blocking_bytes = 0;
   std::string interfaces;
   std::unique_ptr<detail::RingConnections> ring;  // the leaders' ring, connected by its first call
   detail::RingBuffers buffers;                    // the ring's, reused between calls
   torch::Tensor received;                         // the leader's: a host rank's tensor (phase 1)
   bool ring_broken = false;  // a ring call threw half way: bytes may be in flight
-
-  // Sleeps until every rank of `comm` has arrived (before a blocking call: mpi_communicator.h).
-  void wait_for_all(MPI_Comm comm) const {
-    MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
-    worker->wait(request);
-  }
 
   void leaders_ring(const torch::Tensor& t, ReduceOp op) {
     if (!ring) {
@@ -154,7 +147,7 @@ struct HierarchicalCommunicator::State {
   // with ranks sharing cores a spinning wait takes the core it needs (docs/records/performance.md).
   void transfer(const torch::Tensor& t, int peer, bool send) const {
     const MPI_Datatype type = detail::mpi_type(t.scalar_type());
-    detail::for_each_chunk(t, 0, [&](void* data, int count) {
+    detail::for_each_chunk(t, [&](void* data, int count) {
       MPI_Request request;
       if (send) {
         DDP_MPI_CHECK(MPI_Isend(data, count, type, peer, 0, host.comm, &request));
@@ -176,18 +169,7 @@ struct HierarchicalCommunicator::State {
     torch::Tensor out = t;
     for (int r = 1; r < host_size; ++r) {
       transfer(in, r, /*send=*/false);
-      switch (op) {
-        case ReduceOp::Sum:
-        case ReduceOp::Avg:
-          out.add_(in);
-          break;  // 16-bit floats: in float, rounded per element
-        case ReduceOp::Min:
-          torch::minimum_out(out, out, in);
-          break;
-        case ReduceOp::Max:
-          torch::maximum_out(out, out, in);
-          break;
-      }
+      detail::reduce_into(out, in, op);
     }
   }
 
@@ -207,17 +189,7 @@ struct HierarchicalCommunicator::State {
         const MPI_Datatype type = detail::mpi_type(t.scalar_type());
         const MPI_Op reduce = detail::mpi_op(op, t.scalar_type());  // Avg: the sum
         const bool blocking = t.nbytes() >= blocking_bytes;
-        if (blocking) wait_for_all(leaders.comm);
-        detail::for_each_chunk(t, max_message_bytes, [&](void* data, int count) {
-          if (blocking) {
-            DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm));
-            return;
-          }
-          MPI_Request request;
-          DDP_MPI_CHECK(
-              MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, leaders.comm, &request));
-          worker->wait(request);
-        });
+        detail::mpi_all_reduce(*worker, leaders.comm, t, type, reduce, blocking, blocking);
       }
     }
     if (leader) detail::finish_avg(t, op, size);
@@ -251,7 +223,6 @@ HierarchicalCommunicator::HierarchicalCommunicator(MPI_Comm comm, CpuOptions opt
   }
   state->socket_bytes = options.socket_bytes;
   state->blocking_bytes = options.mpi.blocking_bytes;
-  state->max_message_bytes = options.mpi.max_message_bytes;
   state->interfaces = options.socket_interfaces;
   int ring = state->ring_wanted ? 1 : 0;  // rank 0, a leader, tells the others for its message
   DDP_MPI_CHECK(MPI_Bcast(&ring, 1, MPI_INT, 0, comm));
@@ -292,7 +263,7 @@ std::unique_ptr<Work> HierarchicalCommunicator::all_reduce_after_fill(const torc
   State* state = state_.get();
   const int size = this->size();
   auto run = [state, fill, host, op, size] {
-    detail::run_filled(fill);
+    if (fill) fill();
     state->all_reduce(host, op, size);
   };
   return flat_.worker()->submit(std::move(call), std::move(run), tensor, host);

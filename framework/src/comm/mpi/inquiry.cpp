@@ -77,8 +77,7 @@ std::vector<int64_t> Inquiry::encode_answer() const {
     int64_t* at = &values[1 + count * kCallValues];
     at[0] = member.number;
     at[1] = call.seq;
-    at[2] = 1;
-    std::copy(call.fingerprint.begin(), call.fingerprint.end(), at + 3);
+    std::copy(call.fingerprint.begin(), call.fingerprint.end(), at + 2);
     ++count;
   }
   values[0] = count;
@@ -167,8 +166,8 @@ std::vector<RankReport> Inquiry::ask(std::chrono::milliseconds wait) {
       CallReport call;
       call.member = static_cast<int>(at[0]);
       call.seq = at[1];
-      call.in_collective = at[2] != 0;
-      std::copy(at + 3, at + kCallValues, call.fingerprint.begin());
+      call.in_collective = true;  // only calls in a collective are sent
+      std::copy(at + 2, at + kCallValues, call.fingerprint.begin());
       reports[r].calls.push_back(call);
     }
   }

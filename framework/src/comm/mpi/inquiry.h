@@ -40,6 +40,14 @@ struct CallReport {
 struct RankReport {
   bool answered = false;
   std::vector<CallReport> calls;
+
+  // Whether the rank's worker `member` is in the collective of fingerprint `call`.
+  bool in(int member, const Collective::Fingerprint& call) const {
+    for (const CallReport& c : calls) {
+      if (c.member == member && c.fingerprint == call) return true;
+    }
+    return false;
+  }
 };
 
 class Inquiry {
@@ -52,7 +60,6 @@ class Inquiry {
   Inquiry& operator=(const Inquiry&) = delete;
 
   int rank() const { return rank_; }
-  int size() const { return size_; }
 
   // A worker joins: its number (1 for the first), the same on every rank when the workers are
   // made collectively. `name` says which communicator it serves in messages ("" : by number);
@@ -73,11 +80,11 @@ class Inquiry {
   // the silent ones (a rank waiting in a collective answers within milliseconds).
   static constexpr std::chrono::milliseconds kAnswerWait{2000};
 
-  // Calls a report's values travel in: a count, then per call its member, seq, in_collective
-  // and fingerprint, then the number of the question answered. Answers carry the first
+  // Calls a report's values travel in: a count, then per call its member, seq and
+  // fingerprint, then the number of the question answered. Answers carry the first
   // kMaxCalls workers in a collective.
   static constexpr int kMaxCalls = 8;
-  static constexpr int kCallValues = 3 + Collective::kFingerprint;
+  static constexpr int kCallValues = 2 + Collective::kFingerprint;
   static constexpr int kAnswerValues = 2 + kMaxCalls * kCallValues;
 
  private:

@@ -21,10 +21,6 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options)
 
 MpiCommunicator::~MpiCommunicator() = default;
 
-void MpiCommunicator::check_all_reduce(const torch::Tensor& tensor, ReduceOp op) const {
-  (void)Collective::all_reduce(rules_, tensor, op);
-}
-
 std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor& tensor,
                                                              std::function<void()> fill,
                                                              ReduceOp op) {
@@ -34,28 +30,13 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor
   const MPI_Datatype type = detail::mpi_type(host.scalar_type());
   const MPI_Op reduce = detail::mpi_op(op, host.scalar_type());
   const int size = this->size();
-  const std::size_t max_bytes = options_.max_message_bytes;
   const bool blocking = host.nbytes() >= options_.blocking_bytes;
   // The debug mode's all-gather already waits for every rank.
   const bool arrival_barrier = blocking && !worker_->options().check_collectives;
   detail::MpiWorker* worker = worker_.get();  // outlives the calls queued on it
-  auto run = [worker, fill, host, type, reduce, op, size, max_bytes, blocking, arrival_barrier] {
-    detail::run_filled(fill);
-    const MPI_Comm comm = worker->comm();
-    if (arrival_barrier) {
-      MPI_Request request;
-      DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
-      worker->wait(request);
-    }
-    detail::for_each_chunk(host, max_bytes, [&](void* data, int count) {
-      if (blocking) {
-        DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, comm));
-        return;
-      }
-      MPI_Request request;
-      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, comm, &request));
-      worker->wait(request);
-    });
+  auto run = [worker, fill, host, type, reduce, op, size, blocking, arrival_barrier] {
+    if (fill) fill();
+    detail::mpi_all_reduce(*worker, worker->comm(), host, type, reduce, blocking, arrival_barrier);
     detail::finish_avg(host, op, size);
   };
   return worker_->submit(std::move(call), std::move(run), tensor, host);
@@ -67,7 +48,7 @@ void MpiCommunicator::broadcast(const torch::Tensor& tensor, int root) {
   const MPI_Datatype type = detail::mpi_type(host.scalar_type());
   detail::MpiWorker* worker = worker_.get();
   auto run = [worker, host, type, root] {
-    detail::for_each_chunk(host, 0, [&](void* data, int count) {
+    detail::for_each_chunk(host, [&](void* data, int count) {
       MPI_Request request;
       DDP_MPI_CHECK(MPI_Ibcast(data, count, type, root, worker->comm(), &request));
       worker->wait(request);
@@ -143,4 +124,25 @@ void MpiCommunicator::barrier() {
       ->wait();
 }
 
+namespace detail {
+
+void mpi_all_reduce(const MpiWorker& worker, MPI_Comm comm, const torch::Tensor& t,
+                    MPI_Datatype type, MPI_Op reduce, bool blocking, bool arrive_first) {
+  if (arrive_first) {
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ibarrier(comm, &request));
+    worker.wait(request);
+  }
+  for_each_chunk(t, [&](void* data, int count) {
+    if (blocking) {
+      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, reduce, comm));
+      return;
+    }
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, reduce, comm, &request));
+    worker.wait(request);
+  });
+}
+
+}  // namespace detail
 }  // namespace ddp

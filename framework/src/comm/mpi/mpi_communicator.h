@@ -28,11 +28,6 @@ struct MpiOptions : WorkerOptions {
   // All-reduces of at least this many bytes wait for every rank in an MPI_Ibarrier, then make
   // the blocking MPI_Allreduce (see above); smaller ones are one MPI_Iallreduce. 0: all of them.
   std::size_t blocking_bytes = 64 << 10;
-
-  // The largest message of one MPI_Allreduce: a larger all-reduce is made of consecutive calls on
-  // pieces of at most this many bytes (the same result, element by element). 0: one call per
-  // tensor (up to INT_MAX elements).
-  std::size_t max_message_bytes = 0;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -66,9 +61,6 @@ class MpiCommunicator final : public Communicator {
   void all_gather_into(const torch::Tensor& output, const torch::Tensor& input) override;
   void barrier() override;
 
-  // Throws what all_reduce_async(tensor, op) would throw for its arguments.
-  void check_all_reduce(const torch::Tensor& tensor, ReduceOp op) const;
-
   // The communicator the MPI calls use (the worker's duplicate; for benchmarks).
   MPI_Comm comm() const { return worker_->comm(); }
   // The worker, to share with the TCP ring (comm/compose/cpu_communicator.h).
@@ -83,4 +75,13 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<detail::MpiWorker> worker_;
 };
 
+namespace detail {
+
+// The all-reduce of `t` (on the host) in place over `comm`, on `worker`'s thread: the blocking
+// MPI_Allreduce when `blocking` (first waiting in an MPI_Ibarrier when `arrive_first`), else
+// MPI_Iallreduce, waited for by the worker.
+void mpi_all_reduce(const MpiWorker& worker, MPI_Comm comm, const torch::Tensor& t,
+                    MPI_Datatype type, MPI_Op reduce, bool blocking, bool arrive_first);
+
+}  // namespace detail
 }  // namespace ddp

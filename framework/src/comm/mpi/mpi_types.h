@@ -22,19 +22,14 @@ MPI_Datatype mpi_type(torch::ScalarType type);
 // Sum and Avg (the caller divides) of any host dtype; Min and Max of all but the 16-bit floats.
 MPI_Op mpi_op(ReduceOp op, torch::ScalarType type);
 
-// Calls fn(data, count) on consecutive pieces of `t`: at most `max_bytes` each (MpiOptions::
-// max_message_bytes; 0: no limit), and never more than INT_MAX elements.
+// Calls fn(data, count) on consecutive pieces of `t` of at most INT_MAX elements.
 template <typename Fn>
-void for_each_chunk(const torch::Tensor& t, std::size_t max_bytes, Fn fn) {
+void for_each_chunk(const torch::Tensor& t, Fn fn) {
   const int64_t n = t.numel();
   const int64_t element_size = static_cast<int64_t>(t.element_size());
-  const int64_t per_call =
-      max_bytes == 0
-          ? INT_MAX
-          : std::clamp<int64_t>(static_cast<int64_t>(max_bytes) / element_size, 1, INT_MAX);
   char* base = static_cast<char*>(t.data_ptr());
-  for (int64_t offset = 0; offset < n; offset += per_call) {
-    const int count = static_cast<int>(std::min<int64_t>(per_call, n - offset));
+  for (int64_t offset = 0; offset < n; offset += INT_MAX) {
+    const int count = static_cast<int>(std::min<int64_t>(INT_MAX, n - offset));
     fn(base + offset * element_size, count);
   }
 }

@@ -82,11 +82,7 @@ void MpiWatchdog::timed_out(const WorkerState& state, bool after_stop) {
                               "collective: its program is elsewhere)");
       continue;
     }
-    bool here = false;
-    for (const CallReport& call : reports[r].calls) {
-      if (call.member == member_ && call.fingerprint == mine) here = true;
-    }
-    if (here) {
+    if (reports[r].in(member_, mine)) {
       waiting.push_back(std::to_string(r));
     } else if (reports[r].calls.empty()) {
       never_arrived.push_back(who + " (alive, in no collective: its program is elsewhere)");

@@ -48,8 +48,7 @@ namespace detail {
 struct WorkerState {
   int64_t seq = 0;  // the last collective the worker entered (0: none yet)
   bool in_collective = false;
-  CollectiveKind kind = CollectiveKind::Barrier;  // of `seq`
-  std::shared_ptr<const Collective> call;         // the collective it is in, if any
+  std::shared_ptr<const Collective> call;  // the collective it is in, if any
   std::chrono::steady_clock::time_point entered{};
 };
 

@@ -49,10 +49,6 @@ class MpiWork final : public Work {
     if (target_.defined() && !target_.is_same(host_)) target_.copy_(host_);
     target_ = host_ = torch::Tensor();
   }
-  std::exception_ptr error() const override {
-    std::lock_guard<std::mutex> lock(task_->mutex);
-    return task_->error;
-  }
   std::optional<Span> host_span() const override {
     std::lock_guard<std::mutex> lock(task_->mutex);
     if (!task_->done) return std::nullopt;
@@ -196,11 +192,7 @@ bool stalled(const std::vector<RankReport>& reports, int self, int member,
   for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
     if (r == self) continue;
     if (!reports[r].answered) return false;
-    bool here = false;
-    for (const CallReport& call : reports[r].calls) {
-      here = here || (call.member == member && call.fingerprint == mine);
-    }
-    if (here) continue;
+    if (reports[r].in(member, mine)) continue;
     if (reports[r].calls.empty()) return false;  // in none: its program may yet call it
     missing = true;
   }
@@ -295,11 +287,7 @@ std::string MpiWorker::failure_message(const Collective& call, const std::string
       differ = true;
       continue;
     }
-    bool here = false;
-    for (const CallReport& c : reports[r].calls) {
-      here = here || (c.member == inquiry_member_ && c.fingerprint == mine);
-    }
-    differ = differ || !here;
+    differ = differ || !reports[r].in(inquiry_member_, mine);
     others += reports[r].calls.empty() ? " is in no collective"
                                        : " is in " + describe_calls(*inquiry_, reports[r]);
   }
@@ -329,7 +317,6 @@ void MpiWorker::loop() {
       std::lock_guard<std::mutex> lock(state_mutex_);
       state_.seq = task->call.seq;
       state_.in_collective = true;
-      state_.kind = task->call.kind;
       state_.call = std::shared_ptr<const Collective>(task, &task->call);  // for the watchdog
       state_.entered = Clock::now();
     }

@@ -138,12 +138,9 @@ class MpiWorker {
 torch::Tensor on_host(const torch::Tensor& tensor);
 
 // The host backends' all_reduce_after_fill (communicator.h): for a host tensor, returns `fill`
-// for the worker's call to run first (run_filled); for one elsewhere, runs it now, before the
-// host copy, and returns an empty function.
+// for the worker's call to run first; for one elsewhere, runs it now, before the host copy, and
+// returns an empty function.
 std::function<void()> fill_on_worker(const torch::Tensor& tensor, std::function<void()> fill);
-inline void run_filled(const std::function<void()>& fill) {
-  if (fill) fill();
-}
 
 }  // namespace detail
 }  // namespace ddp

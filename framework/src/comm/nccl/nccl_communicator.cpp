@@ -79,8 +79,6 @@ class NcclWork final : public Work {
   NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, c10::DeviceIndex device)
       : done_(std::move(done)), device_(device) {}
   void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(device_)); }
-  // Asynchronous NCCL errors are fatal (the watchdog ends the job); a failing call throws.
-  std::exception_ptr error() const override { return nullptr; }
 
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;

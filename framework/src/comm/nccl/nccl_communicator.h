@@ -78,7 +78,6 @@ class NcclCommunicator final : public Communicator {
   void barrier() override;
 
   torch::Device device() const { return device_; }
-  std::chrono::seconds timeout() const { return options_.timeout; }
   // The stream the collectives run on.
   c10::cuda::CUDAStream stream() const;
 

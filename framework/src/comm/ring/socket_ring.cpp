@@ -97,18 +97,7 @@ void reduce_scatter_phase(RingConnections& ring, RingBuffers& buffers, const Seg
     torch::Tensor in = segment(rank + owned - 2 - s);
     const torch::Tensor got = scratch.slice(0, 0, in.numel());
     exchange_segments(ring, buffers, out, got);
-    switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Avg:
-        in.add_(got);
-        break;
-      case ReduceOp::Min:
-        torch::minimum_out(in, in, got);
-        break;
-      case ReduceOp::Max:
-        torch::maximum_out(in, in, got);
-        break;
-    }
+    detail::reduce_into(in, got, op);
   }
 }
 
@@ -191,7 +180,7 @@ std::unique_ptr<Work> SocketRing::all_reduce_after_fill(const torch::Tensor& ten
   const torch::Tensor host = detail::on_host(tensor);
   const int size = this->size();
   return submit(std::move(call), tensor, host, [fill, host, op, size](State& s) {
-    detail::run_filled(fill);
+    if (fill) fill();
     s.call("all_reduce",
            [&](RingConnections& ring) { ring_all_reduce(ring, s.buffers, host, op); });
     detail::finish_avg(host, op, size);
