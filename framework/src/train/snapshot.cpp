@@ -193,19 +193,6 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
   return paths;
 }
 
-static SnapshotParts one_model(const torch::nn::Module& model,
-                               const torch::optim::Optimizer& optimizer) {
-  // Saving only reads them.
-  return SnapshotParts{{{"", const_cast<torch::nn::Module*>(&model)}},
-                       {{"", const_cast<torch::optim::Optimizer*>(&optimizer)}}};
-}
-
-void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
-                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
-                   const RankState& rank_state, const TrainingExtras& extras) {
-  save_snapshot(path, comm, one_model(model, optimizer), progress, rank_state, extras);
-}
-
 void save_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
                    const TrainingProgress& progress, const RankState& rank_state,
                    const TrainingExtras& extras) {
@@ -292,13 +279,6 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
   // The bytes go through write(2) ourselves, so a full disk is reported as such.
   WatchedPhase phase("writing the snapshot " + path);  // a file system can stall
   write_atomically(path, file);
-}
-
-TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
-                               torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                               torch::optim::LRScheduler* scheduler, RankState* rank_state,
-                               const TrainingExtras& extras) {
-  return load_snapshot(path, comm, one_model(model, optimizer), scheduler, rank_state, extras);
 }
 
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
