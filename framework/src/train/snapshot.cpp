@@ -40,10 +40,6 @@ namespace {
 // The format's constants and checks: train/snapshot_format.h.
 constexpr const char (&kMagic)[8] = kSnapshotMagic;
 
-void put_u64(std::string& out, uint64_t value) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
 std::string first_difference(const std::string& expected, const std::string& found) {
   std::istringstream a(expected), b(found);
   std::string line_a, line_b;
@@ -273,8 +269,8 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
   archive.save_to(payload_stream);
   const std::string payload = payload_stream.str();
   std::string file(kMagic, sizeof kMagic);
-  put_u64(file, payload.size());
-  put_u64(file, hash64(payload.data(), payload.size()));
+  put_le(file, payload.size(), 8);
+  put_le(file, hash64(payload.data(), payload.size()), 8);
   file += payload;
   // The bytes go through write(2) ourselves, so a full disk is reported as such.
   WatchedPhase phase("writing the snapshot " + path);  // a file system can stall
