@@ -29,8 +29,7 @@ ImageDataset read_cifar10_file(const std::string& path) {
     if (errno == ENOENT) throw_file_error(path, "no such file");
     throw_file_error(path, "cannot read", errno);
   }
-  if (S_ISDIR(info.st_mode)) throw_file_error(path, "not a regular file: it is a directory");
-  if (!S_ISREG(info.st_mode)) throw_file_error(path, "not a regular file");
+  if (const char* why = detail::not_regular(info.st_mode)) throw_file_error(path, why);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_file_error(path, "cannot open", errno);
   const uint64_t size = static_cast<uint64_t>(info.st_size);

@@ -7,6 +7,7 @@
 #include "train/snapshot_cuda.h"
 #include "train/snapshot_format.h"
 #include "train/snapshot_state.h"
+#include "util/file_error.h"
 #include "util/hash.h"
 
 #include <ATen/Context.h>
@@ -100,10 +101,7 @@ std::string broadcast_file(const std::string& path, Communicator& comm) {
     try {
       struct stat info {};
       if (::stat(path.c_str(), &info) != 0) throw std::runtime_error(std::strerror(errno));
-      if (!S_ISREG(info.st_mode)) {
-        throw std::runtime_error(S_ISDIR(info.st_mode) ? "not a regular file: it is a directory"
-                                                       : "not a regular file");
-      }
+      if (const char* why = detail::not_regular(info.st_mode)) throw std::runtime_error(why);
       std::ifstream in(path, std::ios::binary);
       if (!in) throw std::runtime_error(std::strerror(errno));
       char head[kSnapshotHeaderBytes];
