@@ -54,11 +54,6 @@ std::string first_difference(const std::string& expected, const std::string& fou
   }
 }
 
-// LibTorch's default CPU generator: what dropout and torch::rand on the CPU draw from.
-torch::Tensor default_generator_state() {
-  return at::globalContext().defaultGenerator(torch::kCPU).get_state();
-}
-
 // The CUDA device the model computes on (its first parameter's or buffer's), if any.
 std::optional<torch::Device> cuda_device_of(const torch::nn::Module& model) {
   std::vector<torch::Tensor> tensors = model.parameters();
@@ -204,7 +199,8 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
                                 const SnapshotParts& parts, const TrainingProgress& progress,
                                 const RankState& rank_state, const TrainingExtras& extras,
                                 const torch::Tensor& cuda_generator_state) {
-  const torch::Tensor generators = comm.all_gather(default_generator_state());
+  const torch::Tensor generators =
+      comm.all_gather(at::globalContext().defaultGenerator(torch::kCPU).get_state());
   const torch::Tensor cuda_generators = gather_cuda_generator_states(comm, cuda_generator_state);
   // Every rank hands in the same kinds (the same code runs everywhere), so every rank takes part
   // in the same gathers.
