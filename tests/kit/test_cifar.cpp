@@ -1,6 +1,7 @@
 #include <ddp/train/augment.h>
 #include <ddp/train/cifar.h>
 
+#include "cifar_writer.h"
 #include "test_support.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -82,7 +83,7 @@ TEST(CifarWriter, RoundTripsPixelsAndLabelsInTheBinaryLayout) {
   const std::string dir = ddp_test::make_temp_dir("cifar_round_trip");
   const torch::Tensor images = random_images(4, 1);
   const torch::Tensor labels = torch::tensor({3, 9, 0, 3}, torch::kLong);
-  ddp::write_cifar10_file(dir + "/batch.bin", images, labels);
+  ddp_test::write_cifar10_file(dir + "/batch.bin", images, labels);
 
   const Bytes bytes = read_file(dir + "/batch.bin");
   ASSERT_EQ(bytes.size(), static_cast<size_t>(4 * kRecord));
@@ -102,26 +103,28 @@ TEST(CifarWriter, RejectsBadTensorsNamingTheFile) {
   const torch::Tensor images = random_images(2, 2);
   const torch::Tensor labels = torch::tensor({1, 2}, torch::kLong);
   using Invalid = std::invalid_argument;
-  expect_error<Invalid>([&] { ddp::write_cifar10_file(path, images.to(torch::kFloat), labels); },
-                        {path, "uint8 [N,3,32,32]", "Float"});
-  expect_error<Invalid>([&] { ddp::write_cifar10_file(path, images.narrow(2, 0, 28), labels); },
-                        {path, "[2,3,28,32]"});
-  expect_error<Invalid>([&] { ddp::write_cifar10_file(path, images, labels.narrow(0, 0, 1)); },
+  expect_error<Invalid>(
+      [&] { ddp_test::write_cifar10_file(path, images.to(torch::kFloat), labels); },
+      {path, "uint8 [N,3,32,32]", "Float"});
+  expect_error<Invalid>(
+      [&] { ddp_test::write_cifar10_file(path, images.narrow(2, 0, 28), labels); },
+      {path, "[2,3,28,32]"});
+  expect_error<Invalid>([&] { ddp_test::write_cifar10_file(path, images, labels.narrow(0, 0, 1)); },
                         {path, "int64 [2]", "[1]"});
-  expect_error<Invalid>([&] { ddp::write_cifar10_file(path, images, labels.to(torch::kInt)); },
+  expect_error<Invalid>([&] { ddp_test::write_cifar10_file(path, images, labels.to(torch::kInt)); },
                         {path, "int64 [2]"});
   expect_error<Invalid>(
       [&] {
-        ddp::write_cifar10_file(path, images, torch::tensor({1, 10}, torch::kLong));
+        ddp_test::write_cifar10_file(path, images, torch::tensor({1, 10}, torch::kLong));
       },
       {path, "0..9", "10"});
   expect_error<Invalid>(
       [&] {
-        ddp::write_cifar10_file(path, images, torch::tensor({-1, 1}, torch::kLong));
+        ddp_test::write_cifar10_file(path, images, torch::tensor({-1, 1}, torch::kLong));
       },
       {path, "0..9", "-1"});
   expect_error<Invalid>(
-      [&] { ddp::write_cifar10_file(path, images.narrow(0, 0, 0), labels.narrow(0, 0, 0)); },
+      [&] { ddp_test::write_cifar10_file(path, images.narrow(0, 0, 0), labels.narrow(0, 0, 0)); },
       {path, "no images"});
   EXPECT_FALSE(std::ifstream(path).good());
 }
@@ -157,11 +160,12 @@ TEST(CifarLoader, ConcatenatesTheFiveTrainFilesInOrder) {
     // File f holds f images, all labelled f (test_batch: 0), so the order shows in the labels.
     images.push_back(random_images(file, file));
     labels.push_back(torch::full({file}, file, torch::kLong));
-    ddp::write_cifar10_file(dir + "/data_batch_" + std::to_string(file) + ".bin", images.back(),
-                            labels.back());
+    ddp_test::write_cifar10_file(dir + "/data_batch_" + std::to_string(file) + ".bin",
+                                 images.back(), labels.back());
   }
   const torch::Tensor test_images = random_images(2, 7);
-  ddp::write_cifar10_file(dir + "/test_batch.bin", test_images, torch::zeros({2}, torch::kLong));
+  ddp_test::write_cifar10_file(dir + "/test_batch.bin", test_images,
+                               torch::zeros({2}, torch::kLong));
 
   const ddp::ImageDataset train = ddp::load_cifar10(dir, ddp::CifarSplit::Train);
   EXPECT_EQ(train.size(), 15);

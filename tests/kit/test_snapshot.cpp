@@ -64,7 +64,7 @@ void expect_load_fails(const std::string& path, const std::string& why) {
   auto sgd = make_sgd(net);
   const torch::Tensor before = flat(net).clone();
   try {
-    ddp::load_snapshot(path, comm(), net, sgd, nullptr);
+    ddp::load_snapshot(path, comm(), ddp_test::one_model(net, sgd), nullptr);
     ADD_FAILURE() << "loading " << path << " did not fail";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
@@ -89,7 +89,8 @@ TEST(Snapshot, ResumedTrainingIsBitIdenticalToUninterrupted) {
       // must give every rank back its own.
       torch::rand({rt().rank() + 1});
       ddp::TrainingProgress progress{2, 4, 42, rt().world_size()};
-      ddp::save_snapshot(ddp::snapshot_path(dir, 2), comm(), a, sgd_a, progress);
+      ddp::save_snapshot(ddp::snapshot_path(dir, 2), comm(), ddp_test::one_model(a, sgd_a),
+                         progress);
     }
   }
 
@@ -100,8 +101,8 @@ TEST(Snapshot, ResumedTrainingIsBitIdenticalToUninterrupted) {
   Net b;
   auto sgd_b = make_sgd(b);
   ddp::StepLR sched_b(sgd_b, 1, 0.5);
-  const ddp::TrainingProgress p =
-      ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(), b, sgd_b, &sched_b);
+  const ddp::TrainingProgress p = ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(),
+                                                     ddp_test::one_model(b, sgd_b), &sched_b);
   EXPECT_EQ(p.epoch, 2);
   EXPECT_EQ(p.global_step, 4);
   EXPECT_EQ(p.seed, 42);
@@ -124,7 +125,7 @@ TEST(Snapshot, DamagedOrForeignSnapshotsAreRefusedNamingTheFile) {
   auto sgd = make_sgd(net);
   step(net, sgd);
   const std::string good = ddp::snapshot_path(dir, 1);
-  ddp::save_snapshot(good, comm(), net, sgd, {1, 1, 1, rt().world_size()});
+  ddp::save_snapshot(good, comm(), ddp_test::one_model(net, sgd), {1, 1, 1, rt().world_size()});
 
   std::string bytes;
   if (rt().is_main()) {
@@ -147,7 +148,7 @@ TEST(Snapshot, DamagedOrForeignSnapshotsAreRefusedNamingTheFile) {
     Net wider(9);
     auto sgd_wider = make_sgd(wider);
     try {
-      ddp::load_snapshot(good, comm(), wider, sgd_wider, nullptr);
+      ddp::load_snapshot(good, comm(), ddp_test::one_model(wider, sgd_wider), nullptr);
       ADD_FAILURE() << "a snapshot of another model loaded";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find("different model"), std::string::npos) << e.what();
@@ -159,7 +160,7 @@ TEST(Snapshot, DamagedOrForeignSnapshotsAreRefusedNamingTheFile) {
     Net same;
     ddp::Adadelta adadelta(same.parameters());
     try {
-      ddp::load_snapshot(good, comm(), same, adadelta, nullptr);
+      ddp::load_snapshot(good, comm(), ddp_test::one_model(same, adadelta), nullptr);
       ADD_FAILURE() << "a snapshot of another optimizer loaded";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find("torch::optim::SGD"), std::string::npos) << e.what();
@@ -217,7 +218,7 @@ TEST(Snapshot, InsideAnEpochEachRankGetsItsOwnStateBack) {
   mine.generator = augment.get_state();
   mine.values = torch::tensor({0.25 + rt().rank(), 7.0 * rt().rank(), 1e-300}, torch::kDouble);
   const ddp::TrainingProgress written{1, 9, 42, rt().world_size(), 3};
-  ddp::save_snapshot(path, comm(), net, sgd, written, mine);
+  ddp::save_snapshot(path, comm(), ddp_test::one_model(net, sgd), written, mine);
   const torch::Tensor next_draws = torch::rand({4}, augment);
 
   torch::manual_seed(6);
@@ -225,7 +226,7 @@ TEST(Snapshot, InsideAnEpochEachRankGetsItsOwnStateBack) {
   auto sgd_other = make_sgd(other);
   ddp::RankState loaded;
   const ddp::TrainingProgress p =
-      ddp::load_snapshot(path, comm(), other, sgd_other, nullptr, &loaded);
+      ddp::load_snapshot(path, comm(), ddp_test::one_model(other, sgd_other), nullptr, &loaded);
   EXPECT_EQ(p.epoch, 1);
   EXPECT_EQ(p.batches_done, 3);
   EXPECT_EQ(p.global_step, 9);
@@ -238,10 +239,12 @@ TEST(Snapshot, InsideAnEpochEachRankGetsItsOwnStateBack) {
   EXPECT_TRUE(torch::equal(flat(other), flat(net)));
 
   // An epoch-end snapshot has no RankState: the caller's is left empty.
-  ddp::save_snapshot(ddp::snapshot_path(dir, 1), comm(), net, sgd, {1, 9, 42, rt().world_size()});
+  ddp::save_snapshot(ddp::snapshot_path(dir, 1), comm(), ddp_test::one_model(net, sgd),
+                     {1, 9, 42, rt().world_size()});
   ddp::RankState none;
   none.values = torch::ones({1});
-  EXPECT_EQ(ddp::load_snapshot(ddp::snapshot_path(dir, 1), comm(), other, sgd_other, nullptr, &none)
+  EXPECT_EQ(ddp::load_snapshot(ddp::snapshot_path(dir, 1), comm(),
+                               ddp_test::one_model(other, sgd_other), nullptr, &none)
                 .batches_done,
             0);
   EXPECT_FALSE(none.values.defined());
@@ -255,13 +258,16 @@ TEST(Snapshot, InsideAnEpochOnlyTheSameWorldSizeResumes) {
   auto sgd = make_sgd(net);
   const std::string inside = ddp::snapshot_path(dir, 2, 3);
   // As if written by one rank more than this run has.
-  ddp::save_snapshot(inside, comm(), net, sgd, {1, 9, 42, rt().world_size() + 1, 3});
+  ddp::save_snapshot(inside, comm(), ddp_test::one_model(net, sgd),
+                     {1, 9, 42, rt().world_size() + 1, 3});
   expect_load_fails(inside, "taken inside epoch 2 (after 3 batches) by " +
                                 std::to_string(rt().world_size() + 1) + " rank(s)");
   // At an epoch end another world size only changes the data order (the Trainer warns).
   const std::string end = ddp::snapshot_path(dir, 1);
-  ddp::save_snapshot(end, comm(), net, sgd, {1, 9, 42, rt().world_size() + 1, 0});
-  EXPECT_EQ(ddp::load_snapshot(end, comm(), net, sgd, nullptr).world_size, rt().world_size() + 1);
+  ddp::save_snapshot(end, comm(), ddp_test::one_model(net, sgd),
+                     {1, 9, 42, rt().world_size() + 1, 0});
+  EXPECT_EQ(ddp::load_snapshot(end, comm(), ddp_test::one_model(net, sgd), nullptr).world_size,
+            rt().world_size() + 1);
 }
 
 TEST(Snapshot, InsideAnEpochAnotherWorldSizeResumesWhenTheSamplesAreRecorded) {
@@ -277,14 +283,14 @@ TEST(Snapshot, InsideAnEpochAnotherWorldSizeResumesWhenTheSamplesAreRecorded) {
   written.samples_done = 3 * 16 * (rt().world_size() + 1);
   ddp::RankState mine;
   mine.values = torch::tensor({1.0, 2.0}, torch::kDouble);
-  ddp::save_snapshot(inside, comm(), net, sgd, written, mine);
+  ddp::save_snapshot(inside, comm(), ddp_test::one_model(net, sgd), written, mine);
 
   torch::manual_seed(6);
   Net other;
   auto sgd_other = make_sgd(other);
   ddp::RankState loaded;
   const ddp::TrainingProgress p =
-      ddp::load_snapshot(inside, comm(), other, sgd_other, nullptr, &loaded);
+      ddp::load_snapshot(inside, comm(), ddp_test::one_model(other, sgd_other), nullptr, &loaded);
   EXPECT_EQ(p.world_size, rt().world_size() + 1);
   EXPECT_EQ(p.batches_done, 3);
   EXPECT_EQ(p.batch_size, 16);
@@ -297,9 +303,9 @@ TEST(Snapshot, InsideAnEpochAnotherWorldSizeResumesWhenTheSamplesAreRecorded) {
   ddp::TrainingProgress end{2, 12, 42, rt().world_size()};
   end.batch_size = 8;
   end.samples_done = 0;
-  ddp::save_snapshot(ddp::snapshot_path(dir, 2), comm(), net, sgd, end);
-  const ddp::TrainingProgress q =
-      ddp::load_snapshot(ddp::snapshot_path(dir, 2), comm(), other, sgd_other, nullptr);
+  ddp::save_snapshot(ddp::snapshot_path(dir, 2), comm(), ddp_test::one_model(net, sgd), end);
+  const ddp::TrainingProgress q = ddp::load_snapshot(
+      ddp::snapshot_path(dir, 2), comm(), ddp_test::one_model(other, sgd_other), nullptr);
   EXPECT_EQ(q.batch_size, 8);
   EXPECT_EQ(q.samples_done, 0);
 }

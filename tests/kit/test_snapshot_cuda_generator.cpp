@@ -77,14 +77,14 @@ TEST(SnapshotCudaGenerator, CpuRunsWriteNoEntryAndTheirFilesLoad) {
   torch::manual_seed(5);
   Fixture saved;
   torch::manual_seed(100 + rt().rank());
-  ddp::save_snapshot(path, comm(), *saved.net, saved.sgd, saved.progress());
+  ddp::save_snapshot(path, comm(), ddp_test::one_model(*saved.net, saved.sgd), saved.progress());
   const torch::Tensor draws = torch::rand({4});
   EXPECT_FALSE(load_with(path).in_file);
 
   torch::manual_seed(6);
   Fixture resumed;
   const ddp::TrainingProgress p =
-      ddp::load_snapshot(path, comm(), *resumed.net, resumed.sgd, nullptr);
+      ddp::load_snapshot(path, comm(), ddp_test::one_model(*resumed.net, resumed.sgd), nullptr);
   EXPECT_EQ(p.global_step, 7);
   EXPECT_EQ(p.batches_done, 3);
   EXPECT_TRUE(torch::equal(resumed.net->weight, saved.net->weight));
@@ -106,7 +106,7 @@ TEST(SnapshotCudaGenerator, GpuSnapshotLoadsOnTheCpuWithAWarning) {
   torch::manual_seed(6);
   Fixture resumed;
   testing::internal::CaptureStderr();
-  ddp::load_snapshot(path, comm(), *resumed.net, resumed.sgd, nullptr);
+  ddp::load_snapshot(path, comm(), ddp_test::one_model(*resumed.net, resumed.sgd), nullptr);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_TRUE(torch::equal(resumed.net->weight, saved.net->weight));
   EXPECT_TRUE(torch::equal(torch::rand({4}), draws)) << "the CPU generator was not restored";

@@ -150,7 +150,8 @@ TEST(StepBoundary, TwoModelsAndTwoOptimizersStoppedInsideAnEpochResumeBitIdentic
   torch::optim::SGD sgd(one->parameters(), torch::optim::SGDOptions(0.1));
   const torch::Tensor before = one->weight.detach().clone();
   try {
-    ddp::load_snapshot(ddp::snapshot_path(dir, 2), pg().cpu(), *one, sgd, nullptr);
+    ddp::load_snapshot(ddp::snapshot_path(dir, 2), pg().cpu(), ddp_test::one_model(*one, sgd),
+                       nullptr);
     FAIL() << "a one-model run loaded a two-model snapshot";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(

@@ -3,6 +3,7 @@
 
 #include <ddp/train/image_dataset.h>
 #include <ddp/train/mnist.h>
+#include <ddp/train/snapshot.h>
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>
 
@@ -105,7 +106,8 @@ using Bytes = std::vector<uint8_t>;
 
 // Writes `bytes` to `path`, replacing the file.
 inline void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 inline void write_file(const std::string& path, const Bytes& bytes) {
   write_file(path, std::string(bytes.begin(), bytes.end()));
@@ -143,6 +145,11 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
           << "message: " << e.what() << "\nmissing: " << part;
   }
+}
+
+// A single model's snapshot parts: `model` and `optimizer`, each under the name "".
+inline ddp::SnapshotParts one_model(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  return {{{"", &model}}, {{"", &optimizer}}};
 }
 
 }  // namespace ddp_test

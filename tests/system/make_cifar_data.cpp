@@ -6,6 +6,8 @@
 // learns well within one short epoch.
 #include <ddp/train/cifar.h>
 
+#include "cifar_writer.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -113,13 +115,13 @@ void write_dataset(const Options& options) {
   int64_t begin = 0;
   for (int64_t file = 0; file < 5; ++file) {
     const int64_t size = options.train / 5 + (file < options.train % 5 ? 1 : 0);
-    ddp::write_cifar10_file(options.dir + "/data_batch_" + std::to_string(file + 1) + ".bin",
-                            train_images.narrow(0, begin, size),
-                            train_labels.narrow(0, begin, size));
+    ddp_test::write_cifar10_file(options.dir + "/data_batch_" + std::to_string(file + 1) + ".bin",
+                                 train_images.narrow(0, begin, size),
+                                 train_labels.narrow(0, begin, size));
     begin += size;
   }
   const auto [test_images, test_labels] = synthesize(options.test, generator);
-  ddp::write_cifar10_file(options.dir + "/test_batch.bin", test_images, test_labels);
+  ddp_test::write_cifar10_file(options.dir + "/test_batch.bin", test_images, test_labels);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -41,12 +42,33 @@ std::function<void(const std::string&)> require_folder_name(const std::string& f
   };
 }
 
+// `value` when it is one of `choices`, else std::invalid_argument "<flag> '<value>' is not one
+// of: <choices>".
+const std::string& one_of(const char* flag, const std::string& value,
+                          std::initializer_list<const char*> choices) {
+  std::string list;
+  for (const char* choice : choices) {
+    if (value == choice) return value;
+    list += (list.empty() ? "" : ", ") + std::string(choice);
+  }
+  throw std::invalid_argument(std::string(flag) + " '" + value + "' is not one of: " + list);
+}
+
+// parse(value), its std::invalid_argument prefixed with "<flag>: ".
+template <typename Parse>
+auto parse_flag(const char* flag, const std::string& value, Parse parse) {
+  try {
+    return parse(value);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(flag) + ": " + e.what());
+  }
+}
+
 // --hierarchical's value as the option; another name throws naming the flag.
-ddp::HierarchicalAllReduce hierarchical_choice(const std::string& name) {
+ddp::HierarchicalAllReduce hierarchical_choice(const std::string& value) {
+  const std::string& name = one_of("--hierarchical", value, {"auto", "on", "off"});
   if (name == "auto") return ddp::HierarchicalAllReduce::Auto;
-  if (name == "on") return ddp::HierarchicalAllReduce::On;
-  if (name == "off") return ddp::HierarchicalAllReduce::Off;
-  throw std::invalid_argument("--hierarchical '" + name + "' is not one of: auto, on, off");
+  return name == "on" ? ddp::HierarchicalAllReduce::On : ddp::HierarchicalAllReduce::Off;
 }
 
 }  // namespace
@@ -70,22 +92,10 @@ void check_training_flags(const TrainingFlags& f) {
   require_at_least("--scale-lr-with-batch", f.scale_lr_with_batch, 0);
   require_finite("--clip-grad-norm", f.clip_grad_norm, 0, /*least_allowed=*/true);
   require_float_range("--clip-grad-norm", f.clip_grad_norm);
-  try {
-    ddp::parse_on_nonfinite(f.on_nonfinite);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("--on-nonfinite: ") + e.what());
-  }
+  parse_flag("--on-nonfinite", f.on_nonfinite, ddp::parse_on_nonfinite);
   require_at_least("--max-skipped-steps", f.max_skipped_steps, 1);
-  try {
-    ddp::parse_amp_mode(f.amp);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("--amp: ") + e.what());
-  }
-  if (f.comm_hook != "allreduce" && f.comm_hook != "fp16" && f.comm_hook != "bf16" &&
-      f.comm_hook != "powersgd") {
-    throw std::invalid_argument("--comm-hook '" + f.comm_hook +
-                                "' is not one of: allreduce, fp16, bf16, powersgd");
-  }
+  parse_flag("--amp", f.amp, ddp::parse_amp_mode);
+  one_of("--comm-hook", f.comm_hook, {"allreduce", "fp16", "bf16", "powersgd"});
   if (f.overlap_step && (f.clip_grad_norm > 0 || f.amp == "fp16" || f.on_nonfinite == "skip")) {
     throw std::invalid_argument(
         "--overlap-step steps the optimizer inside backward, bucket by "
@@ -97,9 +107,7 @@ void check_training_flags(const TrainingFlags& f) {
   // PyTorch's rule: the buckets are regrouped after the first step, which would mix up the
   // per-bucket error feedback and warm start.
   require_at_least("--powersgd-start-iter", f.powersgd_start_iter, 2);
-  if (f.schedule != "cosine" && f.schedule != "step") {
-    throw std::invalid_argument("--schedule '" + f.schedule + "' is not one of: cosine, step");
-  }
+  one_of("--schedule", f.schedule, {"cosine", "step"});
   if (f.timeout) {
     require_finite("--timeout", *f.timeout, 0, /*least_allowed=*/false);
     if (*f.timeout > 1e7) {
@@ -309,11 +317,7 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   options.on_nonfinite = ddp::parse_on_nonfinite(flags.on_nonfinite);
   options.max_skipped_steps = flags.max_skipped_steps;
   options.report.log_interval = flags.log_interval;
-  try {
-    options.report.progress = ddp::parse_progress_mode(flags.progress);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("--progress: ") + e.what());
-  }
+  options.report.progress = parse_flag("--progress", flags.progress, ddp::parse_progress_mode);
   options.report.metrics_file = flags.metrics_file;
   options.report.tensorboard_dir = flags.tensorboard;
   options.report.hparams = hparams(flags);

@@ -79,12 +79,9 @@ Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, Checkpointe
                                      describe_optimizer(*optimizer));
   }
   const CheckpointerOptions& o = options_;
-  if (o.keep < 0) throw option_error("keep", "must be >= 0 (got " + std::to_string(o.keep) + ")");
-  if (o.batch_size < 0) {
-    throw option_error("batch_size", "must be >= 0 (got " + std::to_string(o.batch_size) + ")");
-  }
-  if (o.every_steps < 0) {
-    throw option_error("every_steps", "must be >= 0 (got " + std::to_string(o.every_steps) + ")");
+  for (const auto& [field, value] :
+       {std::pair{"keep", o.keep}, {"batch_size", o.batch_size}, {"every_steps", o.every_steps}}) {
+    if (value < 0) throw option_error(field, "must be >= 0 (got " + std::to_string(value) + ")");
   }
   if (o.every_steps > 0 && o.dir.empty()) {
     throw option_error("every_steps", "is " + std::to_string(o.every_steps) +

@@ -2,8 +2,6 @@
 
 #include <ddp/runtime.h>
 
-#include <ddp/checkpoint_file.h>
-
 #include "train/cifar_format.h"
 
 #include "util/file_error.h"
@@ -24,22 +22,6 @@ namespace ddp {
 
 using detail::throw_file_error;
 
-namespace {
-
-constexpr int64_t kChannels = kCifarChannels;
-constexpr int64_t kSide = kCifarSide;
-constexpr int64_t kPixels = kCifarPixels;
-constexpr int64_t kRecord = kCifarRecord;
-constexpr int64_t kClasses = kCifarClasses;
-
-std::string shape_of(const torch::Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? "," : "") + std::to_string(t.size(d));
-  return s + "]";
-}
-
-}  // namespace
-
 ImageDataset read_cifar10_file(const std::string& path) {
   // stat, then open: "no such file" only when there is none, else the reason it cannot be read.
   struct stat info {};
@@ -47,14 +29,13 @@ ImageDataset read_cifar10_file(const std::string& path) {
     if (errno == ENOENT) throw_file_error(path, "no such file");
     throw_file_error(path, "cannot read", errno);
   }
-  if (S_ISDIR(info.st_mode)) throw_file_error(path, "not a regular file: it is a directory");
-  if (!S_ISREG(info.st_mode)) throw_file_error(path, "not a regular file");
+  if (const char* why = detail::not_regular(info.st_mode)) throw_file_error(path, why);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_file_error(path, "cannot open", errno);
   const uint64_t size = static_cast<uint64_t>(info.st_size);
   const int64_t count = cifar_record_count(size, path);  // before anything is allocated
   // Read straight into a tensor so the slices below copy out of memory the tensor owns.
-  torch::Tensor records = torch::empty({count, kRecord}, torch::kByte);
+  torch::Tensor records = torch::empty({count, kCifarRecord}, torch::kByte);
   in.read(static_cast<char*>(records.data_ptr()), static_cast<std::streamsize>(size));
   if (in.gcount() != static_cast<std::streamsize>(size)) {
     throw_file_error(
@@ -63,7 +44,8 @@ ImageDataset read_cifar10_file(const std::string& path) {
   }
   check_cifar_labels(records.data_ptr<uint8_t>(), count, path);
   // contiguous(), not reshape(): reshape would give a strided view that skips the label bytes.
-  torch::Tensor images = records.slice(1, 1).contiguous().view({count, kChannels, kSide, kSide});
+  torch::Tensor images =
+      records.slice(1, 1).contiguous().view({count, kCifarChannels, kCifarSide, kCifarSide});
   torch::Tensor labels = records.select(1, 0).to(torch::kLong);
   return ImageDataset{images, labels, {0.4914, 0.4822, 0.4465}, {0.2470, 0.2435, 0.2616}};
 }
@@ -93,34 +75,6 @@ ImageDataset load_cifar10(const std::string& dir, CifarSplit split) {
   if (parts.size() == 1) return parts.front();
   return ImageDataset{torch::cat(images), torch::cat(labels), parts.front().mean,
                       parts.front().stddev};
-}
-
-void write_cifar10_file(const std::string& path, const torch::Tensor& images,
-                        const torch::Tensor& labels) {
-  const std::string where = "write_cifar10_file(" + path + "): ";
-  if (images.scalar_type() != torch::kByte || images.dim() != 4 || images.size(1) != kChannels ||
-      images.size(2) != kSide || images.size(3) != kSide) {
-    throw std::invalid_argument(where + "images must be uint8 [N,3,32,32], got " +
-                                std::string(c10::toString(images.scalar_type())) + " " +
-                                shape_of(images));
-  }
-  const int64_t count = images.size(0);
-  if (labels.scalar_type() != torch::kLong || labels.dim() != 1 || labels.size(0) != count) {
-    throw std::invalid_argument(
-        where + "labels must be int64 [" + std::to_string(count) + "] to match the images, got " +
-        std::string(c10::toString(labels.scalar_type())) + " " + shape_of(labels));
-  }
-  if (count == 0) throw std::invalid_argument(where + "no images (the reader refuses empty files)");
-  const torch::Tensor cpu_labels = labels.cpu();
-  const int64_t low = cpu_labels.min().item<int64_t>();
-  const int64_t high = cpu_labels.max().item<int64_t>();
-  if (low < 0 || high >= kClasses) {
-    throw std::invalid_argument(where + "labels must lie in 0..9, got " +
-                                std::to_string(low < 0 ? low : high));
-  }
-  const torch::Tensor records = torch::cat(
-      {cpu_labels.to(torch::kByte).view({count, 1}), images.cpu().reshape({count, kPixels})}, 1);
-  write_atomically(path, records.data_ptr(), static_cast<std::size_t>(records.numel()));
 }
 
 }  // namespace ddp

@@ -7,18 +7,6 @@
 
 namespace ddp {
 
-std::string lr_decay_name(LRDecay decay) {
-  switch (decay) {
-    case LRDecay::Constant:
-      return "constant";
-    case LRDecay::Cosine:
-      return "cosine";
-    case LRDecay::Step:
-      return "step";
-  }
-  return "?";
-}
-
 LRDecay parse_lr_decay(const std::string& text) {
   if (text == "constant") return LRDecay::Constant;
   if (text == "cosine") return LRDecay::Cosine;

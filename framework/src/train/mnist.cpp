@@ -78,10 +78,9 @@ torch::Tensor read_idx(const std::string& requested) {
     ::close(fd);
     throw_file_error(path, "cannot read", error);
   }
-  if (!S_ISREG(info.st_mode)) {
+  if (const char* why = detail::not_regular(info.st_mode)) {
     ::close(fd);
-    throw_file_error(path, S_ISDIR(info.st_mode) ? "not a regular file: it is a directory"
-                                                 : "not a regular file");
+    throw_file_error(path, why);
   }
   const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
   unsigned char gzip_magic[2] = {0, 0};

@@ -7,6 +7,7 @@
 #include "train/snapshot_cuda.h"
 #include "train/snapshot_format.h"
 #include "train/snapshot_state.h"
+#include "util/file_error.h"
 #include "util/hash.h"
 
 #include <ATen/Context.h>
@@ -40,10 +41,6 @@ namespace {
 // The format's constants and checks: train/snapshot_format.h.
 constexpr const char (&kMagic)[8] = kSnapshotMagic;
 
-void put_u64(std::string& out, uint64_t value) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
 std::string first_difference(const std::string& expected, const std::string& found) {
   std::istringstream a(expected), b(found);
   std::string line_a, line_b;
@@ -55,11 +52,6 @@ std::string first_difference(const std::string& expected, const std::string& fou
     if (!more_b) line_b = "(nothing)";
     if (line_a != line_b) return "the model has " + line_a + ", the snapshot " + line_b;
   }
-}
-
-// LibTorch's default CPU generator: what dropout and torch::rand on the CPU draw from.
-torch::Tensor default_generator_state() {
-  return at::globalContext().defaultGenerator(torch::kCPU).get_state();
 }
 
 // The CUDA device the model computes on (its first parameter's or buffer's), if any.
@@ -104,10 +96,7 @@ std::string broadcast_file(const std::string& path, Communicator& comm) {
     try {
       struct stat info {};
       if (::stat(path.c_str(), &info) != 0) throw std::runtime_error(std::strerror(errno));
-      if (!S_ISREG(info.st_mode)) {
-        throw std::runtime_error(S_ISDIR(info.st_mode) ? "not a regular file: it is a directory"
-                                                       : "not a regular file");
-      }
+      if (const char* why = detail::not_regular(info.st_mode)) throw std::runtime_error(why);
       std::ifstream in(path, std::ios::binary);
       if (!in) throw std::runtime_error(std::strerror(errno));
       char head[kSnapshotHeaderBytes];
@@ -193,19 +182,6 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
   return paths;
 }
 
-static SnapshotParts one_model(const torch::nn::Module& model,
-                               const torch::optim::Optimizer& optimizer) {
-  // Saving only reads them.
-  return SnapshotParts{{{"", const_cast<torch::nn::Module*>(&model)}},
-                       {{"", const_cast<torch::optim::Optimizer*>(&optimizer)}}};
-}
-
-void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
-                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
-                   const RankState& rank_state, const TrainingExtras& extras) {
-  save_snapshot(path, comm, one_model(model, optimizer), progress, rank_state, extras);
-}
-
 void save_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
                    const TrainingProgress& progress, const RankState& rank_state,
                    const TrainingExtras& extras) {
@@ -223,7 +199,8 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
                                 const SnapshotParts& parts, const TrainingProgress& progress,
                                 const RankState& rank_state, const TrainingExtras& extras,
                                 const torch::Tensor& cuda_generator_state) {
-  const torch::Tensor generators = comm.all_gather(default_generator_state());
+  const torch::Tensor generators =
+      comm.all_gather(at::globalContext().defaultGenerator(torch::kCPU).get_state());
   const torch::Tensor cuda_generators = gather_cuda_generator_states(comm, cuda_generator_state);
   // Every rank hands in the same kinds (the same code runs everywhere), so every rank takes part
   // in the same gathers.
@@ -284,19 +261,12 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
   archive.save_to(payload_stream);
   const std::string payload = payload_stream.str();
   std::string file(kMagic, sizeof kMagic);
-  put_u64(file, payload.size());
-  put_u64(file, hash64(payload.data(), payload.size()));
+  put_le(file, payload.size(), 8);
+  put_le(file, hash64(payload.data(), payload.size()), 8);
   file += payload;
   // The bytes go through write(2) ourselves, so a full disk is reported as such.
   WatchedPhase phase("writing the snapshot " + path);  // a file system can stall
   write_atomically(path, file);
-}
-
-TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
-                               torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                               torch::optim::LRScheduler* scheduler, RankState* rank_state,
-                               const TrainingExtras& extras) {
-  return load_snapshot(path, comm, one_model(model, optimizer), scheduler, rank_state, extras);
 }
 
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,

@@ -53,20 +53,6 @@ void check_names(const Named& named, const char* kind, const std::string& who, b
 
 }  // namespace
 
-}  // namespace ddp::detail
-
-namespace ddp {
-
-void check_snapshot_parts(const SnapshotParts& parts, const std::string& who) {
-  const bool one = detail::one_model(parts);
-  detail::check_names(parts.modules, "module", who, one);
-  detail::check_names(parts.optimizers, "optimizer", who, one);
-}
-
-}  // namespace ddp
-
-namespace ddp::detail {
-
 std::string describe_parts(const SnapshotParts& parts) {
   std::string text;
   for (const auto& [name, module] : parts.modules) {
@@ -184,3 +170,9 @@ Settings decode_settings(const std::string& text) {
 }
 
 }  // namespace ddp::detail
+
+void ddp::check_snapshot_parts(const SnapshotParts& parts, const std::string& who) {
+  const bool one = detail::one_model(parts);
+  detail::check_names(parts.modules, "module", who, one);
+  detail::check_names(parts.optimizers, "optimizer", who, one);
+}

@@ -1,5 +1,6 @@
 #include "train/tensorboard_writer.h"
 
+#include "util/hash.h"
 #include "util/host_name.h"
 
 #include <tensorboard_event.pb.h>  // protoc's, from tensorboard_event.proto (in the build tree)
@@ -24,10 +25,6 @@ namespace {
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-void put_le(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
 // A number when the whole text is one (strtod), else nothing.

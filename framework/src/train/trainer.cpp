@@ -65,16 +65,6 @@ TrainerOptions checked(TrainerOptions options, const ProcessGroup& group,
   return options;
 }
 
-// The indices (of `order`, the sampler's) of this rank's `batch_size` samples starting at
-// position `begin` of its shard: what a batch trained, for testing::hooks().trained_samples.
-std::vector<int64_t> samples_of_batch(const std::vector<int64_t>& order, int64_t begin,
-                                      int64_t batch_size) {
-  const int64_t n = static_cast<int64_t>(order.size());
-  begin = std::min(n, begin);
-  return std::vector<int64_t>(order.begin() + begin,
-                              order.begin() + std::min(n, begin + batch_size));
-}
-
 bool valid_metric_name(const std::string& name) {
   return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
@@ -310,8 +300,8 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
     const StepOutput out = step(epoch, b, batches, generator, meter);
     if (trained_samples) {
       trained_samples(epoch, step_of_batch, group_.rank(), group_.size(),
-                      samples_of_batch(order, epoch_.sampler_batch(b) * options_.batch_size,
-                                       options_.batch_size));
+                      detail::index_slice(order, epoch_.sampler_batch(b) * options_.batch_size,
+                                          options_.batch_size));
     }
     reporter_.batch_done(b, out.loss, out.samples,
                          batch_scalars(before, sync_before, meter.phases()));

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <sys/stat.h>
+
 namespace ddp::detail {
 
 [[noreturn]] inline void throw_file_error(const std::string& path, const std::string& what) {
@@ -15,6 +17,13 @@ namespace ddp::detail {
 [[noreturn]] inline void throw_file_error(const std::string& path, const std::string& what,
                                           int error) {
   throw std::runtime_error(path + ": " + what + ": " + std::strerror(error));
+}
+
+// Why a file of stat's `mode` is no data file ("not a regular file: it is a directory", "not a
+// regular file"), or null for a regular file.
+inline const char* not_regular(mode_t mode) {
+  if (S_ISREG(mode)) return nullptr;
+  return S_ISDIR(mode) ? "not a regular file: it is a directory" : "not a regular file";
 }
 
 }  // namespace ddp::detail

@@ -29,10 +29,4 @@ ImageDataset read_cifar10_file(const std::string& path);
 /// A missing file is an error naming it (and saying how to download the data set).
 ImageDataset load_cifar10(const std::string& dir, CifarSplit split);
 
-/// Writes images uint8 [N,3,32,32] and labels int64 [N] (values 0..9, N >= 1) in the binary
-/// format, atomically (write_atomically). For tests and for converting other data to this format.
-/// Throws std::invalid_argument naming the file for other shapes, dtypes or labels.
-void write_cifar10_file(const std::string& path, const torch::Tensor& images,
-                        const torch::Tensor& labels);
-
 }  // namespace ddp

@@ -36,6 +36,18 @@
 
 namespace ddp {
 
+namespace detail {
+/// Entries [begin, begin + count) of `indices`, cut at its end: batch b is
+/// index_slice(indices, b * batch_size, batch_size).
+inline std::vector<int64_t> index_slice(const std::vector<int64_t>& indices, int64_t begin,
+                                        int64_t count) {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  begin = std::min(n, begin);
+  return std::vector<int64_t>(indices.begin() + begin,
+                              indices.begin() + std::min(n, begin + count));
+}
+}  // namespace detail
+
 /// Where the Trainer's training batches come from, one pass (part of an epoch) at a time, on
 /// the training thread: start(), then next() once per batch. Task::train_source makes one.
 template <typename Batch>
@@ -87,11 +99,7 @@ class IndexSource final : public DataSource<Batch> {
 
  private:
   Batch gather(int64_t b) const {
-    const int64_t n = static_cast<int64_t>(indices_.size());
-    const auto first = indices_.begin() + std::min(n, b * batch_size_);
-    return gather_(
-        std::vector<int64_t>(first, indices_.begin() + std::min(n, (b + 1) * batch_size_)),
-        device_);
+    return gather_(detail::index_slice(indices_, b * batch_size_, batch_size_), device_);
   }
 
   Gather gather_;

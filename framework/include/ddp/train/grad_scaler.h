@@ -69,8 +69,6 @@ class GradScaler {
 
   double get_scale() const;        ///< the current scale (init_scale before the first scale())
   int64_t growth_tracker() const;  ///< successful steps since the last change of scale
-  bool is_enabled() const { return options_.enabled; }           ///< GradScalerOptions::enabled
-  const GradScalerOptions& options() const { return options_; }  ///< as constructed
 
   ///@{
   /// The scale and the growth tracker (PyTorch's state_dict); load() keeps this scaler's options

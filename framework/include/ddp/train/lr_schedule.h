@@ -32,7 +32,6 @@ enum class LRDecay { Constant, Cosine, Step };
 
 ///@{
 /// "constant", "cosine", "step"; parse_lr_decay throws std::invalid_argument naming the text.
-std::string lr_decay_name(LRDecay decay);
 LRDecay parse_lr_decay(const std::string& text);
 ///@}
 
@@ -86,7 +85,6 @@ class LRSchedule {
   std::vector<double> lrs_at(int64_t t) const;
   /// The base rates after scaling.
   const std::vector<double>& base_lrs() const { return base_lrs_; }
-  const LRScheduleOptions& options() const { return options_; }  ///< as constructed
 
   ///@{
   /// The position and the base rates (so that a schedule built after the optimizer's state was

@@ -183,8 +183,6 @@ class Reporter {
   /// 0.12 s after the signal; resume from it to continue" (or that nothing was saved).
   void stopped(const StopAgreement& stop, const TrainingPosition& at, const std::string& snapshot);
 
-  /// ReporterOptions::format, or the generic ReportFormat when that is null.
-  const ReportFormat& format() const { return *format_; }
   /// "2 rank(s)".
   std::string ranks() const;
 

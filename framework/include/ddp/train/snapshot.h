@@ -115,11 +115,6 @@ std::vector<std::string> list_snapshots(const std::string& dir);
 /// Collective over `comm` (gathers every rank's random generator states, CPU and, on a GPU,
 /// CUDA, and `rank_state`; every rank calls optimizer.save(), collective for
 /// ZeroRedundancyOptimizer); rank 0 writes `path`.
-void save_snapshot(const std::string& path, Communicator& comm, const torch::nn::Module& model,
-                   const torch::optim::Optimizer& optimizer, const TrainingProgress& progress,
-                   const RankState& rank_state = {}, const TrainingExtras& extras = {});
-
-/// The same for the named `parts` (SnapshotParts).
 void save_snapshot(const std::string& path, Communicator& comm, const SnapshotParts& parts,
                    const TrainingProgress& progress, const RankState& rank_state = {},
                    const TrainingExtras& extras = {});
@@ -131,12 +126,6 @@ void save_snapshot(const std::string& path, Communicator& comm, const SnapshotPa
 /// it is missing, truncated, corrupted, of an older format, "written for a different model" or
 /// optimizer (naming the first difference), or taken inside an epoch by another number of ranks
 /// without samples_done; nothing is modified then.
-TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
-                               torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                               torch::optim::LRScheduler* scheduler,
-                               RankState* rank_state = nullptr, const TrainingExtras& extras = {});
-/// The same for the named `parts` (SnapshotParts); `scheduler` is replayed before any optimizer
-/// state is loaded.
 TrainingProgress load_snapshot(const std::string& path, Communicator& comm,
                                const SnapshotParts& parts, torch::optim::LRScheduler* scheduler,
                                RankState* rank_state = nullptr, const TrainingExtras& extras = {});
