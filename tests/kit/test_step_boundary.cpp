@@ -118,27 +118,47 @@ bool train(Gan& gan, const std::string& dir, bool resume, int64_t signal_after) 
   return false;
 }
 
-TEST(StepBoundary, TwoModelsAndTwoOptimizersStoppedInsideAnEpochResumeBitIdentical) {
-  const int64_t batches = (kSamples / rt().world_size() + kBatch - 1) / kBatch;
-  torch::manual_seed(3);
-  Gan full;
-  ASSERT_FALSE(train(full, shared_dir("step_boundary_full"), false, -1));
+int64_t batches_per_epoch() { return (kSamples / rt().world_size() + kBatch - 1) / kBatch; }
 
-  const std::string dir = shared_dir("step_boundary_stopped");
+// The uninterrupted run's weights, trained once per process (every rank makes the same calls).
+const torch::Tensor& full_weights() {
+  static const torch::Tensor weights = [] {
+    torch::manual_seed(3);
+    Gan full;
+    EXPECT_FALSE(train(full, shared_dir("step_boundary_full"), false, -1));
+    return full.weights();
+  }();
+  return weights;
+}
+
+// A run into `dir` stopped by a signal after step `signal_after`; returns the snapshots written
+// (rank 0's list; empty on the others).
+std::vector<std::string> stop_after(const std::string& dir, int64_t signal_after) {
+  const torch::Tensor& full = full_weights();
   torch::manual_seed(3);
   Gan stopped;
-  ASSERT_TRUE(train(stopped, dir, false, batches + 1));  // read after batch 2 of epoch 2
+  EXPECT_TRUE(train(stopped, dir, false, signal_after));
   ddp::clear_stop_signal();
-  if (rt().is_main()) {
-    EXPECT_EQ(ddp::list_snapshots(dir), (std::vector<std::string>{ddp::snapshot_path(dir, 2, 2),
-                                                                  ddp::snapshot_path(dir, 1)}));
-  }
-  EXPECT_FALSE(torch::equal(stopped.weights(), full.weights()));
+  EXPECT_FALSE(torch::equal(stopped.weights(), full));
+  return rt().is_main() ? ddp::list_snapshots(dir) : std::vector<std::string>();
+}
 
-  torch::manual_seed(77);  // other initial weights: everything comes from the snapshot
+// Fresh models with other initial weights resumed from `dir`: the uninterrupted run's weights.
+void expect_exact_resume(const std::string& dir) {
+  torch::manual_seed(77);  // everything comes from the snapshot
   Gan resumed;
-  ASSERT_FALSE(train(resumed, dir, true, -1));
-  EXPECT_TRUE(torch::equal(resumed.weights(), full.weights()));
+  EXPECT_FALSE(train(resumed, dir, true, -1));
+  EXPECT_TRUE(torch::equal(resumed.weights(), full_weights()));
+}
+
+TEST(StepBoundary, TwoModelsAndTwoOptimizersStoppedInsideAnEpochResumeBitIdentical) {
+  const std::string dir = shared_dir("step_boundary_stopped");
+  const std::vector<std::string> written = stop_after(dir, batches_per_epoch() + 1);
+  if (rt().is_main()) {  // read after batch 2 of epoch 2
+    EXPECT_EQ(written, (std::vector<std::string>{ddp::snapshot_path(dir, 2, 2),
+                                                 ddp::snapshot_path(dir, 1)}));
+  }
+  expect_exact_resume(dir);
   for (const char* name : {"generator", "discriminator"}) {
     if (rt().is_main()) {
       EXPECT_TRUE(std::filesystem::exists(dir + "/" + name + "_with_epoch2.pt"));
@@ -166,27 +186,15 @@ TEST(StepBoundary, TwoModelsAndTwoOptimizersStoppedInsideAnEpochResumeBitIdentic
 // A signal in an epoch's last step is agreed at the epoch's end (end_epoch), so the ranks stop
 // before the next epoch's first batch, not a step into it; the resume is still bit-identical.
 TEST(StepBoundary, AStopInAnEpochsLastStepLandsBeforeTheNextEpoch) {
-  const int64_t batches = (kSamples / rt().world_size() + kBatch - 1) / kBatch;
-  torch::manual_seed(3);
-  Gan full;
-  ASSERT_FALSE(train(full, shared_dir("step_boundary_end_full"), false, -1));
-
   const std::string dir = shared_dir("step_boundary_end_stopped");
-  torch::manual_seed(3);
-  Gan stopped;
-  ASSERT_TRUE(train(stopped, dir, false, batches));  // after epoch 1's last step
-  ddp::clear_stop_signal();
+  const std::vector<std::string> written = stop_after(dir, batches_per_epoch());
   if (rt().is_main()) {
-    const std::vector<std::string> written = ddp::list_snapshots(dir);
     EXPECT_NE(std::find(written.begin(), written.end(), ddp::snapshot_path(dir, 2, 0)),
               written.end());
     EXPECT_EQ(std::find(written.begin(), written.end(), ddp::snapshot_path(dir, 2, 1)),
               written.end());
   }
-  torch::manual_seed(77);
-  Gan resumed;
-  ASSERT_FALSE(train(resumed, dir, true, -1));
-  EXPECT_TRUE(torch::equal(resumed.weights(), full.weights()));
+  expect_exact_resume(dir);
 }
 
 TEST(StepBoundary, PartNamesAreChecked) {
