@@ -9,6 +9,7 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/stop_signal.h>
 #include <ddp/train/adadelta.h>
+#include <ddp/train/snapshot.h>
 #include <ddp/train/task.h>
 #include <ddp/train/trainer.h>
 #include <ddp/zero_redundancy_optimizer.h>
@@ -21,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <csignal>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -210,6 +212,36 @@ TEST(ResumeExact, TheModelsBucketsAreRebuiltInAnotherOrder) {
   const auto initial = model.bucket_layout();
   torch::mse_loss(net->forward(torch::ones({2, 6})), torch::zeros({2, 3})).backward();
   EXPECT_NE(model.bucket_layout(), initial);
+}
+
+// A signal in an epoch's last step loses nothing: the epoch ends, is saved, and the ranks stop
+// before the next epoch's first batch, saving there; in the run's last step the run ends as it
+// would without the signal.
+TEST(ResumeExact, ASignalInAnEpochsLastStepLosesNothing) {
+  const int64_t steps = kSamples / rt().world_size() / kBatch;  // per epoch
+  for (const int64_t after : {steps, kEpochs * steps}) {
+    SCOPED_TRACE(after);
+    const std::string dir = shared_temp_dir("resume_exact_last_step_" + std::to_string(after));
+    CaseRun run({"allreduce", nullptr, sgd});
+    const int last = rt().world_size() - 1;
+    ddp_test::AfterStep hook([&](int64_t step, int rank) {
+      if (step == after && rank == last) std::raise(SIGTERM);
+    });
+    ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, options(dir), &run.model);
+    const size_t epochs = trainer.fit(kEpochs).size();
+    ddp::clear_stop_signal();
+    if (after < kEpochs * steps) {
+      EXPECT_EQ(trainer.stopped_by(), SIGTERM);
+      EXPECT_EQ(trainer.global_step(), after);
+      EXPECT_EQ(trainer.stop_snapshot(), ddp::snapshot_path(dir, 2, 0));
+    } else {
+      EXPECT_EQ(trainer.stopped_by(), 0);
+      EXPECT_EQ(epochs, static_cast<size_t>(kEpochs));
+    }
+    if (rt().is_main()) {
+      EXPECT_TRUE(std::filesystem::exists(ddp::snapshot_path(dir, after / steps)));
+    }
+  }
 }
 
 TEST(ResumeExact, EveryCommHookResumesBitIdentically) {

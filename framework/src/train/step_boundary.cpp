@@ -161,9 +161,10 @@ void StepBoundary::end_epoch(int64_t nonfinite_loss_step) {
   torch::Tensor now = values(nonfinite_loss_step);
   group_.cpu().all_reduce(now, ReduceOp::Max);
   refuse_nonfinite(now);
-  // A stop agreed here lands at the next at_step, which then agrees at once (stopping): before
-  // the next epoch's first batch, not a step into it.
-  stop_.decide(now.data_ptr<double>());
+  // The next epoch's first check agrees at once, as the run's first does: a signal sent in this
+  // epoch's last steps stops the ranks before the next epoch's first batch, with a snapshot there
+  // (not before this epoch's own snapshot, which the loop writes next).
+  sent_ = torch::Tensor();
 }
 
 }  // namespace ddp

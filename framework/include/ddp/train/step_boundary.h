@@ -26,10 +26,11 @@
 /// due (Checkpointer::time_due: clocks differ between ranks, and a snapshot is collective). It is
 /// started without waiting and read at the next boundary, so no boundary waits for a round trip:
 /// the ranks stop, or fail on a non-finite loss, one boundary after the one that sent it, all at
-/// the same one. The first check, and a boundary that writes a snapshot, agree on their own values,
-/// waiting: a signal during start-up stops the ranks before any step, and a non-finite loss in the
-/// step just taken is refused before it is saved. Timed snapshots therefore fall on the boundary
-/// after a stop check.
+/// the same one. The first check (of the run, and of each epoch after end_epoch) and a boundary
+/// that writes a snapshot agree on their own values, waiting: a signal during start-up, or in an
+/// epoch's last steps, stops the ranks before the next step, and a non-finite loss in the step
+/// just taken is refused before it is saved. Timed snapshots therefore fall on the boundary after
+/// a stop check.
 ///
 /// Re-sharding: at the same world size and per-rank batch size each rank continues its own shard
 /// at the snapshot's batch, with its RankState. Otherwise the rest of the epoch's sample order
@@ -123,8 +124,8 @@ class StepBoundary {
 
   /// Collective, after the epoch's last step and before its snapshot (save_epoch): agrees on
   /// this rank's non-finite loss (as at_step, waiting; once an epoch), after the agreement in
-  /// flight. Throws TrainingDiverged as at_step does. A stop signal is agreed too: the next
-  /// at_step (the next epoch's first) stops.
+  /// flight. Throws TrainingDiverged as at_step does. A stop signal is agreed at once at the next
+  /// stop check (with a check every step: before the next epoch's first batch).
   void end_epoch(int64_t nonfinite_loss_step = -1);
 
   ///@{
