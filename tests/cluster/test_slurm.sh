@@ -243,7 +243,7 @@ SCRIPT
     [ "$scenario" != preempt_term ] || shell_signal=(--batch --signal=TERM)
     id=$(sbatch --parsable --cpus-per-task=1 --ntasks-per-node=1 --gpus-per-node=1 \
       --output="$log" "$root/slurm/ddp_2N4G.sbatch" "$ddp_mnist" --no-cuda --epochs 1 \
-      --limit-train-batches 20 --log-interval 1 --progress log --checkpoint-dir ckpt --resume)
+      --limit-train-batches 60 --log-interval 1 --progress log --checkpoint-dir ckpt --resume)
     echo "+ sbatch slurm/ddp_2N4G.sbatch ... (job $id); ${shell_signal[*]:+scancel ${shell_signal[*]}, then }scancel --signal=USR1 once it trains"
     for i in $(seq 600); do  # up to 60 s to start and load the data
       grep -q "^Train Epoch: 1 " "$log" 2> /dev/null && break
@@ -254,6 +254,8 @@ SCRIPT
       scancel "${shell_signal[@]}" "$id"
       sleep 1  # the shell has it (its trap waits for srun) before the ranks stop
     fi
+    # 60 batches (about 4 s here) leave the signal time to land inside the epoch: one in its last
+    # step stops the ranks only at the next epoch, and this run has one.
     scancel --signal=USR1 "$id"
     # Slurm holds a requeued job back for a while (PENDING, reason BeginTime: over 2 minutes
     # here); while it waits so, let it start now. Asked too early, while the first run's batch

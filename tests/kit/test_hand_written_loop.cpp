@@ -228,7 +228,9 @@ TEST(StepBoundary, ANonFiniteLossIsAgreedBeforeAnySnapshot) {
   for (int64_t step = 0; step < 4; ++step) ASSERT_FALSE(boundary.at_step(step, step, {}));
   EXPECT_EQ(message_of([&] { boundary.at_step(4, 4, {}, last ? 4 : -1); }),
             rank + " was not finite (first at step 4)");
-  if (rt().is_main()) EXPECT_TRUE(ddp::list_snapshots(every_4.dir).empty()) << "refused first";
+  if (rt().is_main()) {
+    EXPECT_TRUE(ddp::list_snapshots(every_4.dir).empty()) << "refused first";
+  }
   EXPECT_EQ(message_of([&] { boundary.at_step(5, 5, {}, last ? 5 : -1); }), "") << "sent";
   EXPECT_EQ(message_of([&] { boundary.at_step(6, 6, {}, last ? 5 : -1); }),
             rank + " was not finite (first at step 5)");
