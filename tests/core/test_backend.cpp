@@ -3,6 +3,7 @@
 // could leave a rank waiting.
 #include <ddp/distributed_data_parallel.h>
 #include "parallel/reducer.h"
+#include "parallel/resolve_backend.h"
 
 #include "test_support.h"
 

@@ -3,6 +3,7 @@
 // timeout that follow from it. Fake environments and device counts: no GPU needed.
 #include "runtime/launcher.h"
 #include "parallel/reducer.h"
+#include "parallel/resolve_backend.h"
 #include <ddp/runtime.h>
 
 #include "test_support.h"

@@ -1,4 +1,4 @@
-#include "parallel/reducer.h"
+#include "parallel/resolve_backend.h"
 
 #include <stdexcept>
 

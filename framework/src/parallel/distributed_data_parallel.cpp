@@ -2,6 +2,7 @@
 
 #include "comm/agreement.h"
 #include "parallel/reducer.h"
+#include "parallel/resolve_backend.h"
 #include "util/tensor_description.h"
 
 #include <c10/core/GradMode.h>

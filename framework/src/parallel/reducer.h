@@ -163,11 +163,4 @@ class Reducer {
   int64_t sync_bytes_ = 0;
 };
 
-// The backend for parameters on `params_device`, with Backend::Auto resolved: NCCL when they are
-// on `rank_device` (Runtime::device()), a CUDA device, and `nccl_built`
-// (nccl_communicator_built()); MPI otherwise. Throws std::invalid_argument naming
-// DDPOptions::backend when `requested` is Nccl and that cannot work. Pure.
-Backend resolve_backend(Backend requested, c10::Device params_device, c10::Device rank_device,
-                        bool nccl_built);
-
 }  // namespace ddp
