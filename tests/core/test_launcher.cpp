@@ -278,6 +278,16 @@ TEST(YieldWhenIdle, OnlyWhenTheCommunicationThreadsOversubscribeTheNode) {
   EXPECT_TRUE(ddp::yield_when_idle(slurm, 4, 16));   // 4 x (4 + 1) of 16
 }
 
+TEST(KeepFreedMemory, UnlessTheUserTunesMalloc) {
+  EXPECT_TRUE(ddp::keep_freed_memory({}));
+  EXPECT_TRUE(ddp::keep_freed_memory({{"GLIBC_TUNABLES", "glibc.rtld.nns=2"}}));
+  EXPECT_TRUE(ddp::keep_freed_memory({{"MY_MALLOC_", "1"}}));
+  EXPECT_FALSE(ddp::keep_freed_memory(
+      {{"GLIBC_TUNABLES", "glibc.rtld.nns=2:glibc.malloc.trim_threshold=0"}}));
+  EXPECT_FALSE(ddp::keep_freed_memory({{"MALLOC_TRIM_THRESHOLD_", "0"}}));
+  EXPECT_FALSE(ddp::keep_freed_memory({{"MALLOC_ARENA_MAX", "2"}}));
+}
+
 namespace {
 
 // The table of every DDP_* variable the core reads (util/environment.h).

@@ -1,12 +1,18 @@
 #include <ddp/runtime.h>
 
+#include "runtime/launcher.h"
 #include "test_support.h"
 
 #include <gtest/gtest.h>
 
 #include <torch/cuda.h>
 
+#include <malloc.h>
 #include <mpi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace test_runtime {
 
@@ -46,6 +52,30 @@ TEST(Runtime, DeviceAndSummary) {
             std::string::npos)
       << line;
   EXPECT_NE(line.find("host " + rt.hostname()), std::string::npos) << line;
+}
+
+TEST(Runtime, KeepsFreedHostMemoryForTheNextStep) {
+#ifndef __GLIBC__
+  GTEST_SKIP() << "the policy is glibc malloc's";
+#else
+  if (!ddp::keep_freed_memory(ddp::current_environment())) {
+    GTEST_SKIP() << "the environment tunes malloc itself";
+  }
+  // A block the size of a CNN's activations comes from the heap, not a mapping of its own whose
+  // pages fault in afresh each step, and stays the process's once freed.
+  constexpr int64_t bytes = int64_t{24} << 20;
+  const struct mallinfo2 before = mallinfo2();
+  void* block = std::malloc(bytes);
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, bytes);
+  const struct mallinfo2 held = mallinfo2();
+  std::free(block);
+  const struct mallinfo2 after = mallinfo2();
+  EXPECT_LT(static_cast<int64_t>(held.hblkhd) - static_cast<int64_t>(before.hblkhd), bytes)
+      << "the block was mapped on its own";
+  EXPECT_GT(static_cast<int64_t>(after.arena) + bytes / 2, static_cast<int64_t>(held.arena))
+      << "the heap was trimmed when the block was freed";
+#endif
 }
 
 TEST(Runtime, WorksWhenMpiIsAlreadyInitialised) {

@@ -8,8 +8,11 @@
 /// order, and nodes are numbered in the order of their lowest world rank.
 ///
 /// Start-up checks the launch (one that cannot work, e.g. srun without PMIx, ends with a message
-/// saying how to fix it; DDP_SKIP_LAUNCH_CHECKS=1 skips this), has rank 0 print a banner, and sets
-/// LibTorch's intra-op threads to the rank's CPUs unless OMP_NUM_THREADS says otherwise.
+/// saying how to fix it; DDP_SKIP_LAUNCH_CHECKS=1 skips this), has rank 0 print a banner, sets
+/// LibTorch's intra-op threads to the rank's CPUs unless OMP_NUM_THREADS says otherwise, and keeps
+/// freed host memory in the process for the next step's tensors (glibc malloc: blocks under
+/// 32 MiB come from the heap, which is never trimmed; docs/performance.md) unless GLIBC_TUNABLES
+/// or a MALLOC_* variable tunes malloc.
 ///
 /// GPUs (docs/gpu.md): each rank computes on GPU local_rank() among those it sees, or on device 0
 /// when every rank has a GPU of its own, made current before anything is allocated. A node with

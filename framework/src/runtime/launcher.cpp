@@ -255,6 +255,14 @@ bool yield_when_idle(const Environment& env, int local_size, int cpus) {
   return ranks * (threads + 1) > std::max(cpus, 1);
 }
 
+bool keep_freed_memory(const Environment& env) {
+  if (get(env, "GLIBC_TUNABLES").find("glibc.malloc.") != std::string::npos) return false;
+  for (const auto& [name, value] : env) {
+    if (name.rfind("MALLOC_", 0) == 0) return false;
+  }
+  return true;
+}
+
 std::string describe_job(const LaunchInfo& launch, const std::vector<RankPlace>& ranks,
                          const ThreadChoice& rank0_threads) {
   std::map<int, int> per_node;  // node rank -> ranks on it

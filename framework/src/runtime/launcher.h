@@ -91,6 +91,11 @@ ThreadChoice choose_threads(const Environment& env, int cpus_in_mask, int ranks_
 // collective slows. `local_size` < 1 counts as 1.
 bool yield_when_idle(const Environment& env, int local_size, int cpus);
 
+// Whether the Runtime keeps freed host memory in the process for reuse (glibc malloc: blocks
+// under 32 MiB from the heap, never trimmed), so that a step's tensors, allocated and freed alike
+// every step, do not fault their pages in again each step. No when the user tunes malloc
+// (GLIBC_TUNABLES naming a glibc.malloc setting, or any MALLOC_* variable): theirs stands.
+bool keep_freed_memory(const Environment& env);
 // One rank's place, gathered on rank 0 for the banner.
 struct RankPlace {
   int node_rank = 0;

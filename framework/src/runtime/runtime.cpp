@@ -15,12 +15,14 @@
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
+#include <malloc.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +63,15 @@ bool launch_checks_enabled() {
 // The first Runtime of the process prints the banner and sets the thread count; a second one
 // (a library inside the program creating its own) repeats neither.
 std::atomic<bool> g_first_runtime_done{false};
+
+// launcher.h's keep_freed_memory, applied (glibc only: another C library's malloc is left alone).
+void keep_freed_memory_unless_tuned() {
+#ifdef __GLIBC__
+  if (!keep_freed_memory(current_environment())) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
+}
 
 // Whether Open MPI should yield the core while it waits (launcher.h's yield_when_idle).
 bool yield_before_init(const LaunchInfo& launch) {
@@ -217,6 +228,7 @@ void Runtime::init_topology(RuntimeOptions options) {
   threads = choose_rank_threads(node_comm, local_size_);
   // With OMP_NUM_THREADS set, LibTorch already follows it.
   if (!threads.from_user && !g_first_runtime_done) at::set_num_threads(threads.threads);
+  if (!g_first_runtime_done) keep_freed_memory_unless_tuned();
   visible_gpus_ = options.use_cuda && torch::cuda::is_available()
                       ? static_cast<int>(torch::cuda::device_count())
                       : 0;
