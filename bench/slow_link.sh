@@ -14,6 +14,8 @@
 #   bench/slow_link.sh OUT_DIR [RATE (100mbit)] [PER_HOST (1)] [ROUNDS (2)]   needs root and a build
 # Writes OUT_DIR/slow_link.jsonl (one line per run) and prints one table. Several rates or
 # layouts in one run ("100mbit 1gbit", "1 2"): one table each, from OUT_DIR/RATE-xPER_HOST.
+# DDP_BENCH_TORCH_MALLOC=kept: PyTorch's ranks get the malloc setting ddp's Runtime makes
+# (docs/performance.md) through GLIBC_TUNABLES, so the table compares the rest.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}
@@ -34,8 +36,14 @@ netns_bench_hosts slow "$per_host"
 # A run that hangs (PyTorch's PowerSGD can, after a collective mismatch) counts as failed.
 export work NETNS_ROOT && export -f netns_launch
 launch() {
-  timeout -k 10 "${DDP_BENCH_RUN_TIMEOUT:-300}" bash -c 'netns_launch "$@"' _ "$ranks" "$per_host" "$@"
+  timeout -k 10 "${DDP_BENCH_RUN_TIMEOUT:-300}" env "${ranks_env[@]}" \
+    bash -c 'netns_launch "$@"' _ "$ranks" "$per_host" "$@"
 }
+ranks_env=()
+torch_malloc=()
+if [ "${DDP_BENCH_TORCH_MALLOC:-}" = kept ]; then
+  torch_malloc=(GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647)
+fi
 netns_shape h1 "$rate"
 netns_shape h2 "$rate"
 
@@ -74,7 +82,7 @@ except (OSError, IndexError, KeyError, ValueError):
 print(json.dumps({"impl": "ddp", "row": row, "round": int(rnd), "samples_per_sec": sps,
                   "epoch_samples_per_sec": epoch_sps}))
 EOF
-    failures=0 sps=null
+    failures=0 sps=null ranks_env=("${torch_malloc[@]}")
     for attempt in 1 2 3 4 5; do
       rm -f "$out/torch.jsonl"
       if launch "$python" "$root/bench/pytorch_ddp.py" --model cnn --batch-size 64 \
@@ -86,12 +94,13 @@ EOF
       fi
       failures=$((failures + 1))
     done
+    ranks_env=()
     echo "{\"impl\": \"pytorch\", \"row\": \"$row\", \"round\": $round, \"samples_per_sec\": $sps, \"failures\": $failures}" >> "$jsonl"
     tail -n 2 "$jsonl" | sed "s/^/  /"
   done
 done
 
-"$python" - "$jsonl" "$rate" "$per_host" "$root/bench" <<'EOF'
+"$python" - "$jsonl" "$rate" "$per_host" "$root/bench" "${torch_malloc[*]}" <<'EOF'
 import json, re, sys
 path, rate, per_host, bench = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 sys.path.insert(0, bench)
@@ -102,7 +111,8 @@ bytes_per_s = float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
 ranks = 2 * per_host
 floor = ranks * 64 / (4 * params / bytes_per_s)
 runs = [json.loads(l) for l in open(path)]
-print(f"\nlink {rate}, 2 hosts x {per_host} rank(s), seed CNN, Adadelta, batch 64 per rank; "
+malloc = ", PyTorch with ddp's malloc setting" if len(sys.argv) > 5 and sys.argv[5] else ""
+print(f"\nlink {rate}, 2 hosts x {per_host} rank(s), seed CNN, Adadelta, batch 64 per rank{malloc}; "
       f"samples/s by round; fp32 link floor {floor:.1f} samples/s ({4 * params / 1e6:.2f} MB "
       f"of gradients per step)")
 print(f"{'row':<9} {'ddp_mnist':>16} {'(epoch line)':>14} {'PyTorch DDP':>16} {'ratio':>12} "

@@ -94,7 +94,7 @@ netns_launch() {
   shift 2
   # The agent starts h1's shell with a fresh environment, as sshd would: the settings are passed
   # on explicitly, as a user would export them on h1; ddprun then forwards them to the ranks.
-  for var in $(compgen -e | grep -E '^(DDP_|OMP_)' || true); do passed+=("$var=${!var}"); done
+  for var in $(compgen -e | grep -E '^(DDP_|OMP_|MALLOC_|GLIBC_TUNABLES$)' || true); do passed+=("$var=${!var}"); done
   printf -v line '%q ' env "${passed[@]}" OMPI_MCA_plm_rsh_agent="$agent" \
     OMPI_MCA_plm_rsh_no_tree_spawn=1 MASTER_ADDR=192.0.2.1 "$NETNS_ROOT/launch/ddprun" \
     --hostfile "$work/hostfile" --iface eth0 -n "$ranks" -t "${OMP_NUM_THREADS:-1}" -x MASTER_ADDR "$@"
