@@ -124,6 +124,8 @@ def parse_args():
     p.add_argument("--optimizer", choices=("sgd", "adadelta"), default="sgd",
                    help="sgd (lr 0.01, momentum 0.9, as bench_throughput) or adadelta (lr 1.0, "
                    "the seed's, as ddp_mnist)")
+    p.add_argument("--bucket-cap-mb", type=float,
+                   help="DDP's bucket_cap_mb, given: then the first bucket has that cap too")
     p.add_argument("--link", default="", help="tag for emulated-host runs, e.g. 1gbit")
     p.add_argument("--comm-hook", choices=("allreduce", "bf16", "fp16", "powersgd"),
                    default="allreduce",
@@ -176,7 +178,8 @@ def main():
         assert n == 62, f"ResNet-18 has {n} parameter tensors, expected 62"
     # DDP also at world size 1, so that this is the code path users run.
     device_ids = [device] if device.type == "cuda" else None
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    caps = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **caps)
     if args.comm_hook == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
         state = powerSGD_hook.PowerSGDState(
