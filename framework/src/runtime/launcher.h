@@ -96,6 +96,7 @@ bool yield_when_idle(const Environment& env, int local_size, int cpus);
 // every step, do not fault their pages in again each step. No when the user tunes malloc
 // (GLIBC_TUNABLES naming a glibc.malloc setting, or any MALLOC_* variable): theirs stands.
 bool keep_freed_memory(const Environment& env);
+
 // One rank's place, gathered on rank 0 for the banner.
 struct RankPlace {
   int node_rank = 0;
