@@ -117,4 +117,70 @@ TEST(Join, NoSyncOnSomeTrainingRanksOnlyIsNamed) {
   }
 }
 
+// Under join() each training forward tells the other ranks whether its backward synchronises.
+// With no_sync() taken before the forward (PyTorch's way) the first micro-batch accumulates
+// locally; taken after it, the forward has announced a synchronised backward, so the backward
+// synchronises anyway (with one warning) and every rank makes the same collectives: before
+// this rule the ranks that had run out waited in a gradient all-reduce the others never made.
+// Either way each training rank holds the average of the training ranks' accumulated gradients.
+TEST(Join, TheForwardDecidesWhetherAnAccumulatingBackwardSynchronises) {
+  const int w = rt().world_size(), r = rt().rank();
+  for (bool guard_before_forward : {true, false}) {
+    SCOPED_TRACE("no_sync() taken " + std::string(guard_before_forward ? "before" : "after") +
+                 " the forward");
+    torch::manual_seed(7);
+    auto net = std::make_shared<TwoLayers>();
+    auto local = std::make_shared<TwoLayers>();  // the expected gradients' model
+    int64_t all_bytes = 0;                       // of one synchronised backward
+    for (const auto& p : net->parameters()) all_bytes += p.numel() * p.element_size();
+    ddp::DDPOptions options;
+    options.reducer_at_one_rank = true;
+    ddp::DistributedDataParallel model(pg(), net, options);
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+    testing::internal::CaptureStderr();
+    auto join = model.join();
+    for (int64_t s = 0; s <= r; ++s) {  // rank r has r + 1 steps of 2 micro-batches
+      {
+        torch::NoGradGuard no_grad;
+        for (size_t k = 0; k < net->parameters().size(); ++k)
+          local->parameters()[k].copy_(net->parameters()[k]);
+      }
+      local->zero_grad();
+      for (int64_t q = s; q < w; ++q) {
+        for (int64_t m = 0; m < 2; ++m) {
+          (local->forward(input(2 * s + m, q), true).sum() / static_cast<double>(w - s)).backward();
+        }
+      }
+      optimizer.zero_grad();
+      const int64_t bytes_before = model.sync_bytes();
+      auto loss = [&](int64_t m) { return model.forward(input(2 * s + m, r), true).sum(); };
+      if (guard_before_forward) {
+        auto guard = model.no_sync();
+        loss(0).backward();
+      } else {
+        torch::Tensor first = loss(0);
+        auto guard = model.no_sync();
+        first.backward();
+      }
+      loss(1).backward();
+      EXPECT_EQ(model.sync_bytes() - bytes_before, (guard_before_forward ? 1 : 2) * all_bytes)
+          << "rank " << r << ", step " << s;
+      EXPECT_TRUE(torch::allclose(flat_grads(*net), flat_grads(*local), 1e-5, 1e-6))
+          << "rank " << r << ", step " << s;
+      optimizer.step();
+    }
+    join.finish();
+    const std::string printed = testing::internal::GetCapturedStderr();
+    const size_t warning = printed.find("Take the guard before the forward");
+    if (guard_before_forward) {
+      EXPECT_EQ(warning, std::string::npos) << printed;
+    } else {
+      EXPECT_NE(warning, std::string::npos) << printed;
+      EXPECT_EQ(printed.find("Take the guard before the forward", warning + 1), std::string::npos)
+          << "warned more than once: " << printed;
+    }
+    EXPECT_TRUE(identical_on_all_ranks(flat_params(*net)));
+  }
+}
+
 }  // namespace test_join

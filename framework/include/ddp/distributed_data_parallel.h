@@ -159,7 +159,8 @@ class DistributedDataParallel {
     DistributedDataParallel& ddp_;
     bool was_enabled_;
   };
-  /// The NoSync guard: `{ auto guard = model.no_sync(); loss.backward(); }`.
+  /// The NoSync guard: `{ auto guard = model.no_sync(); loss_fn(model(x), y).backward(); }`.
+  /// The guard at the backward decides, except under join() (below).
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   /// Uneven inputs (PyTorch's model.join(divide_by_initial_world_size=False)): ranks whose data
@@ -183,6 +184,8 @@ class DistributedDataParallel {
   /// finished ones as zeros; buffers come from the highest rank still training.
   /// Contract: per step, one training forward and at most one synchronised backward of this
   /// model, and no_sync() on all training ranks or none (else a std::runtime_error on every rank).
+  /// The forward decides whether its backward synchronises (no_sync() as it is then, PyTorch's
+  /// rule): a backward under a guard taken after the forward synchronises, with one warning.
   /// Other collectives of the loop (a StepBoundary, SyncBatchNorm, your own) are not shadowed:
   /// the job ends with the error naming a collective called by some ranks only. A guard destroyed
   /// without finish() (an exception) only detaches; it makes no collective.

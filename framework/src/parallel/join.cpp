@@ -25,7 +25,10 @@ DistributedDataParallel::Join::~Join() {
   // No collective here: a guard left by an exception must not wait for the other ranks.
   ddp_.join_ = nullptr;
   ddp_.buffer_root_ = 0;
-  if (ddp_.reducer_) ddp_.reducer_->set_training_ranks(ddp_.world_size_);
+  if (ddp_.reducer_) {
+    ddp_.reducer_->set_training_ranks(ddp_.world_size_);
+    ddp_.reducer_->set_forward_sync(std::nullopt);
+  }
 }
 
 DistributedDataParallel::JoinCount DistributedDataParallel::count_training(bool training) {
@@ -52,6 +55,7 @@ DistributedDataParallel::JoinCount DistributedDataParallel::count_training(bool 
         "the others are inside no_sync(): use no_sync() on every rank or none");
   }
   count.sync = f[w] != 0;
+  if (reducer_ && training) reducer_->set_forward_sync(count.sync);
   // PyTorch's rule under join: the buffers of the highest rank still training.
   buffer_root_ = last_trainer_;
   if (reducer_) reducer_->set_training_ranks(count.training);
@@ -74,7 +78,10 @@ void DistributedDataParallel::Join::finish() {
   ddp_.broadcast_model(ddp_.last_trainer_);
   ddp_.join_ = nullptr;
   ddp_.buffer_root_ = 0;
-  if (ddp_.reducer_) ddp_.reducer_->set_training_ranks(ddp_.world_size_);
+  if (ddp_.reducer_) {
+    ddp_.reducer_->set_training_ranks(ddp_.world_size_);
+    ddp_.reducer_->set_forward_sync(std::nullopt);
+  }
 }
 
 }  // namespace ddp

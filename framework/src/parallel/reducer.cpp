@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -211,8 +212,24 @@ bool Reducer::grad_is_view(size_t param) const {
          grad.sizes() == view.sizes() && grad.strides() == view.strides();
 }
 
+bool Reducer::backward_syncs() {
+  if (!forward_sync_ || *forward_sync_ == sync_enabled_) return sync_enabled_;
+  if (!warned_guard_after_forward_) {
+    warned_guard_after_forward_ = true;
+    std::cerr << "ddp: warning: DistributedDataParallel::Join: a backward ran "
+              << (sync_enabled_ ? "outside" : "inside") << " no_sync() after a forward "
+              << (sync_enabled_ ? "inside" : "outside")
+              << " it; under join() the forward decides, as in PyTorch, so these backward passes "
+              << (*forward_sync_ ? "synchronise" : "accumulate locally")
+              << ". Take the guard before the forward: { auto guard = model.no_sync(); "
+                 "loss_fn(model(x), y).backward(); }"
+              << std::endl;
+  }
+  return *forward_sync_;
+}
+
 void Reducer::on_gradient_ready(size_t param) {
-  if (!sync_enabled_) return;  // no_sync(): accumulate locally
+  if (!backward_syncs()) return;  // no_sync(): accumulate locally
   if (!in_backward_) begin_backward();
   Slot& slot = slots_[param];
   if (slot.ready) {

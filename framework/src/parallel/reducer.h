@@ -62,6 +62,11 @@ class Reducer {
   // false: backward accumulates locally, no communication (no_sync()).
   void set_sync_enabled(bool enabled) { sync_enabled_ = enabled; }
   bool sync_enabled() const { return sync_enabled_; }
+  // Under DistributedDataParallel::join(), each training forward tells the other ranks whether
+  // its backward synchronises (no_sync() as it is then), and the backward keeps to that whatever
+  // no_sync() says by then (PyTorch's rule), warning once when they differ. nullopt (no join):
+  // no_sync() at the backward decides.
+  void set_forward_sync(std::optional<bool> sync) { forward_sync_ = sync; }
 
   // Since construction: wall time the training thread waited for buckets at the end of backward
   // (with NCCL only the host's share) and bytes all-reduced.
@@ -118,6 +123,8 @@ class Reducer {
   void build_buckets(const std::vector<size_t>& order);
   void rebuild_buckets();  // step 5
   void check_layout_across_ranks();
+  // Whether this backward synchronises (set_forward_sync).
+  bool backward_syncs();
   void on_gradient_ready(size_t param);
   void begin_backward();
   void start_pass();  // begin_backward() without the autograd callback
@@ -152,6 +159,8 @@ class Reducer {
 
   CommHook hook_;
   bool sync_enabled_ = true;
+  std::optional<bool> forward_sync_;
+  bool warned_guard_after_forward_ = false;
   bool in_backward_ = false;
   bool synced_once_ = false;           // a synchronised backward has begun (the hook is fixed)
   bool rebuild_pending_ = false;       // until step 5 has run
