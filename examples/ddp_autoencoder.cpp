@@ -241,9 +241,11 @@ TORCH_MODULE(Autoencoder);
 // ---- Evaluation -------------------------------------------------------------------------------
 
 // The mean squared error over the whole test set: each rank takes its evaluation shard (every
-// image exactly once over the ranks, no padding), and the sums are added over the ranks.
+// image exactly once over the ranks, no padding), and the sums are added over the ranks. Every
+// rank evaluates with rank 0's BatchNorm statistics (prepare_forward), the model rank 0 saves.
 double test_loss(ddp::DistributedDataParallel& model, const FashionMnist& test, double noise,
                  int64_t seed, ddp::ProcessGroup& group, torch::Device device) {
+  model.prepare_forward();
   model.module().eval();
   torch::NoGradGuard no_grad;
   const auto shard = ddp::evaluation_shard(test.images().size(0), group.size(), group.rank());

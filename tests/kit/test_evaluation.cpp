@@ -77,6 +77,39 @@ TEST(Trainer, DistributedEvaluationEqualsSingleProcess) {
   }
 }
 
+// A training forward leaves each rank its own BatchNorm statistics; the evaluation scores every
+// shard with rank 0's, the model rank 0 saves, as PyTorch's first forward after training does.
+TEST(Trainer, EvaluationUsesRankZerosBuffers) {
+  const ddp::ImageDataset full = ddp::load_mnist(ddp_test::mnist_dir(), ddp::MnistSplit::Test);
+  const ddp::ImageDataset data{full.images.slice(0, 0, 2001), full.labels.slice(0, 0, 2001),
+                               full.mean, full.stddev};
+  torch::manual_seed(1);
+  torch::nn::BatchNorm1d bn(10);
+  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(784, 10), bn,
+                            torch::nn::LogSoftmax(1));
+  ddp::DistributedDataParallel model(pg(), net.ptr());
+  {
+    torch::NoGradGuard no_grad;  // each rank's own statistics, as after a training step
+    bn->running_mean.fill_(0.5 * rt().rank());
+    bn->running_var.fill_(1.0 + rt().rank());
+  }
+  ddp::Adadelta optimizer(net->parameters());
+  ddp::TrainerOptions options;
+  options.test_batch_size = 500;
+  ddp::ClassificationTask task(data, &data,
+                               [&](const torch::Tensor& x) { return net->forward(x); });
+  ddp::Trainer trainer(pg(), *net, task, optimizer, options, &model);
+  const ddp::Evaluation distributed = trainer.evaluate();
+  EXPECT_TRUE(ddp_test::identical_on_all_ranks(bn->running_mean));
+  EXPECT_TRUE(ddp_test::identical_on_all_ranks(bn->running_var));
+  EXPECT_EQ(bn->running_var[0].item<float>(), 1.0f) << "not rank 0's statistics";
+  net->eval();
+  const Alone alone = evaluate_alone(net, data);  // rank 0's model on the whole set
+  ASSERT_EQ(distributed.metrics.size(), 1u);
+  EXPECT_EQ(distributed.metrics[0].sum, static_cast<double>(alone.correct));
+  EXPECT_NEAR(distributed.loss, alone.loss, 1e-9 * alone.loss);
+}
+
 TEST(Trainer, SeveralRanksWithoutDdpIsRejected) {
   if (rt().world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   torch::nn::Linear net(2, 2);

@@ -210,6 +210,9 @@ void Trainer::diverged(const std::string& what, int64_t step, int64_t epoch) {
 
 Evaluation Trainer::evaluate() {
   const torch::Device device = group_.device();
+  // Rank 0's buffers (BatchNorm statistics) everywhere, as PyTorch's first forward after training
+  // gives them: each rank then scores its shard with the model rank 0 saves.
+  if (ddp_) ddp_->prepare_forward();
   model_.eval();
   torch::NoGradGuard no_grad;
   const std::vector<std::string> names = task_.test_metrics();

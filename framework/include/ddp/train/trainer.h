@@ -134,7 +134,8 @@ class Trainer {
   /// One pass over this rank's shard of the task's training set (collective). After a stop
   /// inside it, stopped_by() is set and the result is empty (epoch 0).
   EpochResult train_epoch(int64_t epoch);
-  /// Exact evaluation over all of the task's test set: each sample is counted once over all ranks.
+  /// Exact evaluation over all of the task's test set: each sample is counted once over all ranks,
+  /// every rank with rank 0's buffers (DistributedDataParallel::prepare_forward()). Collective.
   Evaluation evaluate();
   /// Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
   /// has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
