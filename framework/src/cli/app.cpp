@@ -11,6 +11,7 @@
 #include "cli/flag_agreement.h"
 
 #include <boost/program_options.hpp>
+#include <torch/utils.h>
 
 #include <iostream>
 #include <stdexcept>
@@ -136,6 +137,8 @@ int run(int argc, char** argv, const Program& program, const po::options_descrip
         for (const auto& line : lines) std::cout << line << "\n";
       }
     }
+    // --help promises it: the model's initial weights too, when `train` builds the model.
+    torch::manual_seed(static_cast<uint64_t>(flags.seed));
     status = run_training(group, train);  // finish.h: a diverged run's status
   });
   return aborted ? aborted : status;

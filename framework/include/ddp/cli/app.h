@@ -40,7 +40,8 @@ struct Program {
 /// add_training_flags, and the program's own), checks them (check_training_flags, then
 /// `check_flags` for the program's own: it throws std::invalid_argument naming the flag), starts
 /// the Runtime, refuses several ranks for a SingleProcess program, checks that every rank has the
-/// same flags, answers --help, prints every rank's place with --show-topology, and runs `train`
+/// same flags, answers --help, prints every rank's place with --show-topology, seeds LibTorch
+/// with --seed (torch::manual_seed: the weights of a model `train` builds), and runs `train`
 /// once under run_or_abort. Returns the exit code: 2 for a bad flag or flags that differ between
 /// ranks, 0 for --help, `train`'s when it returns, or run_or_abort's.
 int run(int argc, char** argv, const Program& program,
