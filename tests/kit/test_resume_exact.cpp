@@ -322,7 +322,7 @@ TEST(ResumeExact, StateOutsideTheOptimizersStateIsRefusedOnEveryRankNamingIt) {
 }
 
 // A resume with another comm hook and another optimizer learning rate: one warning line each,
-// naming the setting, both values and what it costs.
+// naming the setting, both values and what it costs (the optimizer's: the snapshot's are used).
 TEST(ResumeExact, ChangedSettingsAreNamedAtResume) {
   const std::string dir = shared_temp_dir("resume_settings");
   {
@@ -345,6 +345,8 @@ TEST(ResumeExact, ChangedSettingsAreNamedAtResume) {
     trainer.fit(2);
   }
   const std::string out = testing::internal::GetCapturedStdout();
+  // What the warning says: the optimizer's settings came back with its state.
+  EXPECT_EQ(run.optimizer->param_groups()[0].options().get_lr(), 0.05);
   if (!rt().is_main()) {
     EXPECT_EQ(out.find("Warning: the "), std::string::npos) << "rank 0 alone says it";
     return;
@@ -355,8 +357,8 @@ TEST(ResumeExact, ChangedSettingsAreNamedAtResume) {
   EXPECT_NE(out.find("Warning: the optimizer is torch::optim::SGD (dampening=0, lr=0.1, "
                      "momentum=0.9, nesterov=false, weight_decay=0), the snapshot's run had "
                      "torch::optim::SGD (dampening=0, lr=0.05, momentum=0.9, nesterov=false, "
-                     "weight_decay=0): " +
-                     cost),
+                     "weight_decay=0): the snapshot's settings are restored with its state, so "
+                     "this run's are not used"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("Warning: the gradient accumulation (micro-batches per step) is 2, the "
