@@ -203,6 +203,7 @@ class DistributedDataParallel {
     int64_t shadowed_steps() const { return shadowed_; }
 
    private:
+    void detach();  // no collective: the wrapper back to training without the guard
     DistributedDataParallel& ddp_;
     bool finished_ = false;
     int64_t shadowed_ = 0;

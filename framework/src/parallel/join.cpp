@@ -21,8 +21,11 @@ DistributedDataParallel::Join::Join(DistributedDataParallel& ddp) : ddp_(ddp) {
 }
 
 DistributedDataParallel::Join::~Join() {
-  if (ddp_.join_ != this) return;
   // No collective here: a guard left by an exception must not wait for the other ranks.
+  if (ddp_.join_ == this) detach();
+}
+
+void DistributedDataParallel::Join::detach() {
   ddp_.join_ = nullptr;
   ddp_.buffer_root_ = 0;
   if (ddp_.reducer_) {
@@ -76,12 +79,7 @@ void DistributedDataParallel::Join::finish() {
   // The finished ranks stopped stepping: every rank takes the model of the highest rank that
   // trained in the last step (PyTorch's _sync_final_model).
   ddp_.broadcast_model(ddp_.last_trainer_);
-  ddp_.join_ = nullptr;
-  ddp_.buffer_root_ = 0;
-  if (ddp_.reducer_) {
-    ddp_.reducer_->set_training_ranks(ddp_.world_size_);
-    ddp_.reducer_->set_forward_sync(std::nullopt);
-  }
+  detach();
 }
 
 }  // namespace ddp

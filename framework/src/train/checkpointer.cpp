@@ -153,13 +153,15 @@ void Checkpointer::say_changed_settings(const TrainingProgress& saved) const {
         static_cast<long long>(options_.batch_size), static_cast<long long>(saved.batch_size),
         cost);
   }
-  for (const auto& [name, value] : settings()) {
+  const Settings now = settings();
+  for (size_t i = 0; i < now.size(); ++i) {
+    const auto& [name, value] = now[i];
     const auto found = std::find_if(saved.settings.begin(), saved.settings.end(),
                                     [&](const auto& entry) { return entry.first == name; });
     if (found == saved.settings.end() || found->second == value) continue;
-    // An optimizer's options come back with its state (Optimizer::load, as PyTorch's
-    // load_state_dict): this run's values are not used.
-    const bool restored = name.rfind("optimizer", 0) == 0;
+    // settings() lists the optimizers' first. Their options come back with their state
+    // (Optimizer::load, as PyTorch's load_state_dict): this run's values are not used.
+    const bool restored = i < optimizer_settings_.size();
     std::printf("Warning: the %s is %s, the snapshot's run had %s: %s\n", name.c_str(),
                 value.c_str(), found->second.c_str(),
                 restored ? "the snapshot's settings are restored with its state, so this run's "
