@@ -13,7 +13,6 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -92,27 +91,10 @@ struct OneThread {
   ~OneThread() { torch::set_num_threads(before); }
 };
 
-// Runs tests/reference/<script>.py at this world size on rank 0; returns this rank's lines, or
-// an empty map (a failed ASSERT) after naming why on every rank.
-void reference_of(const std::string& script, std::map<std::string, torch::Tensor>& want) {
-  const int w = rt().world_size();
-  std::string dir;  // from rank 0: the reference's folder, or "!" and why it failed
-  // PyTorch's run itself can crash (once in CI: a gloo rank aborted, "terminate called without an
-  // active exception"): it gets one more try, in a fresh folder. What runs is compared as ever.
-  for (int attempt = 1; rt().is_main() && attempt <= 2; ++attempt) {
-    try {
-      dir = ddp_test::make_temp_dir(script + "_np" + std::to_string(w));
-      ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/" + script +
-                            ".py " + std::to_string(w) + " '" + dir + "'");
-      break;
-    } catch (const std::exception& e) {
-      dir = std::string("!") + e.what();
-      std::fprintf(stderr, "reference %s, try %d of 2: %s\n", script.c_str(), attempt, e.what());
-    }
-  }
-  dir = ddp::all_gather_strings(pg().cpu(), dir)[0];
-  ASSERT_NE(dir.front(), '!') << dir.substr(1);
-  want = read_reference(dir + "/rank" + std::to_string(rt().rank()) + ".txt");
+// This rank's lines of tests/reference/<script>.py, run at this world size.
+std::map<std::string, torch::Tensor> reference_of(const std::string& script) {
+  return read_reference(ddp_test::run_gloo_reference(script).dir + "/rank" +
+                        std::to_string(rt().rank()) + ".txt");
 }
 
 // Compares `got` with the reference's lines "<key> <name>", bit for bit, or with `exact` false
@@ -135,8 +117,7 @@ void expect_equal(const std::map<std::string, torch::Tensor>& want, const std::s
 TEST(PyTorchDdpReference, CnnWithBatchNormIsBitIdenticalEveryStep) {
   const int w = rt().world_size(), r = rt().rank();
   OneThread one_thread;
-  std::map<std::string, torch::Tensor> want;
-  reference_of("cnn_batchnorm", want);
+  const std::map<std::string, torch::Tensor> want = reference_of("cnn_batchnorm");
   ASSERT_FALSE(want.empty());
 
   Model model = build_model();
@@ -188,8 +169,7 @@ TEST(PyTorchDdpReference, JoinWithUnevenInputsIsBitIdentical) {
   const int w = rt().world_size(), r = rt().rank();
   const bool exact = w <= 2;
   OneThread one_thread;
-  std::map<std::string, torch::Tensor> want;
-  reference_of("join", want);
+  const std::map<std::string, torch::Tensor> want = reference_of("join");
   ASSERT_FALSE(want.empty());
 
   Model model = build_model();

@@ -131,16 +131,7 @@ const std::vector<Config> kConfigs = {
 // another order elsewhere. The largest difference is printed. The same with the gradients as
 // views into the buckets (DDPOptions::gradient_as_bucket_view), which must not change a bit.
 TEST(PowerSGD, MatchesPyTorchPowerSGDHook) {
-  std::string reference;
-  if (rt().is_main()) {
-    const std::string tmp =
-        ddp_test::make_temp_dir("powersgd_np" + std::to_string(rt().world_size()));
-    reference = ddp_test::run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR +
-                                      "/reference/powersgd.py " +
-                                      std::to_string(rt().world_size()) + " '" + tmp + "'");
-  }
-  reference = ddp::all_gather_strings(pg().cpu(), reference)[0];
-  const auto expected = parse_reference(reference);
+  const auto expected = parse_reference(ddp_test::run_gloo_reference("powersgd").out);
   ASSERT_EQ(expected.size(), kConfigs.size());
 
   std::map<std::string, std::vector<torch::Tensor>> copied;  // without the views

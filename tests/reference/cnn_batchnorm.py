@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from gloo_store import store_from_argv
+from gloo_store import finish, store_from_argv
 
 STEPS, BATCH, CHANNELS, SIDE, CLASSES = 20, 4, 4, 8, 3
 LR, MOMENTUM = 0.1, 0.9
@@ -79,8 +79,7 @@ def run(rank, world, tmp, store):
             out.write("%d params : %s\n" % (step, fmt(params)))
             out.write("%d buffers : %s %s %d\n" % (step, fmt(bn.running_mean), fmt(bn.running_var),
                                                    bn.num_batches_tracked.item()))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from cnn_batchnorm import BATCH, LR, MOMENTUM, build_model, data, fmt
-from gloo_store import store_from_argv
+from gloo_store import finish, store_from_argv
 
 
 def steps_of(rank):
@@ -48,8 +48,7 @@ def run(rank, world, tmp, store):
                 out.write("%d loss : %s\n" % (step, fmt(loss.detach())))
                 write(out, str(step))
         write(out, "final")
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

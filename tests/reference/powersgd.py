@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-from gloo_store import store_from_argv
+from gloo_store import finish, store_from_argv
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 4, 32, 64, 3
 
@@ -88,8 +88,7 @@ def run(rank, world, store):
         if rank == 0:
             weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             print(name, "weights :", fmt(weights), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <ddp/train/image_dataset.h>
 #include <ddp/train/mnist.h>
 #include <ddp/train/snapshot.h>
+#include <ddp/communicator.h>
 #include <ddp/process_group.h>
 #include <ddp/runtime.h>
 
@@ -100,6 +101,40 @@ inline std::string make_temp_dir(const std::string& name) {
   std::string path = std::string(DDP_TEST_TMP) + "/" + name + "." + std::to_string(::getpid());
   run_command("rm -rf '" + path + "' && mkdir -p '" + path + "'");
   return path;
+}
+
+// What a script of tests/reference run on rank 0 left for every rank: the fresh folder it was
+// given and its standard output.
+struct Reference {
+  std::string dir, out;
+};
+
+// Runs tests/reference/<script>.py WORLD DIR on rank 0, WORLD being this job's world size (the
+// script spawns that many PyTorch processes over gloo) and DIR a fresh folder, and gives every
+// rank the result. Collective on group(): when the run failed, every rank throws, so that the
+// ranks go on to the next test together instead of waiting in different collectives. PyTorch's
+// run can itself crash (gloo, "terminate called without an active exception", seen in CI for
+// join.py and powersgd.py): it gets one more try, in a fresh folder.
+inline Reference run_gloo_reference(const std::string& script) {
+  const std::string world = std::to_string(runtime().world_size());
+  std::string result;  // from rank 0: the folder, a newline and the output; or "!" and why
+  for (int attempt = 1; runtime().is_main() && attempt <= 2; ++attempt) {
+    try {
+      const std::string dir = make_temp_dir(script + "_np" + world);
+      const std::string out =
+          run_command(std::string(DDP_PYTHON) + " " + DDP_TEST_DIR + "/reference/" + script +
+                      ".py " + world + " '" + dir + "'");
+      result = dir + "\n" + out;
+      break;
+    } catch (const std::exception& e) {
+      result = std::string("!") + e.what();
+      std::fprintf(stderr, "reference %s, try %d of 2: %s\n", script.c_str(), attempt, e.what());
+    }
+  }
+  result = ddp::all_gather_strings(group().cpu(), result)[0];
+  if (result.front() == '!') throw std::runtime_error(script + ".py failed: " + result.substr(1));
+  const size_t newline = result.find('\n');
+  return Reference{result.substr(0, newline), result.substr(newline + 1)};
 }
 
 using Bytes = std::vector<uint8_t>;
