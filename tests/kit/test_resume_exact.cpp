@@ -9,6 +9,8 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/stop_signal.h>
 #include <ddp/train/adadelta.h>
+#include <ddp/train/lr_schedule.h>
+#include <ddp/train/lr_scheduler.h>
 #include <ddp/train/snapshot.h>
 #include <ddp/train/task.h>
 #include <ddp/train/trainer.h>
@@ -21,6 +23,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <functional>
@@ -318,6 +321,71 @@ TEST(ResumeExact, StateOutsideTheOptimizersStateIsRefusedOnEveryRankNamingIt) {
         std::string(e.what()).find("HiddenStateSGD) saves state that its state() does not hold"),
         std::string::npos)
         << e.what();
+  }
+}
+
+// A resumed run follows its own schedule. A finished 2-epoch cosine run extended to 3 epochs
+// trains epoch 3 at the 3-epoch cosine's rate, not at the snapshot's rate (0, the end of its
+// cosine); a per-step schedule resumed with another base rate goes on from its position on that
+// base; rank 0's warning says so.
+TEST(ResumeExact, AResumedRunFollowsItsOwnSchedule) {
+  const auto lr = [](torch::optim::Optimizer& o) { return o.param_groups()[0].options().get_lr(); };
+  {
+    const std::string dir = shared_temp_dir("resume_extended");
+    {
+      CaseRun run({"allreduce", nullptr, sgd});
+      ddp::CosineAnnealingLR cosine(*run.optimizer, 2);
+      ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, options(dir), &run.model);
+      trainer.fit(2, &cosine);
+      EXPECT_EQ(lr(*run.optimizer), 0.0);
+    }
+    CaseRun run({"allreduce", nullptr, sgd});
+    ddp::CosineAnnealingLR cosine(*run.optimizer, 3);
+    ddp::TrainerOptions o = options(dir);
+    o.checkpoint.resume = "latest";
+    std::vector<double> rates;  // at every step of epoch 3
+    ddp_test::AfterStep hook([&](int64_t, int) { rates.push_back(lr(*run.optimizer)); });
+    ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, o, &run.model);
+    trainer.fit(3, &cosine);
+    ASSERT_EQ(rates.size(), static_cast<size_t>(kSamples / (kBatch * rt().world_size())));
+    const double cosine_at_2_of_3 = 0.05 * (1.0 + std::cos(std::acos(-1.0) * 2.0 / 3.0)) / 2.0;
+    for (const double rate : rates) EXPECT_DOUBLE_EQ(rate, cosine_at_2_of_3);
+  }
+  const std::string dir = shared_temp_dir("resume_rebased");
+  ddp::LRScheduleOptions s;
+  s.decay = ddp::LRDecay::Cosine;
+  s.decay_steps = 1000;
+  {
+    CaseRun run({"allreduce", nullptr, sgd});  // base 0.05
+    ddp::LRSchedule schedule(*run.optimizer, s);
+    ddp::TrainerOptions o = options(dir);
+    o.lr_schedule = &schedule;
+    ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, o, &run.model);
+    trainer.fit(1);
+  }
+  auto faster = [](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(net->parameters(),
+                                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  };
+  CaseRun run({"allreduce", nullptr, faster});
+  ddp::LRSchedule schedule(*run.optimizer, s);
+  ddp::TrainerOptions o = options(dir);
+  o.lr_schedule = &schedule;
+  o.checkpoint.resume = "latest";
+  testing::internal::CaptureStdout();
+  {
+    ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, o, &run.model);
+    trainer.fit(2);
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(schedule.position(), 2 * kSamples / (kBatch * rt().world_size()));
+  EXPECT_EQ(schedule.base_lrs()[0], 0.1);
+  EXPECT_EQ(lr(*run.optimizer), schedule.lrs_at(schedule.position())[0]);
+  if (rt().is_main()) {
+    EXPECT_NE(out.find("the snapshot's settings are restored with its state, so this run's are "
+                       "not used, except a learning rate that this run's schedule sets\n"),
+              std::string::npos)
+        << out;
   }
 }
 

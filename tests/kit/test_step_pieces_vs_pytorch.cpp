@@ -158,7 +158,9 @@ TEST(LRSchedule, MatchesPyTorchSchedulerClassesStepByStep) {
   EXPECT_EQ(seen, configs.size());
 }
 
-TEST(LRSchedule, SaveAndLoadRestoreThePositionAndTheBaseRates) {
+// load() restores the position; the base rates are the loading schedule's own: the same base
+// continues exactly, another (a resumed run's other --lr) takes effect from that position.
+TEST(LRSchedule, LoadRestoresThePositionOnItsOwnBaseRates) {
   torch::Tensor w = torch::zeros({1}, torch::requires_grad());
   ddp::LRScheduleOptions o;
   o.warmup_steps = 3;
@@ -173,23 +175,30 @@ TEST(LRSchedule, SaveAndLoadRestoreThePositionAndTheBaseRates) {
     a.save(archive);
     archive.save_to(saved);
   }
-  // Built on an optimizer whose rate is already mid-schedule (its state loaded first): the base
-  // comes from the archive, not from that rate.
-  torch::optim::SGD b_opt({w},
-                          torch::optim::SGDOptions(a_opt.param_groups()[0].options().get_lr()));
+  auto load = [&](ddp::LRSchedule& schedule) {
+    torch::serialize::InputArchive archive;
+    saved.seekg(0);
+    archive.load_from(saved);
+    schedule.load(archive);
+  };
+  torch::optim::SGD b_opt({w}, torch::optim::SGDOptions(0.5));
   ddp::LRSchedule b(b_opt, o);
-  torch::serialize::InputArchive archive;
-  archive.load_from(saved);
-  b.load(archive);
+  load(b);
   EXPECT_EQ(b.position(), 7);
-  EXPECT_DOUBLE_EQ(b.base_lrs()[0], 0.5);
   for (int i = 0; i < 5; ++i) {
-    EXPECT_DOUBLE_EQ(b_opt.param_groups()[0].options().get_lr(),
-                     a_opt.param_groups()[0].options().get_lr())
+    EXPECT_EQ(b_opt.param_groups()[0].options().get_lr(),
+              a_opt.param_groups()[0].options().get_lr())
         << i;
     a.step();
     b.step();
   }
+  torch::optim::SGD c_opt({w}, torch::optim::SGDOptions(0.25));
+  ddp::LRSchedule c(c_opt, o);
+  load(c);
+  EXPECT_EQ(c.position(), 7);
+  EXPECT_EQ(c.base_lrs()[0], 0.25);
+  EXPECT_EQ(c_opt.param_groups()[0].options().get_lr(), c.lrs_at(7)[0]);
+  EXPECT_NE(c.lrs_at(7)[0], b.lrs_at(7)[0]);  // base 0.5
 }
 
 TEST(LRSchedule, RefusesOptionsOutOfRangeNamingThem) {

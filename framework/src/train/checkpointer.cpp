@@ -140,7 +140,7 @@ Settings Checkpointer::settings() const {
   return all;
 }
 
-void Checkpointer::say_changed_settings(const TrainingProgress& saved) const {
+void Checkpointer::say_changed_settings(const TrainingProgress& saved, bool scheduled) const {
   if (!group_.is_main()) return;
   const char* cost =
       "the run goes on, but no longer on the trajectory the snapshot's run would "
@@ -160,13 +160,16 @@ void Checkpointer::say_changed_settings(const TrainingProgress& saved) const {
                                     [&](const auto& entry) { return entry.first == name; });
     if (found == saved.settings.end() || found->second == value) continue;
     // settings() lists the optimizers' first. Their options come back with their state
-    // (Optimizer::load, as PyTorch's load_state_dict): this run's values are not used.
+    // (Optimizer::load, as PyTorch's load_state_dict): this run's values are not used, but for a
+    // rate that this run's schedule sets (read_parts, LRSchedule::load).
     const bool restored = i < optimizer_settings_.size();
-    std::printf("Warning: the %s is %s, the snapshot's run had %s: %s\n", name.c_str(),
-                value.c_str(), found->second.c_str(),
-                restored ? "the snapshot's settings are restored with its state, so this run's "
-                           "are not used"
-                         : cost);
+    std::printf(
+        "Warning: the %s is %s, the snapshot's run had %s: %s%s\n", name.c_str(), value.c_str(),
+        found->second.c_str(),
+        restored ? "the snapshot's settings are restored with its state, so this run's "
+                   "are not used"
+                 : cost,
+        restored && scheduled ? ", except a learning rate that this run's schedule sets" : "");
   }
 }
 
@@ -273,7 +276,7 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
             "are not restored (they are per rank)\n",
             p.world_size, group_.size());
       }
-      say_changed_settings(p);
+      say_changed_settings(p, scheduler != nullptr || extras_.lr_schedule != nullptr);
       if (p.seed != o.seed) {
         std::printf(
             "Warning: continuing with the snapshot's seed %lld (not %lld) so the data "

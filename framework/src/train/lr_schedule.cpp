@@ -114,9 +114,7 @@ void LRSchedule::load(torch::serialize::InputArchive& archive) {
   }
   const int64_t t = position.item<int64_t>();
   if (t < 0) throw std::runtime_error("LRSchedule::load: negative position " + std::to_string(t));
-  position_ = t;
-  base = base.to(torch::kDouble).contiguous();
-  base_lrs_.assign(base.data_ptr<double>(), base.data_ptr<double>() + base.numel());
+  position_ = t;  // the base rates stay this schedule's (the header says why)
   apply();
 }
 

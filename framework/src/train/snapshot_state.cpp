@@ -103,13 +103,27 @@ void read_parts(torch::serialize::InputArchive& modules, torch::serialize::Input
     if (!one) modules.read(name, part);
     load_module(*module, one ? modules : part);  // copies: the DDP hooks stay attached
   }
+  // Replayed over this run's optimizer, the scheduler leaves this run's rates for the epoch the
+  // run resumes in; they are kept over the snapshot's, which equal them unless the schedule
+  // changed (--epochs, --lr). With several optimizers LibTorch does not say which one the
+  // scheduler drives, so theirs stay the snapshot's.
+  std::vector<double> scheduled;
   if (scheduler) {
     for (int64_t e = 0; e < epochs; ++e) scheduler->step();
+    if (parts.optimizers.size() == 1) {
+      for (const auto& group : parts.optimizers[0].second->param_groups())
+        scheduled.push_back(group.options().get_lr());
+    }
   }
   for (const auto& [name, optimizer] : parts.optimizers) {
     torch::serialize::InputArchive part;
     if (!one) optimizers.read(name, part);
     optimizer->load(one ? optimizers : part);
+  }
+  if (!scheduled.empty()) {
+    auto& groups = parts.optimizers[0].second->param_groups();
+    for (size_t g = 0; g < groups.size() && g < scheduled.size(); ++g)
+      groups[g].options().set_lr(scheduled[g]);
   }
 }
 

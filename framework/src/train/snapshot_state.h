@@ -39,7 +39,8 @@ std::string optimizer_types(const SnapshotParts& parts);
 void write_modules(torch::serialize::OutputArchive& modules, const SnapshotParts& parts);
 void write_optimizers(torch::serialize::OutputArchive& optimizers, const SnapshotParts& parts);
 // The reverse, copying into the modules' tensors (load_module); `scheduler` (may be null) is
-// stepped `epochs` times before the optimizers' state is loaded.
+// stepped `epochs` times before the optimizers' state is loaded, and the rates it set are kept
+// (with one optimizer).
 void read_parts(torch::serialize::InputArchive& modules, torch::serialize::InputArchive& optimizers,
                 const SnapshotParts& parts, torch::optim::LRScheduler* scheduler, int64_t epochs);
 

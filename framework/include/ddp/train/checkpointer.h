@@ -124,11 +124,12 @@ class Checkpointer {
                TrainingExtras extras = {});
 
   /// Collective. Loads the snapshot `resume` names (replaying `scheduler`, a per-epoch LibTorch
-  /// scheduler) and says where to continue; a fresh start when `resume` is empty, or "latest"
-  /// finds none. Rank 0 says what it resumed from, and warns, one line each, when the seed, the
-  /// world size (see snapshot.h) or a setting (Settings, the per-rank batch size) differs from the
-  /// snapshot's run; the run goes on. Throws std::runtime_error naming the file when it cannot be
-  /// read or does not fit the run (snapshot.h).
+  /// scheduler, whose rates the run keeps: snapshot.h) and says where to continue; a fresh start
+  /// when `resume` is empty, or "latest" finds none. Rank 0 says what it resumed from, and warns,
+  /// one line each, when the seed, the world size (see snapshot.h) or a setting (Settings, the
+  /// per-rank batch size) differs from the snapshot's run; the run goes on. Throws
+  /// std::runtime_error naming the file when it cannot be read or does not fit the run
+  /// (snapshot.h).
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
   /// Collective, at a step boundary: writes a step snapshot of `at` when `stopping`, or when
@@ -179,8 +180,9 @@ class Checkpointer {
   double now() const;  ///< options_.clock, else the steady clock
   /// What this run records in its snapshots: the optimizer, the comm hook, the caller's.
   Settings settings() const;
-  /// Rank 0: a warning line for each of this run's settings that `saved` has otherwise.
-  void say_changed_settings(const TrainingProgress& saved) const;
+  /// Rank 0: a warning line for each of this run's settings that `saved` has otherwise;
+  /// `scheduled`: a schedule sets a learning rate.
+  void say_changed_settings(const TrainingProgress& saved, bool scheduled) const;
   /// The progress every snapshot records, at `at` (epoch: the epochs finished).
   TrainingProgress progress_at(int64_t epochs_done, int64_t batches_done, int64_t step,
                                int64_t samples_done) const;

@@ -11,8 +11,8 @@
 ///   Cosine:    min_lr + (base - min_lr) * (1 + cos(pi * u / T)) / 2  CosineAnnealingLR(T, min_lr)
 ///   Step:      base * gamma^floor(u / step_size)                     StepLR
 /// as PyTorch's SequentialLR([LinearLR, ...], milestones=[W]) stepped after every optimizer.step()
-/// (the cosine rises again past T, as PyTorch's does). The closed form depends only on t, so a
-/// schedule restored from save() continues exactly.
+/// (the cosine rises again past T, as PyTorch's does). The closed form depends only on t and the
+/// base, so a schedule restored from save() continues exactly.
 ///
 /// Use: build it after the optimizer (it sets the rates of step 0), call step() after every
 /// optimizer.step(). With gradient accumulation, step it once per optimizer step, not per
@@ -87,9 +87,11 @@ class LRSchedule {
   const std::vector<double>& base_lrs() const { return base_lrs_; }
 
   ///@{
-  /// The position and the base rates (so that a schedule built after the optimizer's state was
-  /// loaded, whose rates are then mid-schedule, still restores its base); load() sets the
-  /// optimizer's rates of that position. load() throws std::runtime_error when the archive's
+  /// save() writes the position and the base rates; load() restores the position and sets the
+  /// optimizer's rates of that position from this schedule's own base rates, so that a resumed
+  /// run follows its own schedule (other base rates or options take effect; the same ones
+  /// continue exactly). Build the schedule before loading the optimizer's state: its base is the
+  /// optimizer's rates at construction. load() throws std::runtime_error when the archive's
   /// parameter groups differ in number from the optimizer's.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);

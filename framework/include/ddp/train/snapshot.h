@@ -9,10 +9,13 @@
 /// every rank's CPU generator, CUDA generator (when the ranks compute on a GPU: what dropout draws
 /// from) and, inside an epoch, RankState. The LibTorch scheduler is replayed (stepped once per
 /// finished epoch before the optimizer state is loaded), which restores any scheduler whose rate
-/// depends only on its step count; the sampler's order is a function of (seed, epoch, rank).
-/// TrainingExtras' LRSchedule and GradScaler are entries of their own: loading refuses a file that
-/// lacks one the run has, or has one the run lacks, naming it, rather than silently restart or drop
-/// it. The wrapper's state and the Settings are optional on load.
+/// depends only on its step count and its base rates, and the rates it sets are kept over the
+/// snapshot's: a run resumes on its own schedule, the snapshot's when nothing changed, this run's
+/// after a changed schedule or base rate (with several optimizers, whose scheduler LibTorch does
+/// not name, the rates are the snapshot's). The sampler's order is a function of (seed, epoch,
+/// rank). TrainingExtras' LRSchedule and GradScaler are entries of their own: loading refuses a
+/// file that lacks one the run has, or has one the run lacks, naming it, rather than silently
+/// restart or drop it. The wrapper's state and the Settings are optional on load.
 ///
 /// A device change on resume is allowed (the model and optimizer state do not depend on it): CPU
 /// ranks ignore saved CUDA generator states, CUDA ranks resumed without them keep their own; rank 0
