@@ -96,6 +96,8 @@ TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
             "--max-skipped-steps must be >= 1 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.amp = "fp8"; }),
             "--amp: mixed precision 'fp8': expected off, bf16 or fp16");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.progress = "off"; }),
+            "--progress: progress mode 'off': expected auto, bar, log or none");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.schedule = "linear"; }),
             "--schedule 'linear' is not one of: cosine, step");
   EXPECT_EQ(error_of([](TrainingFlags& f) {

@@ -158,7 +158,7 @@ if(TARGET ddp_mnist)
     PASS_REGULAR_EXPRESSION
     "Model and optimizer:.*--gamma.*Training:.*--epochs.*Data:.*--data-dir.*Distributed:.*--backend.*Checkpoints:.*--resume.*Progress and diagnostics:.*--progress")
   ddp_add_mpi_failure_test(ddp_mnist_bad_progress
-    "ddp: rank [01] .*--progress: progress mode 'fancy': expected auto, bar, log or none"
+    "ddp_mnist: --progress: progress mode 'fancy': expected auto, bar, log or none \\(see --help\\)"
     2 $<TARGET_FILE:ddp_mnist> --progress fancy --dry-run)
   # Training curves from the demo's metrics file, and an error naming a bad one.
   add_test(NAME plot_metrics_from_demo COMMAND /usr/bin/python3

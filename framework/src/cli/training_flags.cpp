@@ -95,6 +95,7 @@ void check_training_flags(const TrainingFlags& f) {
   parse_flag("--on-nonfinite", f.on_nonfinite, ddp::parse_on_nonfinite);
   require_at_least("--max-skipped-steps", f.max_skipped_steps, 1);
   parse_flag("--amp", f.amp, ddp::parse_amp_mode);
+  parse_flag("--progress", f.progress, ddp::parse_progress_mode);
   one_of("--comm-hook", f.comm_hook, {"allreduce", "fp16", "bf16", "powersgd"});
   if (f.overlap_step && (f.clip_grad_norm > 0 || f.amp == "fp16" || f.on_nonfinite == "skip")) {
     throw std::invalid_argument(

@@ -69,7 +69,7 @@ struct TrainingFlags {
   ///@}
   std::string tensorboard;  ///< --tensorboard DIR (ReporterOptions::tensorboard_dir)
   /// --progress: bar, log, none or auto (the default).
-  std::string progress;
+  std::string progress = "auto";
   ///@{
   /// The training step: --accumulate (micro-batches per optimizer step, >= 1) and --warmup-steps
   /// (linear warmup over N optimizer steps, then the schedule per step; 0: per epoch).
