@@ -98,6 +98,8 @@ TEST(ExampleFlags, TrainingStepFlagsAreChecked) {
             "--amp: mixed precision 'fp8': expected off, bf16 or fp16");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.progress = "off"; }),
             "--progress: progress mode 'off': expected auto, bar, log or none");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.backend = "gloo"; }),
+            "--backend: unknown backend 'gloo' (expected auto, mpi or nccl)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.schedule = "linear"; }),
             "--schedule 'linear' is not one of: cosine, step");
   EXPECT_EQ(error_of([](TrainingFlags& f) {

@@ -96,6 +96,7 @@ void check_training_flags(const TrainingFlags& f) {
   require_at_least("--max-skipped-steps", f.max_skipped_steps, 1);
   parse_flag("--amp", f.amp, ddp::parse_amp_mode);
   parse_flag("--progress", f.progress, ddp::parse_progress_mode);
+  parse_flag("--backend", f.backend, ddp::parse_backend);
   one_of("--comm-hook", f.comm_hook, {"allreduce", "fp16", "bf16", "powersgd"});
   if (f.overlap_step && (f.clip_grad_norm > 0 || f.amp == "fp16" || f.on_nonfinite == "skip")) {
     throw std::invalid_argument(
@@ -271,7 +272,7 @@ std::unique_ptr<ddp::Timeline> make_timeline(ddp::ProcessGroup& group, const Tra
 
 ddp::DDPOptions ddp_options(const TrainingFlags& flags, ddp::Timeline* timeline) {
   ddp::DDPOptions options;
-  options.backend = ddp::parse_backend(flags.backend);
+  options.backend = parse_flag("--backend", flags.backend, ddp::parse_backend);
   options.bucket_cap_mb = flags.bucket_mb;
   options.first_bucket_mb = flags.first_bucket_mb;
   options.find_unused_parameters = flags.find_unused_parameters;

@@ -65,7 +65,8 @@ struct TrainingFlags {
   /// --data-dir, --metrics-file (JSON lines; empty: none), --timeline (trace file; empty: none),
   /// --backend (auto, mpi or nccl), --checkpoint-dir (empty: no checkpoints), --resume (empty:
   /// a fresh start; "latest" for a bare --resume: the newest snapshot; else a snapshot's path).
-  std::string data_dir, metrics_file, timeline, backend, checkpoint_dir, resume;
+  std::string data_dir, metrics_file, timeline, checkpoint_dir, resume;
+  std::string backend = "auto";
   ///@}
   std::string tensorboard;  ///< --tensorboard DIR (ReporterOptions::tensorboard_dir)
   /// --progress: bar, log, none or auto (the default).
