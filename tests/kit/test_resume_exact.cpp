@@ -190,6 +190,12 @@ std::unique_ptr<torch::optim::Optimizer> sgd(Mlp& net) {
                                              torch::optim::SGDOptions(0.05).momentum(0.9));
 }
 
+// sgd() at twice the learning rate: a resume that changes --lr.
+std::unique_ptr<torch::optim::Optimizer> faster(Mlp& net) {
+  return std::make_unique<torch::optim::SGD>(net->parameters(),
+                                             torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
 std::shared_ptr<ddp::PowerSGDState> powersgd_state() {
   auto state = std::make_shared<ddp::PowerSGDState>();
   state->start_powerSGD_iter = 2;  // compressed from step 3: the stop after 6 is mid-compression
@@ -363,10 +369,6 @@ TEST(ResumeExact, AResumedRunFollowsItsOwnSchedule) {
     ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, o, &run.model);
     trainer.fit(1);
   }
-  auto faster = [](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
-    return std::make_unique<torch::optim::SGD>(net->parameters(),
-                                               torch::optim::SGDOptions(0.1).momentum(0.9));
-  };
   CaseRun run({"allreduce", nullptr, faster});
   ddp::LRSchedule schedule(*run.optimizer, s);
   ddp::TrainerOptions o = options(dir);
@@ -399,10 +401,6 @@ TEST(ResumeExact, ChangedSettingsAreNamedAtResume) {
     ddp::Trainer trainer(pg(), *run.net, run.task, *run.optimizer, o, &run.model);
     trainer.fit(1);
   }
-  auto faster = [](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
-    return std::make_unique<torch::optim::SGD>(net->parameters(),
-                                               torch::optim::SGDOptions(0.1).momentum(0.9));
-  };
   CaseRun run({"allreduce", nullptr, faster});
   ddp::TrainerOptions o = options(dir);
   o.checkpoint.resume = "latest";
