@@ -169,6 +169,11 @@ TEST(ExampleFlags, ResumeFlagsMustComeTogether) {
   flags.resume = "a.pt";
   flags.keep_global_batch = true;
   EXPECT_TRUE(ddp::cli::trainer_options(flags, nullptr).keep_global_batch);
+  // A hand-written loop's Checkpointer takes .checkpoint as it is (docs/training_loop.md).
+  const ddp::CheckpointerOptions checkpoint = ddp::cli::trainer_options(flags, nullptr).checkpoint;
+  EXPECT_EQ(checkpoint.resume, "a.pt");
+  EXPECT_EQ(checkpoint.seed, 1);
+  EXPECT_EQ(checkpoint.batch_size, 64);
 }
 
 TEST(ExampleFlags, CheckpointEverySecondsIsFinitePositiveAndNeedsAFolder) {

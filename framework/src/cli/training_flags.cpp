@@ -323,6 +323,9 @@ ddp::TrainerOptions trainer_options(const TrainingFlags& flags, ddp::Timeline* t
   options.report.metrics_file = flags.metrics_file;
   options.report.tensorboard_dir = flags.tensorboard;
   options.report.hparams = hparams(flags);
+  // Complete for a hand-written loop's Checkpointer (the Trainer sets the same two itself).
+  options.checkpoint.seed = flags.seed;
+  options.checkpoint.batch_size = flags.batch_size;
   options.checkpoint.dir = flags.checkpoint_dir;
   options.checkpoint.keep = flags.keep_checkpoints;
   options.checkpoint.resume = flags.resume;
