@@ -128,6 +128,92 @@ TEST(MpiCommunicator, DebugModeNamesBothSidesOfAMismatchOnEveryRank) {
   EXPECT_EQ(shape.sum().item<double>(), 5040.0 * w);
 }
 
+// Issue 60: without the debug mode, every collective whose arguments differ on one rank throws on
+// every rank, naming both calls, before any byte moves (the tensors are untouched), and the
+// communicator stays usable. On MPI alone and with every all-reduce on the TCP ring.
+TEST(CpuCommunicator, EveryMismatchIsNamedOnEveryRankByDefault) {
+  const int r = comm().rank(), w = comm().size();
+  if (w < 2) GTEST_SKIP() << "needs 2 ranks";
+  const bool odd = r == 1;  // the rank whose call differs
+  struct Case {
+    std::string name;
+    std::function<void(ddp::Communicator&, torch::Tensor&)> call;
+    std::string rank0, rank1;  // the calls, as the message names them (N: the call's number)
+  };
+  const std::vector<Case> cases{
+      {"dtype", [&](ddp::Communicator& c, torch::Tensor& t) {
+         t = odd ? torch::ones({10}, torch::kInt) : torch::ones({10});
+         c.all_reduce(t);
+       }, "all_reduce #N float32[10] (sum)", "all_reduce #N int32[10] (sum)"},
+      {"op", [&](ddp::Communicator& c, torch::Tensor& t) {
+         t = torch::ones({10});
+         c.all_reduce(t, odd ? ddp::ReduceOp::Max : ddp::ReduceOp::Sum);
+       }, "all_reduce #N float32[10] (sum)", "all_reduce #N float32[10] (max)"},
+      {"root", [&](ddp::Communicator& c, torch::Tensor& t) {
+         t = torch::ones({10});
+         c.broadcast(t, odd ? 1 : 0);
+       }, "broadcast #N float32[10] (root 0)", "broadcast #N float32[10] (root 1)"},
+      {"bigger_broadcast", [&](ddp::Communicator& c, torch::Tensor& t) {
+         t = torch::ones({odd ? 20 : 10});
+         c.broadcast(t, 0);
+       }, "broadcast #N float32[10] (root 0)", "broadcast #N float32[20] (root 0)"},
+      {"gather_dtype", [&](ddp::Communicator& c, torch::Tensor& t) {
+         t = odd ? torch::ones({10}, torch::kInt) : torch::ones({10});
+         c.all_gather(t);
+       }, "all_gather #N float32[10]", "all_gather #N int32[10]"},
+      {"shape", [&](ddp::Communicator& c, torch::Tensor& t) {
+         t = odd ? torch::ones({5, 4}) : torch::ones({4, 5});
+         c.all_reduce(t);
+       }, "all_reduce #N float32[4,5] (sum)", "all_reduce #N float32[5,4] (sum)"},
+      {"size", [&](ddp::Communicator& c, torch::Tensor& t) {  // the blocking path, and the ring's
+         t = torch::ones({odd ? 40000 : 20000});
+         c.all_reduce(t);
+       }, "all_reduce #N float32[20000] (sum)", "all_reduce #N float32[40000] (sum)"},
+      {"kind", [&](ddp::Communicator& c, torch::Tensor& t) {
+         t = torch::ones({10});
+         if (odd) {
+           c.barrier();
+         } else {
+           c.all_reduce(t);
+         }
+       }, "all_reduce #N float32[10] (sum)", "barrier #N"}};
+  ddp::CpuOptions on_ring;
+  on_ring.sockets = ddp::CpuOptions::Sockets::Always;
+  on_ring.socket_bytes = 0;
+  std::vector<std::unique_ptr<ddp::Communicator>> communicators;
+  communicators.push_back(std::make_unique<ddp::MpiCommunicator>(MPI_COMM_WORLD));
+  communicators.push_back(ddp::make_cpu_communicator(MPI_COMM_WORLD, on_ring));
+  for (auto& c : communicators) {
+    int64_t seq = 0;
+    for (const Case& one : cases) {
+      torch::Tensor t;
+      std::string message;
+      try {
+        one.call(*c, t);
+      } catch (const std::runtime_error& e) {
+        message = e.what();
+      }
+      ++seq;
+      auto numbered = [&](std::string call) {
+        return call.replace(call.find('N'), 1, std::to_string(seq));
+      };
+      EXPECT_EQ(message, "the ranks call different collectives on communicator 1: rank 0 called " +
+                             numbered(one.rank0) + " but rank 1 called " + numbered(one.rank1) +
+                             ". " +
+                             (one.name == "kind" ? ddp::detail::mismatch_cause()
+                                                 : "Every rank must pass the same dtype, shape, "
+                                                   "reduce op and root"))
+          << one.name;
+      // No rank ran it: every element is still the 1 it was made with.
+      EXPECT_TRUE(torch::equal(t, torch::ones_like(t))) << one.name;
+      torch::Tensor sum = torch::ones({3});
+      c->all_reduce(sum);  // still usable, in step
+      ++seq;
+      EXPECT_TRUE(torch::equal(sum, torch::full({3}, double(w)))) << one.name;
+    }
+  }
+}
+
 // A ring of its own over every rank: every collective on the ring.
 std::unique_ptr<ddp::SocketRing> own_ring(MPI_Comm comm = MPI_COMM_WORLD,
                                           const std::string& interfaces = "") {

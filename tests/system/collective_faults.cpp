@@ -38,6 +38,10 @@
 //                               barrier then receives rank 0's next broadcast: MPI_ERR_TRUNCATE,
 //                               which Open MPI reports through MPI_COMM_WORLD's error handler;
 //                               the job ends with ddp's message naming both sides' calls
+//   collective_faults matrix CASE  issue 60: rank 1 calls a collective whose arguments differ
+//                               from rank 0's in one way (CASE, see mismatch_case below) on
+//                               group.cpu(), without DDP_DEBUG: every rank's check names both
+//                               calls and the job ends, before any byte of the tensors moves
 //   collective_faults world_error  rank 0 sends to a rank that does not exist on
 //                               MPI_COMM_WORLD, outside any collective: the handler ProcessGroup
 //                               set there ends the job with ddp's line and MPI's error
@@ -146,6 +150,31 @@ void one_rank_forward_then_step(ddp::ProcessGroup& group) {
       "collective_faults one_rank_forward_then_step: the mismatch went unnoticed");
 }
 
+// "matrix CASE" (see the top): rank 1's call differs from the others' in one way. Each case's
+// byte counts match, but for "size" (the blocking path's 20000 and 40000 float32, where Open MPI
+// wrote past the smaller buffer before the check) and "bigger_broadcast".
+void mismatch_case(ddp::Communicator& comm, const std::string& which) {
+  const bool odd = comm.rank() == 1;
+  if (which == "dtype") {
+    comm.all_reduce(odd ? torch::ones({10}, torch::kInt) : torch::ones({10}));
+  } else if (which == "op") {
+    comm.all_reduce(torch::ones({10}), odd ? ddp::ReduceOp::Max : ddp::ReduceOp::Sum);
+  } else if (which == "root") {
+    comm.broadcast(torch::ones({10}), odd ? 1 : 0);
+  } else if (which == "bigger_broadcast") {
+    comm.broadcast(torch::ones({odd ? 20 : 10}), 0);
+  } else if (which == "gather_dtype") {
+    comm.all_gather(odd ? torch::ones({10}, torch::kInt) : torch::ones({10}));
+  } else if (which == "shape") {
+    comm.all_reduce(odd ? torch::ones({5, 4}) : torch::ones({4, 5}));
+  } else if (which == "size") {
+    comm.all_reduce(torch::ones({odd ? 40000 : 20000}));
+  } else {
+    throw std::invalid_argument("collective_faults matrix: no case '" + which + "'");
+  }
+  throw std::runtime_error("collective_faults matrix " + which + ": the mismatch went unnoticed");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,6 +184,7 @@ int main(int argc, char** argv) {
     ddp::ProcessGroup group(runtime);
     if (mode == "across" || mode == "interleave") return across_communicators(group, mode);
     if (mode == "one_rank_forward") return one_rank_forward(group);
+    if (mode == "matrix") return mismatch_case(group.cpu(), argc > 2 ? argv[2] : "");
     if (mode == "one_rank_forward_then_step") return one_rank_forward_then_step(group);
     if (mode == "world_error") {
       if (runtime.is_main()) {

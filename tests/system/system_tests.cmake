@@ -20,6 +20,41 @@ set_tests_properties(collective_check_passes_when_ranks_agree PROPERTIES TIMEOUT
 ddp_add_mpi_failure_test(collective_mismatch_names_both_sides
   "DDP_DEBUG=DETAIL: the ranks call different collectives on one communicator: rank 0 called all_reduce #2 float32\\[10\\] \\(sum\\) but rank 1 called broadcast #2 int64\\[3\\] \\(root 0\\)"
   2 $<TARGET_FILE:collective_faults> mismatch)
+# Issue 60: without DDP_DEBUG, a call whose dtype, op, root, shape or size differs on one rank
+# ends the job in seconds naming both calls (before: a silent wrong result, or heap corruption
+# for the 20000/40000 all-reduce). `case` and the two calls each names.
+foreach(row
+    "dtype|all_reduce #1 float32\\[10\\] \\(sum\\)|all_reduce #1 int32\\[10\\] \\(sum\\)"
+    "op|all_reduce #1 float32\\[10\\] \\(sum\\)|all_reduce #1 float32\\[10\\] \\(max\\)"
+    "root|broadcast #1 float32\\[10\\] \\(root 0\\)|broadcast #1 float32\\[10\\] \\(root 1\\)"
+    "bigger_broadcast|broadcast #1 float32\\[10\\] \\(root 0\\)|broadcast #1 float32\\[20\\] \\(root 0\\)"
+    "gather_dtype|all_gather #1 float32\\[10\\]|all_gather #1 int32\\[10\\]"
+    "shape|all_reduce #1 float32\\[4,5\\] \\(sum\\)|all_reduce #1 float32\\[5,4\\] \\(sum\\)"
+    "size|all_reduce #1 float32\\[20000\\] \\(sum\\)|all_reduce #1 float32\\[40000\\] \\(sum\\)")
+  string(REPLACE "|" ";" row "${row}")
+  list(GET row 0 case)
+  list(GET row 1 rank0)
+  list(GET row 2 rank1)
+  ddp_add_mpi_failure_test(collective_mismatch_${case}_ends_job
+    "ddp: rank [01] \\([^)]*\\): the ranks call different collectives on communicator 1 \\(ProcessGroup::cpu\\(\\)\\): rank 0 called ${rank0} but rank 1 called ${rank1}\\."
+    2 $<TARGET_FILE:collective_faults> matrix ${case})
+  set_tests_properties(collective_mismatch_${case}_ends_job PROPERTIES TIMEOUT 30)
+endforeach()
+# The 20000/40000 all-reduce again, with AddressSanitizer preloaded into both ranks (its heap
+# redzones and its checks of libc's and the kernel's copies: Open MPI's shared-memory transfer
+# wrote 64512 bytes past the smaller buffer before the agreement), on MPI and on the TCP ring.
+execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+  OUTPUT_VARIABLE DDP_LIBASAN OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(EXISTS "${DDP_LIBASAN}")
+  foreach(sockets never always)
+    ddp_add_mpi_failure_test(collective_mismatch_size_under_asan_${sockets}
+      "ddp: rank [01] \\([^)]*\\): the ranks call different collectives on communicator 1 \\(ProcessGroup::cpu\\(\\)\\): rank 0 called all_reduce #1 float32\\[20000\\] \\(sum\\) but rank 1 called all_reduce #1 float32\\[40000\\] \\(sum\\)\\."
+      2 -x LD_PRELOAD=${DDP_LIBASAN} -x ASAN_OPTIONS=detect_leaks=0 -x DDP_MPI_SOCKETS=${sockets}
+      $<TARGET_FILE:collective_faults> matrix size)
+    set_tests_properties(collective_mismatch_size_under_asan_${sockets} PROPERTIES TIMEOUT 60
+      FAIL_REGULAR_EXPRESSION "AddressSanitizer")
+  endforeach()
+endif()
 ddp_add_mpi_failure_test(mpi_watchdog_names_stopped_rank
   "MPI watchdog on rank [01]: all_reduce #3 float64\\[3\\] \\(max\\) on communicator 1( \\([^ ]+\\))? unfinished 2 s after rank [01] entered it .*Ranks that never arrived: rank 2 \\(no answer within 2 s.*waiting in it too: rank\\(s\\) [01]"
   3 $<TARGET_FILE:collective_faults> stop)
@@ -46,19 +81,20 @@ ddp_add_mpi_failure_test(mpi_watchdog_names_calls_across_communicators
   "MPI watchdog on rank [01]: [a-z_]+ #[0-9]+ .* on communicator [0-9] \\([^)]+\\)+ unfinished 2 s .*The ranks call different collectives: rank [01] is in [a-z_]+ #[0-9]+ [^ ]+ \\([a-z0-9 ]+\\) on communicator [0-9] \\((DistributedDataParallel's gradient communicator|ProcessGroup::cpu\\(\\))\\)\\. A collective called by some ranks only"
   2 $<TARGET_FILE:collective_faults> across)
 # Rank 0 alone runs a forward through the wrapper in training mode (issue 40): the job ends
-# naming both sides' calls and the likely cause, without DETAIL, long before the timeout (60 s:
-# "cannot finish" is the early check's message, not the watchdog's).
+# naming both sides' calls and the likely cause, without DETAIL, long before the timeout (60 s):
+# its buffer broadcast meets the other rank's bucket all-reduce in the ranks' agreement on the
+# call (issue 60).
 ddp_add_mpi_failure_test(collective_called_by_one_rank_is_named
-  "cannot finish: the ranks call different collectives, and none has moved on for [0-9]+ s: rank [01] is in [a-z_]+ #[0-9]+ [^ ]+( \\([a-z0-9 ]+\\))? on communicator [0-9] \\(DistributedDataParallel's (gradient|control) communicator\\)\\. A collective called by some ranks only, or by the ranks in another order, does this: e.g. a forward through DistributedDataParallel in training mode on some ranks only"
+  "the ranks call different collectives on communicator [0-9] \\(DistributedDataParallel's gradient communicator\\): rank 0 called broadcast #[0-9]+ int64\\[1\\] \\(root 0\\) but rank 1 called all_reduce #[0-9]+ float32\\[74\\] \\(sum\\)\\. A collective called by some ranks only, or by the ranks in another order, does this: e.g. a forward through DistributedDataParallel in training mode on some ranks only"
   2 $<TARGET_FILE:collective_faults> one_rank_forward)
 set_tests_properties(collective_called_by_one_rank_is_named PROPERTIES
   ENVIRONMENT "${DDP_MPI_TEST_ENV};DDP_TIMEOUT_SECONDS=60")
-# The same mistake where the mismatch truncates (a GAN port sampling through its generator's
-# wrapper on rank 0, the other rank on to its next step): Open MPI reports it through
-# MPI_COMM_WORLD's error handler, whose ddp line names both sides' calls and the likely cause,
-# not Open MPI's MPI_ERR_TRUNCATE lines alone.
+# The same mistake where the ranks then wait on different communicators (a GAN port sampling
+# through its generator's wrapper on rank 0, the other rank on to its next step's all-reduce on
+# group.cpu()): before issue 60 Open MPI truncated a message there (MPI_ERR_TRUNCATE); now no
+# mismatched transfer starts, and the early check names both sides' calls and the likely cause.
 ddp_add_mpi_failure_test(collective_truncated_by_one_rank_is_named
-  "ddp: rank [01] \\([^)]*\\): rank [01]: [a-z_]+ #[0-9]+ [^ ]+( \\([a-z0-9 ]+\\))? on communicator [0-9] \\(DistributedDataParallel's gradient communicator\\) failed: MPI_ERR_TRUNCATE: message truncated.*\\. The other ranks: rank [01] is in [a-z_]+ #[0-9]+ [^ ]+( \\([a-z0-9 ]+\\))? on communicator [0-9] \\(.*\\. A collective called by some ranks only, or by the ranks in another order, does this"
+  "ddp: rank [01] \\([^)]*\\): rank [01]: [a-z_]+ #[0-9]+ [^ ]+( \\([a-z0-9 ]+\\))? on communicator [0-9] \\([^)]+\\)+ cannot finish: the ranks call different collectives, and none has moved on for [0-9]+ s: rank [01] is in [a-z_]+ #[0-9]+ [^ ]+( \\([a-z0-9 ]+\\))? on communicator [0-9] \\(.*\\. A collective called by some ranks only, or by the ranks in another order, does this"
   2 $<TARGET_FILE:collective_faults> one_rank_forward_then_step)
 set_tests_properties(collective_truncated_by_one_rank_is_named PROPERTIES
   ENVIRONMENT "${DDP_MPI_TEST_ENV};DDP_TIMEOUT_SECONDS=60")

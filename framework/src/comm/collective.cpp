@@ -1,5 +1,7 @@
 #include "comm/collective.h"
 
+#include "util/hash.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -223,6 +225,13 @@ std::string Collective::describe(const Fingerprint& f) {
 }
 
 std::string Collective::describe() const { return describe(fingerprint()); }
+
+int64_t Collective::agreement_key() const {
+  std::vector<int64_t> words{static_cast<int64_t>(kind), seq, dtype, extra,
+                             static_cast<int64_t>(sizes.size())};
+  words.insert(words.end(), sizes.begin(), sizes.end());
+  return static_cast<int64_t>(hash64(words.data(), words.size() * sizeof(int64_t)) >> 2);
+}
 
 void finish_avg(const torch::Tensor& reduced, ReduceOp op, int size) {
   if (op == ReduceOp::Avg) reduced.div_(size);

@@ -75,6 +75,11 @@ struct Collective {
   Fingerprint fingerprint() const;
   static std::string describe(const Fingerprint& fingerprint);
 
+  // What every rank must agree on, as one 62-bit number (so that its negation fits an int64):
+  // kind, sequence number, dtype, reduce op or root, and the whole shape. Equal on two ranks
+  // exactly when their calls match, but for a hash collision (XXH64: about 2^-62 a pair).
+  int64_t agreement_key() const;
+
   CollectiveKind kind = CollectiveKind::Barrier;
   int64_t seq = 0;     // its number on its communicator, 1 for the first (set when queued)
   int64_t dtype = -1;  // torch::ScalarType of the tensor, -1 without one

@@ -1,5 +1,6 @@
 #include "comm/mpi/collective_check.h"
 
+#include "comm/mpi/inquiry.h"
 #include "util/mpi_check.h"
 
 #include <algorithm>
@@ -63,10 +64,7 @@ void CollectiveCheck::check(int64_t ticket, int member, const Collective& call,
       check.turn_changed_.notify_all();
     }
   } pass{*this};
-  const Collective::Fingerprint f = call.fingerprint();
-  Row mine{};
-  std::copy(f.begin(), f.end(), mine.begin());
-  mine[kRow - 1] = member;
+  const Row mine = row(call, member);
   std::vector<Row> all(static_cast<size_t>(size_));
   MPI_Request request;
   DDP_MPI_CHECK(MPI_Iallgather(mine.data(), kRow, MPI_INT64_T, all.data(), kRow, MPI_INT64_T, comm_,
@@ -82,34 +80,94 @@ void CollectiveCheck::check(int64_t ticket, int member, const Collective& call,
   if (!message.empty()) throw std::runtime_error(message);
 }
 
-std::string CollectiveCheck::mismatch(const std::vector<Row>& rows,
-                                      const std::vector<std::string>& names) {
-  bool one_communicator = true;
-  std::string others;
+namespace {
+
+// "rank 0 called <call> but rank 1 called <other>, rank 3 called <other>" for the ranks whose row
+// differs from rank 0's, "" when none does; each call "on <communicator>" unless all rows name
+// one communicator (`one_communicator`, set).
+std::string differing_calls(const std::vector<CollectiveCheck::Row>& rows,
+                            const std::vector<std::string>& names, bool& one_communicator) {
+  constexpr int member = CollectiveCheck::kRow - 1;
+  one_communicator = true;
   for (size_t r = 1; r < rows.size(); ++r) {
-    if (rows[r] == rows[0]) continue;
-    one_communicator = one_communicator && rows[r][kRow - 1] == rows[0][kRow - 1];
+    if (rows[r] != rows[0])
+      one_communicator = one_communicator && rows[r][member] == rows[0][member];
   }
   auto call = [&](size_t r) {
     return "rank " + std::to_string(r) + " called " +
            Collective::describe(fingerprint_of(rows[r])) +
-           (one_communicator ? "" : " on " + communicator(rows[r][kRow - 1], names));
+           (one_communicator ? "" : " on " + communicator(rows[r][member], names));
   };
+  std::string others;
   for (size_t r = 1; r < rows.size(); ++r) {
     if (rows[r] != rows[0]) others += (others.empty() ? "" : ", ") + call(r);
   }
-  if (others.empty()) return "";
+  return others.empty() ? "" : call(0) + " but " + others;
+}
+
+}  // namespace
+
+CollectiveCheck::Row CollectiveCheck::row(const Collective& call, int member) {
+  const Collective::Fingerprint f = call.fingerprint();
+  Row row{};
+  std::copy(f.begin(), f.end(), row.begin());
+  row[kRow - 1] = member;
+  return row;
+}
+
+std::string CollectiveCheck::mismatch(const std::vector<Row>& rows,
+                                      const std::vector<std::string>& names) {
+  bool one_communicator = true;
+  const std::string calls = differing_calls(rows, names, one_communicator);
+  if (calls.empty()) return "";
   if (one_communicator) {
     const int64_t member = rows[0][kRow - 1];
     const bool shared = names.size() > 1 || (!names.empty() && !names[0].empty());
-    return "DDP_DEBUG=DETAIL: the ranks call different collectives on one communicator: " +
-           call(0) + " but " + others +
+    return "DDP_DEBUG=DETAIL: the ranks call different collectives on one communicator: " + calls +
            (shared ? " (" + communicator(member, names) + " of the process group)" : "");
   }
   return "DDP_DEBUG=DETAIL: the ranks call collectives on different communicators of one process "
          "group (in another order, or one rank on one communicator while another waits on a "
          "second): " +
-         call(0) + " but " + others;
+         calls;
+}
+
+void agree_on_call(MPI_Comm comm, const Collective& call, const std::string& where,
+                   const std::function<void(MPI_Request&)>& wait) {
+  // The minimum of every key and of every key's negation: equal and opposite exactly when all
+  // keys are equal, and the same two numbers on every rank, so all ranks decide alike.
+  const int64_t key = call.agreement_key();
+  std::array<int64_t, 2> extremes{key, -key};
+  MPI_Request request;
+  DDP_MPI_CHECK(
+      MPI_Iallreduce(MPI_IN_PLACE, extremes.data(), 2, MPI_INT64_T, MPI_MIN, comm, &request));
+  wait(request);
+  if (extremes[0] == -extremes[1]) return;
+  // Some call differs: rare, so only now the ranks say what each called.
+  int size = 1;
+  DDP_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const CollectiveCheck::Row mine = CollectiveCheck::row(call, 1);
+  std::vector<CollectiveCheck::Row> rows(static_cast<size_t>(size));
+  DDP_MPI_CHECK(MPI_Iallgather(mine.data(), CollectiveCheck::kRow, MPI_INT64_T, rows.data(),
+                               CollectiveCheck::kRow, MPI_INT64_T, comm, &request));
+  wait(request);
+  bool one_communicator = true;
+  std::string calls = differing_calls(rows, {}, one_communicator);
+  if (calls.empty()) {  // the descriptions show the first dimensions only
+    calls = "rank 0 called " + Collective::describe(fingerprint_of(rows[0])) +
+            ", and another rank the same call on a tensor whose shape differs past the dimensions "
+            "shown";
+  }
+  // Another kind or number: a call some ranks skipped or made alone. Else the same call with
+  // other arguments.
+  bool other_call = false;
+  for (const CollectiveCheck::Row& row : rows) other_call = other_call || row[0] != rows[0][0];
+  for (const CollectiveCheck::Row& row : rows) other_call = other_call || row[1] != rows[0][1];
+  throw std::runtime_error("the ranks call different collectives on " + where + ": " + calls +
+                           ". " +
+                           (other_call ? mismatch_cause()
+                                       : "Every rank must pass the same dtype, shape, reduce op "
+                                         "and root"));
 }
 
 }  // namespace ddp::detail

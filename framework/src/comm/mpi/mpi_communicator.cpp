@@ -31,12 +31,13 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_after_fill(const torch::Tensor
   const MPI_Op reduce = detail::mpi_op(op, host.scalar_type());
   const int size = this->size();
   const bool blocking = host.nbytes() >= options_.blocking_bytes;
-  // The debug mode's all-gather already waits for every rank.
-  const bool arrival_barrier = blocking && !worker_->options().check_collectives;
   detail::MpiWorker* worker = worker_.get();  // outlives the calls queued on it
-  auto run = [worker, fill, host, type, reduce, op, size, blocking, arrival_barrier] {
+  // The worker's agreement on the call (collective_check.h) has waited for every rank: the
+  // blocking path needs no arrival barrier.
+  auto run = [worker, fill, host, type, reduce, op, size, blocking] {
     if (fill) fill();
-    detail::mpi_all_reduce(*worker, worker->comm(), host, type, reduce, blocking, arrival_barrier);
+    detail::mpi_all_reduce(*worker, worker->comm(), host, type, reduce, blocking,
+                           /*arrive_first=*/false);
     detail::finish_avg(host, op, size);
   };
   return worker_->submit(std::move(call), std::move(run), tensor, host);

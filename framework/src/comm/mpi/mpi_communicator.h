@@ -5,10 +5,11 @@
 // (mpi_types.h). Errors: Work::wait() rethrows a failing MPI call's, with MPI's message, the call
 // and file:line (util/mpi_check.h).
 //
-// Large all-reduces (MpiOptions::blocking_bytes) first wait, asleep as the worker waits, in an
-// MPI_Ibarrier, then make the blocking MPI_Allreduce: Open MPI's blocking all-reduce has faster
-// algorithms for large messages, and sleeping while bytes move over TCP stalls them. Limit: a
-// rank stopped in the middle of such a transfer leaves the others spinning until the timeout.
+// Large all-reduces (MpiOptions::blocking_bytes) first wait, asleep as the worker waits, for every
+// rank (in the worker's agreement on the call), then make the blocking MPI_Allreduce: Open MPI's
+// blocking all-reduce has faster algorithms for large messages, and sleeping while bytes move
+// over TCP stalls them. Limit: a rank stopped in the middle of such a transfer leaves the others
+// spinning until the timeout.
 
 #include "comm/collective.h"
 #include "comm/mpi/mpi_worker.h"
@@ -25,8 +26,8 @@
 namespace ddp {
 
 struct MpiOptions : WorkerOptions {
-  // All-reduces of at least this many bytes wait for every rank in an MPI_Ibarrier, then make
-  // the blocking MPI_Allreduce (see above); smaller ones are one MPI_Iallreduce. 0: all of them.
+  // All-reduces of at least this many bytes wait for every rank, then make the blocking
+  // MPI_Allreduce (see above); smaller ones are one MPI_Iallreduce. 0: all of them.
   std::size_t blocking_bytes = 64 << 10;
 };
 

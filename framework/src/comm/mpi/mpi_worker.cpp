@@ -324,11 +324,14 @@ void MpiWorker::loop() {
     {
       const RunningCall running(this, &task->call);
       try {
+        const auto wait_for = [this](MPI_Request& r) { wait(r); };
         if (check_) {
-          check_->check(task->ticket, member_, task->call, [this](MPI_Request& r) { wait(r); });
+          check_->check(task->ticket, member_, task->call, wait_for);
+        } else {
+          agree_on_call(comm_, task->call, inquiry_->name(inquiry_member_), wait_for);
         }
       } catch (...) {
-        error = std::current_exception();  // the check's own error names both sides
+        error = std::current_exception();  // the checks' own errors name both sides
       }
       if (!error) {
         try {

@@ -16,9 +16,10 @@
 // in different collectives, long before the watchdog's timeout. A failure Open MPI reports to
 // MPI_COMM_WORLD's handler instead (runtime.cpp) is named the same way (failing_call_message()).
 //
-// Debug mode (WorkerOptions::check_collectives): before each collective the ranks all-gather its
-// fingerprint (collective_check.h); when any rank differs, every rank's Work::wait() throws the
-// same error naming both sides, and no rank runs the collective.
+// Before each collective runs, the ranks agree on it (collective_check.h): its kind, number, dtype,
+// shape, reduce op or root; with the debug mode (WorkerOptions::check_collectives) also its
+// communicator among a process group's. When any rank differs, every rank's Work::wait() throws
+// the same error naming both sides, and no rank runs the collective.
 
 #include "comm/collective.h"
 #include "comm/mpi/collective_check.h"
