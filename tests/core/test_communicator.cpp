@@ -141,42 +141,58 @@ TEST(CpuCommunicator, EveryMismatchIsNamedOnEveryRankByDefault) {
     std::string rank0, rank1;  // the calls, as the message names them (N: the call's number)
   };
   const std::vector<Case> cases{
-      {"dtype", [&](ddp::Communicator& c, torch::Tensor& t) {
+      {"dtype",
+       [&](ddp::Communicator& c, torch::Tensor& t) {
          t = odd ? torch::ones({10}, torch::kInt) : torch::ones({10});
          c.all_reduce(t);
-       }, "all_reduce #N float32[10] (sum)", "all_reduce #N int32[10] (sum)"},
-      {"op", [&](ddp::Communicator& c, torch::Tensor& t) {
+       },
+       "all_reduce #N float32[10] (sum)", "all_reduce #N int32[10] (sum)"},
+      {"op",
+       [&](ddp::Communicator& c, torch::Tensor& t) {
          t = torch::ones({10});
          c.all_reduce(t, odd ? ddp::ReduceOp::Max : ddp::ReduceOp::Sum);
-       }, "all_reduce #N float32[10] (sum)", "all_reduce #N float32[10] (max)"},
-      {"root", [&](ddp::Communicator& c, torch::Tensor& t) {
+       },
+       "all_reduce #N float32[10] (sum)", "all_reduce #N float32[10] (max)"},
+      {"root",
+       [&](ddp::Communicator& c, torch::Tensor& t) {
          t = torch::ones({10});
          c.broadcast(t, odd ? 1 : 0);
-       }, "broadcast #N float32[10] (root 0)", "broadcast #N float32[10] (root 1)"},
-      {"bigger_broadcast", [&](ddp::Communicator& c, torch::Tensor& t) {
+       },
+       "broadcast #N float32[10] (root 0)", "broadcast #N float32[10] (root 1)"},
+      {"bigger_broadcast",
+       [&](ddp::Communicator& c, torch::Tensor& t) {
          t = torch::ones({odd ? 20 : 10});
          c.broadcast(t, 0);
-       }, "broadcast #N float32[10] (root 0)", "broadcast #N float32[20] (root 0)"},
-      {"gather_dtype", [&](ddp::Communicator& c, torch::Tensor& t) {
+       },
+       "broadcast #N float32[10] (root 0)", "broadcast #N float32[20] (root 0)"},
+      {"gather_dtype",
+       [&](ddp::Communicator& c, torch::Tensor& t) {
          t = odd ? torch::ones({10}, torch::kInt) : torch::ones({10});
          c.all_gather(t);
-       }, "all_gather #N float32[10]", "all_gather #N int32[10]"},
-      {"shape", [&](ddp::Communicator& c, torch::Tensor& t) {
+       },
+       "all_gather #N float32[10]", "all_gather #N int32[10]"},
+      {"shape",
+       [&](ddp::Communicator& c, torch::Tensor& t) {
          t = odd ? torch::ones({5, 4}) : torch::ones({4, 5});
          c.all_reduce(t);
-       }, "all_reduce #N float32[4,5] (sum)", "all_reduce #N float32[5,4] (sum)"},
-      {"size", [&](ddp::Communicator& c, torch::Tensor& t) {  // the blocking path, and the ring's
+       },
+       "all_reduce #N float32[4,5] (sum)", "all_reduce #N float32[5,4] (sum)"},
+      {"size",
+       [&](ddp::Communicator& c, torch::Tensor& t) {  // the blocking path, and the ring's
          t = torch::ones({odd ? 40000 : 20000});
          c.all_reduce(t);
-       }, "all_reduce #N float32[20000] (sum)", "all_reduce #N float32[40000] (sum)"},
-      {"kind", [&](ddp::Communicator& c, torch::Tensor& t) {
+       },
+       "all_reduce #N float32[20000] (sum)", "all_reduce #N float32[40000] (sum)"},
+      {"kind",
+       [&](ddp::Communicator& c, torch::Tensor& t) {
          t = torch::ones({10});
          if (odd) {
            c.barrier();
          } else {
            c.all_reduce(t);
          }
-       }, "all_reduce #N float32[10] (sum)", "barrier #N"}};
+       },
+       "all_reduce #N float32[10] (sum)", "barrier #N"}};
   ddp::CpuOptions on_ring;
   on_ring.sockets = ddp::CpuOptions::Sockets::Always;
   on_ring.socket_bytes = 0;
@@ -410,8 +426,9 @@ TEST(SocketRing, NamesAPeerWhoseFrameIsNotOne) {
 }
 
 TEST(SocketRing, NamesAPeerThatLeft) {
-  // Ranks 0 and 1 make a ring; rank 1 then closes it (as its process would by ending) and rank
-  // 0's next all-reduce must fail at once, naming rank 1, instead of waiting.
+  // Ranks 0 and 1 make a ring; in the next all-reduce, after the ranks agreed on it, rank 1
+  // leaves and closes the ring (as its process would by ending): rank 0's all-reduce must fail at
+  // once, naming rank 1, instead of waiting.
   if (comm().size() < 2) return;
   const int r = comm().rank();
   MPI_Comm pair = MPI_COMM_NULL;
@@ -422,6 +439,10 @@ TEST(SocketRing, NamesAPeerThatLeft) {
     ring->all_reduce(t);  // makes the ring
     EXPECT_TRUE(torch::equal(t, torch::full({1000}, 2.0)));
     if (r == 1) {
+      // The fill runs on the worker once the ranks have agreed on the call, before its bytes.
+      auto leaving = ring->all_reduce_after_fill(torch::ones({1'000'000}),
+                                                 [] { throw std::runtime_error("rank 1 leaves"); });
+      EXPECT_THROW(leaving->wait(), std::runtime_error);
       ring.reset();
     } else {
       // Rank 1's sockets may close before or while rank 0 sends: either way rank 1 is named.

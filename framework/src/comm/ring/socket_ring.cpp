@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -25,7 +26,23 @@ struct SocketRing::State {
   std::unique_ptr<RingConnections> sockets;  // made by the first collective
   std::atomic<bool> connected{false};
   detail::RingBuffers buffers;
-  std::string broken_call;  // a collective that threw half way: its bytes may be in flight
+  // A collective that threw half way: its bytes may be in flight. Set on the worker, read by
+  // the callers too (refuse), hence the lock.
+  std::mutex broken_mutex;
+  std::string broken_call;
+
+  // Throws when an earlier collective failed half way: `name` is refused (any thread).
+  void refuse_if_broken(const char* name) {
+    std::lock_guard<std::mutex> lock(broken_mutex);
+    if (broken_call.empty()) return;
+    throw std::runtime_error("rank " + std::to_string(worker->rank()) + ": socket ring " + name +
+                             ": an earlier " + broken_call +
+                             " failed half way, so the ring's connections are out of step");
+  }
+  void set_broken(const std::string& name) {
+    std::lock_guard<std::mutex> lock(broken_mutex);
+    broken_call = name;
+  }
 
   // Runs `body` over the connections, connecting first; nothing to do on one rank.
   void call(const char* name, const std::function<void(RingConnections&)>& body) {
@@ -37,15 +54,11 @@ struct SocketRing::State {
       connected = true;
       if (on_connected) on_connected(sockets->address(sockets->rank()));
     }
-    if (!broken_call.empty()) {
-      throw std::runtime_error("rank " + std::to_string(sockets->rank()) + ": socket ring " + name +
-                               ": an earlier " + broken_call +
-                               " failed half way, so the ring's connections are out of step");
-    }
-    broken_call = name;  // until it completes
+    refuse_if_broken(name);
+    set_broken(name);  // until it completes
     sockets->set_call(name);
     body(*sockets);
-    broken_call.clear();
+    set_broken("");
   }
 };
 
@@ -168,6 +181,8 @@ bool SocketRing::connected() const { return state_->connected; }
 
 std::unique_ptr<Work> SocketRing::submit(Collective call, torch::Tensor target, torch::Tensor host,
                                          std::function<void(State&)> run) {
+  // Refused at once, not after the ranks agree on the call: a rank whose ring broke is leaving.
+  state_->refuse_if_broken(detail::kind_name(call.kind));
   return worker_->submit(
       std::move(call), [state = state_, run = std::move(run)] { run(*state); }, std::move(target),
       std::move(host));

@@ -19,7 +19,8 @@
 // a failed attempt leaves none, and the next call tries again.
 //
 // Errors: std::runtime_error naming this rank, the peer rank and its address. After a collective
-// that failed half way the ring refuses further calls (bytes of it may still be on the wire).
+// that failed half way the ring refuses further calls at once (bytes of it may still be on the
+// wire).
 
 #include "comm/collective.h"
 #include "comm/mpi/mpi_worker.h"
