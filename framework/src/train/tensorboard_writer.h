@@ -18,15 +18,20 @@
 #include <utility>
 #include <vector>
 
+// Visibility: this file's code is compiled with hidden symbols (framework/CMakeLists.txt,
+// ddp_tensorboard), so that the protobuf code it instantiates stays inside libddp_train. What is
+// declared here is exported as the library's other internals are (its test calls them).
+#define DDP_TENSORBOARD_VISIBLE [[gnu::visibility("default")]]
+
 namespace ddp::detail {
 
 // CRC-32C (Castagnoli) of `size` bytes, and TensorFlow's mask of a CRC.
-uint32_t crc32c(const void* data, size_t size);
-uint32_t masked_crc32c(const void* data, size_t size);
+DDP_TENSORBOARD_VISIBLE uint32_t crc32c(const void* data, size_t size);
+DDP_TENSORBOARD_VISIBLE uint32_t masked_crc32c(const void* data, size_t size);
 // One record around `payload`: the framing above.
-std::string frame_record(const std::string& payload);
+DDP_TENSORBOARD_VISIBLE std::string frame_record(const std::string& payload);
 
-class TensorBoardWriter {
+class DDP_TENSORBOARD_VISIBLE TensorBoardWriter {
  public:
   // Creates `dir` (and its parents) when missing, and a new event file in it with its first
   // record. Throws std::runtime_error naming the folder or file and the reason (strerror).
