@@ -18,6 +18,14 @@
 #               the same global batch; every sample of the epoch is trained once, step for step
 #               as in an uninterrupted run, and the test accuracy is within 1 point of its
 #               (issue 25)
+#   partition   2 hosts x 1 rank under ddprun --max-restarts 1, ddp_mnist with step snapshots and
+#               --timeout 10: a 5 s blip of h2's link is survived (training goes on, no
+#               restart); then the link goes down for good. Rank 0's watchdog ends the ranks, and
+#               the job ends when its ranks end: the first mpirun and every rank are gone within
+#               --timeout + 15 s of the fault (the seconds printed), though Open MPI's mpirun
+#               would wait for h2's daemon as long as TCP retries; ddprun says it ended mpirun,
+#               restarts the job on h1 alone (h2 does not answer), and it resumes and finishes
+#               (issue 60)
 #
 # Exits 77 (ctest: skipped) with the reason when not root or namespaces, veth or bridges are
 # unavailable. The namespaces are deleted in a trap, also on failure, after the processes in
@@ -142,6 +150,74 @@ case "$scenario" in
     snapshot_step=$(sed -n 's/^Resumed from .*, step \([0-9]*\)$/\1/p' lost.log | tail -n 1)
     check_samples_once lost/samples ref/samples "$snapshot_step" 4 || fail "the samples trained"
     check_accuracy lost.log ref.log
+    ;;
+  partition)
+    timeout=10
+    cd "$work"
+    mkdir part
+    printf -v line '%q ' "${mpi_env[@]}" "$root/launch/ddprun" -H h1,h2 --iface eth0 \
+      --max-restarts 1 "$ddp_mnist" "${elastic_run[@]}" --timeout $timeout
+    "$here/netns_agent.sh" h1 "cd $(printf %q "$work/part") && $line" > part.log 2>&1 &
+    job_pid=$!
+    # procs HOST NAME: the pids of the processes named NAME (comm) on HOST.
+    procs() {
+      local pid
+      for pid in $(ip netns pids "$prefix$1"); do
+        [ "$(cat "/proc/$pid/comm" 2> /dev/null)" != "$2" ] || echo "$pid"
+      done
+    }
+    # running PID...: whether any of them still runs (a zombie has ended).
+    running() {
+      local pid state
+      for pid in "$@"; do
+        state=$(sed 's/.*) //' "/proc/$pid/stat" 2> /dev/null | cut -d' ' -f1) || state=
+        [ -z "$state" ] || [ "$state" = Z ] || return 0
+      done
+      return 1
+    }
+    link() { ip -n "${prefix}h2" link set eth0 "$1"; echo "+ h2's link $1 ($(date +%T.%N | cut -c1-12))"; }
+    (wait_for_snapshot part/ckpt 4 180) || { cat part.log; fail "the job did not train"; }
+    link down
+    sleep 5
+    link up
+    (wait_for_snapshot part/ckpt 12 120) || { cat part.log; fail "the job did not train after the blip"; }
+    grep -q "^ddprun:" part.log && { cat part.log; fail "the 5 s blip ended the job"; }
+    echo "the 5 s blip of h2's link: survived, training went on to a snapshot after 12 batches"
+    read -ra first_mpirun <<< "$(procs h1 mpirun)"
+    read -ra ranks_h1 <<< "$(procs h1 ddp_mnist)"
+    read -ra ranks_h2 <<< "$(procs h2 ddp_mnist)"
+    if [ ${#first_mpirun[@]} -ne 1 ] || [ ${#ranks_h1[@]} -ne 1 ] || [ ${#ranks_h2[@]} -ne 1 ]; then
+      cat part.log
+      fail "not one mpirun and one rank on h1 and one rank on h2 before the partition: mpirun ${first_mpirun[*]}, ranks ${ranks_h1[*]} and ${ranks_h2[*]}"
+    fi
+    down_at=$(date +%s.%N)
+    link down
+    since() { awk -v a="$down_at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+    gone_h1='' gone_h2='' gone_mpirun=''
+    for _ in $(seq 600); do  # up to 60 s
+      [ -n "$gone_h2" ] || running "${ranks_h2[@]}" || gone_h2=$(since)
+      [ -n "$gone_h1" ] || running "${ranks_h1[@]}" || gone_h1=$(since)
+      [ -n "$gone_mpirun" ] || running "${first_mpirun[@]}" || gone_mpirun=$(since)
+      [ -z "$gone_h1" ] || [ -z "$gone_h2" ] || [ -z "$gone_mpirun" ] || break
+      sleep 0.1
+    done
+    echo "h2's link down for good: rank 1 (h2) gone after ${gone_h2:-more than 60} s, rank 0 (h1) after ${gone_h1:-more than 60} s, the first mpirun after ${gone_mpirun:-more than 60} s (bound: --timeout $timeout + 15 s)"
+    echo "h2's orted: $(procs h2 orted | wc -w) left (it waits for the link)"
+    bound=$((timeout + 15))
+    for t in "$gone_h2" "$gone_h1" "$gone_mpirun"; do
+      if [ -z "$t" ] || ! awk -v t="$t" -v b="$bound" 'BEGIN { exit !(t <= b) }'; then
+        cat part.log
+        fail "a process of the first job outlived the bound of $bound s after the partition"
+      fi
+    done
+    status=0; wait "$job_pid" || status=$?
+    cat part.log
+    [ $status -eq 0 ] || fail "ddprun --max-restarts 1: exit status $status"
+    expect part.log "^ddp: rank 0 \(h1\): MPI watchdog on rank 0: .* unfinished $timeout s after rank 0 entered it" "rank 0's watchdog"
+    expect part.log "^ddprun: the job's ranks on this host have ended, but 10 s later mpirun still waits, for a host it cannot reach: ending it \(status 1\)$" "ddprun ending mpirun"
+    expect part.log "^ddprun: the job failed \(status 1 after [0-9]+ s\); lost: h2 \(does not answer\)\. Restart 1 of 1 on h1:1: 1 rank\(s\)$" "ddprun's restart line"
+    expect part.log "^Resumed from ckpt/snapshot_epoch1_batch[0-9]+\.pt" "the resume"
+    expect part.log "^Test set: Average loss: [0-9.]+, Accuracy: [0-9]+/10000" "the evaluation"
     ;;
   *) fail "unknown scenario '$scenario'" ;;
 esac
