@@ -365,6 +365,25 @@ TEST(SocketRing, BroadcastAllGatherAndBarrierGiveWhatMpiGives) {
   comm().barrier();
 }
 
+TEST(SocketRing, TakesCallsQueuedWhileOneRuns) {
+  // DistributedDataParallel queues a bucket while the previous one is on the wire: the ring
+  // takes it (only a call that failed half way makes it refuse the next at once). Each call
+  // moves 64 MiB, so the first is on the wire when the next is queued 10 ms later.
+  const int w = comm().size();
+  const auto ring = own_ring();
+  std::vector<torch::Tensor> tensors;
+  std::vector<std::unique_ptr<ddp::Work>> pending;
+  for (int i = 0; i < 3; ++i) {
+    tensors.push_back(torch::full({16 << 20}, 1.0f + i));
+    pending.push_back(ring->all_reduce_async(tensors.back()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int i = 0; i < 3; ++i) {
+    pending[i]->wait();
+    EXPECT_TRUE(torch::equal(tensors[i], torch::full({16 << 20}, (1.0f + i) * w))) << i;
+  }
+}
+
 TEST(SocketRing, ListensOnANamedInterface) {
   const auto ring = own_ring(MPI_COMM_WORLD, "ddp-no-such-interface,lo");  // the first present wins
   torch::Tensor t = torch::full({5000}, 1.0);

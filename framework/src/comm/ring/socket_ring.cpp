@@ -26,22 +26,25 @@ struct SocketRing::State {
   std::unique_ptr<RingConnections> sockets;  // made by the first collective
   std::atomic<bool> connected{false};
   detail::RingBuffers buffers;
-  // A collective that threw half way: its bytes may be in flight. Set on the worker, read by
-  // the callers too (refuse), hence the lock.
+  // A collective that threw half way, and its error: its bytes may be in flight. Set on the
+  // worker, read by the callers too (refuse), hence the lock.
   std::mutex broken_mutex;
-  std::string broken_call;
+  std::string broken_call, broken_error;
 
-  // Throws when an earlier collective failed half way: `name` is refused (any thread).
+  // Throws when an earlier collective failed half way: `name` is refused (any thread). The
+  // earlier error is repeated: a caller may meet this refusal before it waits for that call.
   void refuse_if_broken(const char* name) {
     std::lock_guard<std::mutex> lock(broken_mutex);
     if (broken_call.empty()) return;
     throw std::runtime_error("rank " + std::to_string(worker->rank()) + ": socket ring " + name +
                              ": an earlier " + broken_call +
-                             " failed half way, so the ring's connections are out of step");
+                             " failed half way, so the ring's connections are out of step" +
+                             (broken_error.empty() ? "" : " (" + broken_error + ")"));
   }
-  void set_broken(const std::string& name) {
+  void set_broken(const std::string& name, const std::string& error = "") {  // for good
     std::lock_guard<std::mutex> lock(broken_mutex);
     broken_call = name;
+    broken_error = error;
   }
 
   // Runs `body` over the connections, connecting first; nothing to do on one rank.
@@ -55,10 +58,16 @@ struct SocketRing::State {
       if (on_connected) on_connected(sockets->address(sockets->rank()));
     }
     refuse_if_broken(name);
-    set_broken(name);  // until it completes
     sockets->set_call(name);
-    body(*sockets);
-    set_broken("");
+    try {
+      body(*sockets);
+    } catch (const std::exception& e) {
+      set_broken(name, e.what());
+      throw;
+    } catch (...) {
+      set_broken(name);
+      throw;
+    }
   }
 };
 
