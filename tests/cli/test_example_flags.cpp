@@ -240,9 +240,16 @@ TEST(ExampleFlags, ProgramFlagHelpers) {
 
 }  // namespace
 
-TEST(ExampleFlags, TimeoutIsFinitePositiveAndBounded) {
+TEST(ExampleFlags, TimeoutIsWholePositiveAndBounded) {
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 5; }), "");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0.5; }), "");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 1; }), "");
+  // Issue 60: 0.3 silently became 1 s (rounded up); the watchdogs count whole seconds.
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0.3; }),
+            "--timeout must be a whole number of seconds (got 0.3): the watchdogs count whole "
+            "seconds");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 2.5; }),
+            "--timeout must be a whole number of seconds (got 2.5): the watchdogs count whole "
+            "seconds");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0; }),
             "--timeout must be a finite number > 0 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = -3; }),

@@ -157,6 +157,10 @@ if(TARGET ddp_mnist)
   set_tests_properties(ddp_mnist_help_groups PROPERTIES ENVIRONMENT "${DDP_MPI_TEST_ENV}"
     PASS_REGULAR_EXPRESSION
     "Model and optimizer:.*--gamma.*Training:.*--epochs.*Data:.*--data-dir.*Distributed:.*--backend.*Checkpoints:.*--resume.*Progress and diagnostics:.*--progress")
+  # Issue 60: a fraction of a second was rounded up to a whole one, silently.
+  ddp_add_mpi_failure_test(ddp_mnist_fractional_timeout
+    "ddp_mnist: --timeout must be a whole number of seconds \\(got 0.3\\): the watchdogs count whole seconds \\(see --help\\)"
+    2 $<TARGET_FILE:ddp_mnist> --timeout 0.3 --dry-run)
   ddp_add_mpi_failure_test(ddp_mnist_bad_progress
     "ddp_mnist: --progress: progress mode 'fancy': expected auto, bar, log or none \\(see --help\\)"
     2 $<TARGET_FILE:ddp_mnist> --progress fancy --dry-run)
