@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -95,6 +96,7 @@ image plus Gaussian noise), trained data-parallel.
 // Parses "--name value" and "--name=value". Throws std::invalid_argument naming the flag.
 Flags parse_flags(int argc, char** argv) {
   Flags f;
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i], value;
     const bool has_value = name.find('=') != std::string::npos;
@@ -102,6 +104,8 @@ Flags parse_flags(int argc, char** argv) {
       value = name.substr(name.find('=') + 1);
       name = name.substr(0, name.find('='));
     }
+    // Twice is refused, as ddp::cli refuses it: neither value is plainly the one meant.
+    if (!given.insert(name).second) throw std::invalid_argument(name + " is given more than once");
     auto next = [&]() -> std::string {
       if (has_value) return value;
       if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
@@ -170,6 +174,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--help" || name == "-h") f.help = flag();
     else throw std::invalid_argument("unknown flag " + name);
   }
+  ddp::check_loader_workers("--workers", f.workers);  // threads: a huge count fails late, unnamed
   if (f.amp != "off" && f.amp != "bf16") {
     throw std::invalid_argument("--amp must be off or bf16 (got '" + f.amp + "')");
   }

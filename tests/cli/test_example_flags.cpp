@@ -2,6 +2,7 @@
 // flag: each is refused naming the flag and the value, before any data is read.
 #include <ddp/cli/flag_checks.h>
 #include <ddp/cli/training_flags.h>
+#include <ddp/train/data_source.h>
 
 #include <boost/program_options.hpp>
 #include <gtest/gtest.h>
@@ -222,6 +223,23 @@ TEST(ExampleFlags, GradientAsBucketViewReachesDDPOptions) {
     boost::program_options::notify(vm);
     EXPECT_EQ(f.gradient_as_bucket_view, on);
     EXPECT_EQ(ddp::cli::ddp_options(f, nullptr).gradient_as_bucket_view, on);
+  }
+}
+
+// Issue 60: --workers 100000 spent half a minute creating threads, then failed naming nothing.
+TEST(ExampleFlags, LoaderWorkersAreBounded) {
+  EXPECT_NO_THROW(ddp::check_loader_workers("--workers", 0));
+  EXPECT_NO_THROW(ddp::check_loader_workers("--workers", ddp::kMaxLoaderWorkers));
+  for (const int64_t workers : {ddp::kMaxLoaderWorkers + 1, int64_t{100000}, int64_t{-1}}) {
+    try {
+      ddp::check_loader_workers("--workers", workers);
+      ADD_FAILURE() << workers << " workers passed";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "--workers must be from 0 to 1024 worker threads (got " + std::to_string(workers) +
+                    "): the DataLoader starts them all with each pass, and a few per core keep a "
+                    "rank fed");
+    }
   }
 }
 
