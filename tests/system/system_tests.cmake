@@ -227,6 +227,14 @@ if(TARGET ddp_mnist)
     # resume with other settings names each one.
     ddp_add_resume_check(resume_exact_and_changed_settings_said system/resume_exact_check.sh 300)
   endif()
+  # Issue 60: the lines of a resume say only what is true (system/resume_lines_check.sh lists
+  # them), with real jobs at 1, 2 and 3 ranks.
+  add_test(NAME resume_lines_say_what_happens
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/system/resume_lines_check.sh ${MPIEXEC_EXECUTABLE}
+      $<TARGET_FILE:ddp_mnist> $<TARGET_FILE:ddp_mnist_signal_at_step>
+      ${DDP_TEST_TMP}/resume_lines)
+  set_tests_properties(resume_lines_say_what_happens PROPERTIES ENVIRONMENT "${DDP_MPI_TEST_ENV}"
+    TIMEOUT 300)
   # A rank stopped (SIGSTOP) or killed (SIGKILL, a rank and step from a printed seed) in the
   # middle of training ends the job within 30 s, naming it (tests/system/rank_faults_check.sh).
   foreach(fault stop:ddp_mnist_stopped_rank_ends_job_within_timeout

@@ -62,6 +62,17 @@ std::string describe_optimizer(const torch::optim::Optimizer& optimizer) {
   return text;
 }
 
+// Whether two runs' settings entry `name` reduce the gradients alike. "none" is one rank without
+// a Reducer, where nothing is reduced; the default allreduce is the same arithmetic there (a sum
+// over one rank, divided by one), so between the two only the world size differs, which resume()
+// names. A stateful or compressing hook against "none" is a change: its arithmetic and its state
+// are not used at one rank.
+bool same_setting(const std::string& name, const std::string& now, const std::string& saved) {
+  if (now == saved) return true;
+  if (name != "comm hook") return false;
+  return (now == "none" && saved == "allreduce") || (now == "allreduce" && saved == "none");
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
@@ -158,7 +169,7 @@ void Checkpointer::say_changed_settings(const TrainingProgress& saved, bool sche
     const auto& [name, value] = now[i];
     const auto found = std::find_if(saved.settings.begin(), saved.settings.end(),
                                     [&](const auto& entry) { return entry.first == name; });
-    if (found == saved.settings.end() || found->second == value) continue;
+    if (found == saved.settings.end() || same_setting(name, value, found->second)) continue;
     // settings() lists the optimizers' first. Their options come back with their state
     // (Optimizer::load, as PyTorch's load_state_dict): this run's values are not used, but for a
     // rate that this run's schedule sets (read_parts, LRSchedule::load).
