@@ -5,6 +5,9 @@
 #   2. that 2-rank snapshot (the allreduce hook) resumed on 1 rank: no comm-hook warning (no hook
 #      at one rank is the same arithmetic as allreduce), the world size's warning only; a 2-rank
 #      PowerSGD snapshot resumed on 1 rank still warns (its compression is not used there);
+#   3. a 2-rank snapshot after step 3 (96 of 512 samples) resumed on 3 ranks: the rest, 416, is
+#      shared as 139 per rank, 1 position of padding, and rank 0 says so; the sample logs of the
+#      two runs show every sample trained, exactly one twice;
 #
 #   resume_lines_check.sh MPIEXEC DDP_MNIST DDP_MNIST_SIGNAL_AT_STEP WORKDIR
 set -euo pipefail
@@ -43,5 +46,36 @@ run powersgd 0 2 "$ddp_mnist" "${flags[@]}" "${powersgd[@]}" --limit-train-batch
 run powersgd_one_rank 0 1 "$ddp_mnist" "${base[@]}" "${powersgd[@]}" --epochs 2 --limit-train-batches 1 \
   --checkpoint-dir "$work/powersgd" --resume
 expect "$work/powersgd_one_rank.log" "^Warning: the comm hook is none, the snapshot's run had powersgd\(matrix_approximation_rank=1, start_powerSGD_iter=2, .*: the run goes on, but no longer on the trajectory"
+
+echo "== 3. 2 ranks -> 3 inside the epoch: the padding is said, and is what trains"
+mkdir -p "$work/stopped.samples" "$work/three.samples"
+# The test build's sample log (DDP_TEST_SAMPLE_LOG): "<epoch> <step> <index>" per sample trained.
+export DDP_TEST_SAMPLE_LOG="$work/stopped.samples"
+run stopped 75 2 -x DDP_TEST_SAMPLE_LOG "$signal_at_step" --signal-at-step=2:0:TERM "${flags[@]}" \
+  --batch-size 16 --checkpoint-dir "$work/stopped"
+[ -f "$work/stopped/snapshot_epoch1_batch3.pt" ] || { ls "$work/stopped"; fail "no snapshot after step 3"; }
+export DDP_TEST_SAMPLE_LOG="$work/three.samples"
+run three 0 3 -x DDP_TEST_SAMPLE_LOG "$signal_at_step" "${flags[@]}" --batch-size 16 \
+  --checkpoint-dir "$work/stopped" --resume
+unset DDP_TEST_SAMPLE_LOG
+expect "$work/three.log" "^The rest of epoch 1, 416 samples from position 96 of its order, is shared over 3 ranks as 139 each: 1 position\(s\) repeat samples of the rest, as DistributedSampler pads an epoch that does not divide among the ranks \(as PyTorch's\)$"
+grep "^The rest of epoch" "$work/three.log"
+/usr/bin/python3 - 512 "$work/stopped.samples" "$work/three.samples" <<'PY'
+import collections, glob, sys
+size, dirs = int(sys.argv[1]), sys.argv[2:]
+count = collections.Counter()
+for d in dirs:
+    for path in glob.glob(f"{d}/rank*.txt"):
+        for line in open(path):
+            epoch, step, index = map(int, line.split())
+            count[index] += 1
+missing = [i for i in range(size) if i not in count]
+twice = [i for i, c in count.items() if c == 2]
+other = {i: c for i, c in count.items() if c > 2 or not 0 <= i < size}
+if missing or other or len(twice) != 1:
+    sys.exit(f"FAIL: {len(missing)} samples missing, {len(twice)} trained twice, {other} otherwise")
+print(f"  every one of the {size} samples trained, one of them twice ({twice[0]}): "
+      f"{sum(count.values())} in all")
+PY
 
 echo "PASS: the resume's lines say what happens"

@@ -159,8 +159,8 @@ void Checkpointer::say_changed_settings(const TrainingProgress& saved, bool sche
   if (saved.world_size == group_.size() && saved.batch_size > 0 && options_.batch_size > 0 &&
       saved.batch_size != options_.batch_size) {
     std::printf(
-        "Warning: the per-rank batch size is %lld, the snapshot's run had %lld: every "
-        "sample is still trained once, but %s\n",
+        "Warning: the per-rank batch size is %lld, the snapshot's run had %lld: the epoch's "
+        "sample order is kept, cut into other batches; %s\n",
         static_cast<long long>(options_.batch_size), static_cast<long long>(saved.batch_size),
         cost);
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -86,7 +87,30 @@ EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler,
   sampler.set_epoch(epoch, samples);
   epoch_.first_batch = epoch_.sampler_offset = batch;
   epoch_.sampler_start = samples;
+  say_uneven_rest(epoch, sampler);
   return epoch_;
+}
+
+void StepBoundary::say_uneven_rest(int64_t epoch, const DistributedSampler& sampler) const {
+  const int64_t rest = sampler.dataset_size() - sampler.start();
+  const int64_t shared = sampler.total_size();
+  if (shared == rest || !group_.is_main()) return;
+  // The sampler shares the rest as it shares a whole epoch, index for index PyTorch's
+  // DistributedSampler: padded to a multiple of the ranks by repeating its first samples, or
+  // cut with drop_last.
+  const std::string what =
+      shared > rest ? std::to_string(shared - rest) +
+                          " position(s) repeat samples of the rest, as DistributedSampler pads"
+                    : std::to_string(rest - shared) +
+                          " sample(s) of the rest are left out, as DistributedSampler with "
+                          "drop_last cuts";
+  std::printf(
+      "The rest of epoch %lld, %lld samples from position %lld of its order, is shared over %d "
+      "ranks as %lld each: %s an epoch that does not divide among the ranks (as PyTorch's)\n",
+      static_cast<long long>(epoch), static_cast<long long>(rest),
+      static_cast<long long>(sampler.start()), group_.size(),
+      static_cast<long long>(sampler.num_samples()), what.c_str());
+  std::fflush(stdout);
 }
 
 StepBoundary::~StepBoundary() {

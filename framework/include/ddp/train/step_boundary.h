@@ -35,8 +35,10 @@
 /// Re-sharding: at the same world size and per-rank batch size each rank continues its own shard
 /// at the snapshot's batch, with its RankState. Otherwise the rest of the epoch's sample order
 /// (from the snapshot's samples done) is re-sharded over this run's ranks (DistributedSampler::
-/// set_epoch's start): every sample of the epoch is still trained once, batches are counted on
-/// from the snapshot's, and at another world size no rank's state is restored (it is per rank).
+/// set_epoch's start): every sample of the epoch is still trained, once but for the padding of a
+/// rest that does not divide among the ranks (at most ranks - 1 positions repeat samples, as in
+/// any epoch; rank 0 says how many), batches are counted on from the snapshot's, and at another
+/// world size no rank's state is restored (it is per rank).
 ///
 /// Invariants: every rank makes the same calls in the same order (they are collective); an epoch's
 /// start_epoch() comes before its at_step() calls.
@@ -148,6 +150,8 @@ class StepBoundary {
   bool read(const torch::Tensor& agreed);
   /// Throws TrainingDiverged when the agreed values name a rank whose loss was not finite.
   void refuse_nonfinite(const torch::Tensor& agreed) const;
+  /// Rank 0: the line of a re-sharded rest that does not divide among the ranks (its padding).
+  void say_uneven_rest(int64_t epoch, const DistributedSampler& sampler) const;
 
   ProcessGroup& group_;
   StopAgreement stop_;
