@@ -420,6 +420,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     reporter.write_metrics(result);  // after the save: a failed write does not cost the epoch
   }
   reporter.end_run(results);
+  boundary.end_run(flags.epochs);  // rank 0 says if nothing was left, or a signal came too late
   return 0;
 }
 

@@ -411,6 +411,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     boundary.end_epoch();  // ddp: a stop signal in the epoch's last step stops before the next
     boundary.checkpointer().save_epoch(epoch, step);  // ddp: the epoch-end snapshot, collective
   }
+  boundary.end_run(flags.epochs);  // ddp: rank 0 says if nothing was left, or a signal came too late
 
   // Rank 0's BatchNorm statistics on every rank (a training forward leaves each rank its own),
   // then every rank's models, as raw bytes and as a hash: equal on every rank.

@@ -314,6 +314,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     boundary.end_epoch();  // ddp: a stop signal in the epoch's last step stops before the next
     boundary.checkpointer().save_epoch(epoch, step);  // ddp: the epoch-end snapshot, collective
   }
+  boundary.end_run(flags.epochs);  // ddp: rank 0 says if nothing was left, or a signal came too late
 
   // ddp: the test set on every rank, each its shard (every image once over the ranks), through
   // the module in eval() under NoGradGuard (no dropout; an eval forward needs no wrapper, so no

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The lines of a resume say only what is true (issue 60), with real jobs of ddp_mnist on a small
 # copy of Fashion-MNIST (512 training images):
-#   1. a finished 2-rank run, whose snapshot case 2 resumes;
+#   1. a finished 2-rank run resumed with nothing left to train: status 0 and a line naming the
+#      snapshot and the epochs;
 #   2. that 2-rank snapshot (the allreduce hook) resumed on 1 rank: no comm-hook warning (no hook
 #      at one rank is the same arithmetic as allreduce), the world size's warning only; a 2-rank
 #      PowerSGD snapshot resumed on 1 rank still warns (its compression is not used there);
-#   3. a 2-rank snapshot after step 3 (96 of 512 samples) resumed on 3 ranks: the rest, 416, is
+#   3. SIGTERM on rank 1 after the run's last step: status 0 (the run is complete) and a line
+#      saying so, naming the snapshot;
+#   4. a 2-rank snapshot after step 3 (96 of 512 samples) resumed on 3 ranks: the rest, 416, is
 #      shared as 139 per rank, 1 position of padding, and rank 0 says so; the sample logs of the
 #      two runs show every sample trained, exactly one twice;
 #
@@ -32,9 +35,12 @@ run() {
   [ $status -eq "$want" ] || { cat "$work/$name.log"; fail "$name: exit status $status, expected $want"; }
 }
 
-echo "== 1. a finished 2-rank run"
+echo "== 1. a finished run resumed: nothing left to train, status 0"
 run done 0 2 "$ddp_mnist" "${flags[@]}" --batch-size 32 --checkpoint-dir "$work/done"
 cp -r "$work/done" "$work/done_copy"
+run nothing_left 0 2 "$ddp_mnist" "${flags[@]}" --batch-size 32 --checkpoint-dir "$work/done" --resume
+expect "$work/nothing_left.log" "^Nothing left to train: $work/done/snapshot_epoch1.pt is the end of epoch 1 \(step 8\), and this run ends at epoch 1: the run is complete; give more epochs to train on$"
+grep "^Nothing left" "$work/nothing_left.log"
 
 echo "== 2. 2 ranks -> 1: allreduce and no hook are the same arithmetic; PowerSGD is not"
 run one_rank 0 1 "$ddp_mnist" "${base[@]}" --epochs 2 --limit-train-batches 2 --batch-size 32 \
@@ -47,7 +53,12 @@ run powersgd_one_rank 0 1 "$ddp_mnist" "${base[@]}" "${powersgd[@]}" --epochs 2 
   --checkpoint-dir "$work/powersgd" --resume
 expect "$work/powersgd_one_rank.log" "^Warning: the comm hook is none, the snapshot's run had powersgd\(matrix_approximation_rank=1, start_powerSGD_iter=2, .*: the run goes on, but no longer on the trajectory"
 
-echo "== 3. 2 ranks -> 3 inside the epoch: the padding is said, and is what trains"
+echo "== 3. SIGTERM after the run's last step: the run is complete, status 0"
+run late 0 2 "$signal_at_step" --signal-at-step=8:1:TERM "${flags[@]}" --batch-size 32 --checkpoint-dir "$work/late"
+expect "$work/late.log" "^SIGTERM \(rank 1\) came after the run's last step: the run is complete \(saved $work/late/snapshot_epoch1.pt\); nothing is left to resume$"
+grep "^SIGTERM" "$work/late.log"
+
+echo "== 4. 2 ranks -> 3 inside the epoch: the padding is said, and is what trains"
 mkdir -p "$work/stopped.samples" "$work/three.samples"
 # The test build's sample log (DDP_TEST_SAMPLE_LOG): "<epoch> <step> <index>" per sample trained.
 export DDP_TEST_SAMPLE_LOG="$work/stopped.samples"

@@ -326,6 +326,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   timed(false, [&] { save_snapshot(path, group_.cpu(), parts_, progress, rank_state, extras_); });
   if (group_.is_main()) remove_older_step_snapshots(path);
   last_step_ = at.step;
+  last_written_ = path;
   return path;
 }
 
@@ -343,6 +344,7 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   const std::string path = snapshot_path(o.dir, epoch);
   timed(true, [&] { save_snapshot(path, group_.cpu(), parts_, progress, {}, extras_); });
   last_step_ = step;
+  last_written_ = path;
   if (!group_.is_main()) return;
   remove_older_step_snapshots(path);
   if (o.keep > 0 && epoch > o.keep) {

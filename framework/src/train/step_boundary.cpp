@@ -191,4 +191,34 @@ void StepBoundary::end_epoch(int64_t nonfinite_loss_step) {
   sent_ = torch::Tensor();
 }
 
+void StepBoundary::end_run(int64_t last_epoch) {
+  if (in_flight_) std::exchange(in_flight_, nullptr)->wait();
+  const std::string& written = checkpointer_.last_written();
+  if (group_.is_main() && resume_.resumed() && resume_.position.epoch > last_epoch) {
+    std::printf(
+        "Nothing left to train: %s is the end of epoch %lld (step %lld), and this run ends at "
+        "epoch %lld: the run is complete; give more epochs to train on\n",
+        resume_.path.c_str(), static_cast<long long>(resume_.epochs_done()),
+        static_cast<long long>(resume_.position.step), static_cast<long long>(last_epoch));
+    std::fflush(stdout);
+  }
+  if (stop_.every() == 0 || stop_.stopping()) return;
+  const std::array<double, StopAgreement::kValues> mine = stop_.values();
+  torch::Tensor agreed =
+      torch::tensor(std::vector<double>(mine.begin(), mine.end()), torch::kDouble);
+  group_.cpu().all_reduce(agreed, ReduceOp::Max);
+  const double* v = agreed.data_ptr<double>();
+  if (v[0] <= 0 || !group_.is_main()) return;
+  const std::string saved = !written.empty()    ? "saved " + written
+                            : resume_.resumed() ? "saved " + resume_.path
+                            : checkpointer_.options().dir.empty()
+                                ? "nothing saved: no checkpoint directory"
+                                : "nothing saved";
+  std::printf(
+      "%s (rank %d) came after the run's last step: the run is complete (%s); nothing is left "
+      "to resume\n",
+      stop_signal_name(static_cast<int>(v[0])), static_cast<int>(v[1]), saved.c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace ddp

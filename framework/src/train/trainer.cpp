@@ -209,6 +209,7 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
   }
   reporter_.start_run(start);
   std::vector<EpochResult> results;
+  int64_t last_epoch = epochs;  // a dry run's is its first
   for (int64_t epoch = start.position.epoch; epoch <= epochs; ++epoch) {
     EpochResult r = train_epoch(epoch);
     if (stopped_by()) break;
@@ -239,9 +240,13 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
     // saved.
     boundary_.checkpointer().save_epoch(epoch, global_step_);
     write_metrics_after_save(reporter_, r, options_.checkpoint.dir, epoch);
-    if (options_.dry_run) break;
+    if (options_.dry_run) {
+      last_epoch = epoch;
+      break;
+    }
   }
   reporter_.end_run(results, boundary_.checkpointer().cost(), seconds_since(started));
+  if (!stopped_by()) boundary_.end_run(last_epoch);
   return results;
 }
 

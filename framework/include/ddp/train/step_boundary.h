@@ -20,6 +20,7 @@
 ///     boundary.end_epoch();
 ///     boundary.checkpointer().save_epoch(epoch, step);
 ///   }
+///   boundary.end_run(epochs);  // rank 0 says when there was nothing to train, or a late signal
 ///
 /// The agreement: one all-reduce per stop check carries this rank's stop signal
 /// (stop_agreement.h), its first step whose loss was not finite, and whether its snapshot timer is
@@ -129,6 +130,17 @@ class StepBoundary {
   /// flight. Throws TrainingDiverged as at_step does. A stop signal is agreed at once at the next
   /// stop check (with a check every step: before the next epoch's first batch).
   void end_epoch(int64_t nonfinite_loss_step = -1);
+
+  /// Collective, after the loop's last epoch (`last_epoch`, the run's: --epochs) and its snapshot,
+  /// in a run that was not stopped. Rank 0 says what would otherwise end with status 0 unsaid:
+  ///  - resumed at or past the end: "Nothing left to train: <snapshot> is the end of epoch 2
+  ///    (step 24), and this run ends at epoch 2: the run is complete; give more epochs to train
+  ///    on";
+  ///  - a stop signal after the last step boundary (in the last step, the evaluation, the
+  ///    snapshot), where no boundary is left to stop at: "SIGTERM (rank 1) came after the run's
+  ///    last step: the run is complete (saved <snapshot>); nothing is left to resume".
+  /// Agrees on the signal in one all-reduce (none when stop checks are off, or the ranks stopped).
+  void end_run(int64_t last_epoch);
 
   ///@{
   /// The newest boundary (with the samples done) and the snapshot written there ("" when none).
