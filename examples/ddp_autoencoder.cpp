@@ -356,7 +356,8 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
         ddp::BatchRangeSampler(sampler, flags.batch_size, start.sampler_batch(first), start.sampler_batch(last)),
         torch::data::DataLoaderOptions().batch_size(flags.batch_size).workers(flags.workers));
     reporter.start_epoch({epoch, first, last, batches_per_epoch, flags.batch_size,
-                          static_cast<int64_t>(train_set.size().value())});
+                          static_cast<int64_t>(train_set.size().value()), start.sampler_offset,
+                          start.sampler_start});
     const std::vector<int64_t> order = flags.sample_log.empty() ? std::vector<int64_t>() : sampler.indices();
     std::string trained;  // --sample-log: the lines of the step in progress
     int64_t batch = first;

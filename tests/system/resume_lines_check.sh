@@ -11,6 +11,8 @@
 #   4. a 2-rank snapshot after step 3 (96 of 512 samples) resumed on 3 ranks: the rest, 416, is
 #      shared as 139 per rank, 1 position of padding, and rank 0 says so; the sample logs of the
 #      two runs show every sample trained, exactly one twice;
+#   5. the same snapshot resumed with another --batch-size: the progress counter counts the
+#      epoch's samples (96 before the rest, then 64 per batch on 2 ranks), never past 512.
 #
 #   resume_lines_check.sh MPIEXEC DDP_MNIST DDP_MNIST_SIGNAL_AT_STEP WORKDIR
 set -euo pipefail
@@ -20,7 +22,8 @@ rm -rf "$work" && mkdir -p "$work/data"
 data=$work/data
 /usr/bin/python3 "$(dirname "$0")/mnist_subset.py" "${DDP_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" "$data" 512 64
 
-base=(--data-dir "$data" --seed 5 --test-batch-size 64 --keep-checkpoints 0 --log-interval 0)
+common=(--data-dir "$data" --seed 5 --test-batch-size 64 --keep-checkpoints 0)
+base=("${common[@]}" --log-interval 0)
 flags=("${base[@]}" --epochs 1)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 expect() { grep -Eq -- "$2" "$1" || { cat "$1"; fail "no line of $1 matches: $2"; }; }
@@ -65,6 +68,7 @@ export DDP_TEST_SAMPLE_LOG="$work/stopped.samples"
 run stopped 75 2 -x DDP_TEST_SAMPLE_LOG "$signal_at_step" --signal-at-step=2:0:TERM "${flags[@]}" \
   --batch-size 16 --checkpoint-dir "$work/stopped"
 [ -f "$work/stopped/snapshot_epoch1_batch3.pt" ] || { ls "$work/stopped"; fail "no snapshot after step 3"; }
+cp -r "$work/stopped" "$work/rebatched"
 export DDP_TEST_SAMPLE_LOG="$work/three.samples"
 run three 0 3 -x DDP_TEST_SAMPLE_LOG "$signal_at_step" "${flags[@]}" --batch-size 16 \
   --checkpoint-dir "$work/stopped" --resume
@@ -89,4 +93,15 @@ print(f"  every one of the {size} samples trained, one of them twice ({twice[0]}
       f"{sum(count.values())} in all")
 PY
 
+echo "== 5. another --batch-size: the progress counter counts the epoch's samples"
+run rebatched 0 2 "$ddp_mnist" "${common[@]}" --epochs 1 --batch-size 32 --progress log --log-interval 1 \
+  --checkpoint-dir "$work/rebatched" --resume
+expect "$work/rebatched.log" "^Warning: the per-rank batch size is 32, the snapshot's run had 16: "
+# 96 samples before the rest, then 7 batches of 32 on each of 2 ranks (the last one short).
+# (ddp_mnist's lines are the classification preset's, PyTorch's mnist.py's.)
+expect "$work/rebatched.log" "^Train Epoch: 1 \[96/512 \(19%\)\]"
+expect "$work/rebatched.log" "^Train Epoch: 1 \[480/512 \(88%\)\]"
+[ "$(grep -c '^Train Epoch: 1 \[' "$work/rebatched.log")" -eq 7 ] || { cat "$work/rebatched.log"; fail "not 7 progress lines"; }
+refuse "$work/rebatched.log" "^Train Epoch: 1 \[(5[1-9][0-9]|[6-9][0-9][0-9]|[0-9]{4,})/512"
+grep "^Train Epoch: 1 \[" "$work/rebatched.log"
 echo "PASS: the resume's lines say what happens"

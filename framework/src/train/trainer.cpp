@@ -289,7 +289,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   source_->start(sampler_, options_.batch_size, epoch_.sampler_batch(first),
                  epoch_.sampler_batch(batches), group_.device());
   reporter_.start_epoch(EpochPlan{epoch, first, batches, batches_per_epoch(), options_.batch_size,
-                                  task_.train_size()});
+                                  task_.train_size(), epoch_.sampler_offset, epoch_.sampler_start});
   const auto& trained_samples = testing::hooks().trained_samples;
   const std::vector<int64_t> order = trained_samples ? sampler_.indices() : std::vector<int64_t>();
   for (int64_t b = first; b < batches; ++b) {
