@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -95,6 +96,7 @@ image plus Gaussian noise), trained data-parallel.
 // Parses "--name value" and "--name=value". Throws std::invalid_argument naming the flag.
 Flags parse_flags(int argc, char** argv) {
   Flags f;
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i], value;
     const bool has_value = name.find('=') != std::string::npos;
@@ -102,6 +104,8 @@ Flags parse_flags(int argc, char** argv) {
       value = name.substr(name.find('=') + 1);
       name = name.substr(0, name.find('='));
     }
+    // Twice is refused, as ddp::cli refuses it: neither value is plainly the one meant.
+    if (!given.insert(name).second) throw std::invalid_argument(name + " is given more than once");
     auto next = [&]() -> std::string {
       if (has_value) return value;
       if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
@@ -170,6 +174,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--help" || name == "-h") f.help = flag();
     else throw std::invalid_argument("unknown flag " + name);
   }
+  ddp::check_loader_workers("--workers", f.workers);  // threads: a huge count fails late, unnamed
   if (f.amp != "off" && f.amp != "bf16") {
     throw std::invalid_argument("--amp must be off or bf16 (got '" + f.amp + "')");
   }
@@ -351,7 +356,8 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
         ddp::BatchRangeSampler(sampler, flags.batch_size, start.sampler_batch(first), start.sampler_batch(last)),
         torch::data::DataLoaderOptions().batch_size(flags.batch_size).workers(flags.workers));
     reporter.start_epoch({epoch, first, last, batches_per_epoch, flags.batch_size,
-                          static_cast<int64_t>(train_set.size().value())});
+                          static_cast<int64_t>(train_set.size().value()), start.sampler_offset,
+                          start.sampler_start});
     const std::vector<int64_t> order = flags.sample_log.empty() ? std::vector<int64_t>() : sampler.indices();
     std::string trained;  // --sample-log: the lines of the step in progress
     int64_t batch = first;
@@ -415,6 +421,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     reporter.write_metrics(result);  // after the save: a failed write does not cost the epoch
   }
   reporter.end_run(results);
+  boundary.end_run(flags.epochs);  // rank 0 says if nothing was left, or a signal came too late
   return 0;
 }
 

@@ -38,6 +38,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,6 +105,7 @@ A DCGAN (PyTorch's C++ example) on MNIST-format images, both models trained data
 // std::invalid_argument naming the flag.
 Flags parse_flags(int argc, char** argv) {
   Flags f;
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i], value;
     const bool has_value = name.find('=') != std::string::npos;
@@ -111,6 +113,8 @@ Flags parse_flags(int argc, char** argv) {
       value = name.substr(name.find('=') + 1);
       name = name.substr(0, name.find('='));
     }
+    // Twice is refused, as ddp::cli refuses it: neither value is plainly the one meant.
+    if (!given.insert(name).second) throw std::invalid_argument(name + " is given more than once");
     auto next = [&]() -> std::string {
       if (has_value) return value;
       if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
@@ -158,6 +162,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--help" || name == "-h") f.help = flag();
     else throw std::invalid_argument("unknown flag " + name);
   }
+  ddp::check_loader_workers("--workers", f.workers);  // threads: a huge count fails late, unnamed
   if ((f.resume || f.checkpoint_every_steps > 0) && f.checkpoint_dir.empty()) {
     throw std::invalid_argument(std::string(f.resume ? "--resume" : "--checkpoint-every-steps") +
                                 " needs --checkpoint-dir");
@@ -406,6 +411,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     boundary.end_epoch();  // ddp: a stop signal in the epoch's last step stops before the next
     boundary.checkpointer().save_epoch(epoch, step);  // ddp: the epoch-end snapshot, collective
   }
+  boundary.end_run(flags.epochs);  // ddp: rank 0 says if nothing was left, or a signal came too late
 
   // Rank 0's BatchNorm statistics on every rank (a training forward leaves each rank its own),
   // then every rank's models, as raw bytes and as a hash: equal on every rank.

@@ -38,6 +38,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -96,6 +97,7 @@ PyTorch's c10d example dist-mnist.cpp: a small CNN on MNIST-format images, data-
 // naming the flag.
 Flags parse_flags(int argc, char** argv) {
   Flags f;
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i], value;
     const bool has_value = name.find('=') != std::string::npos;
@@ -103,6 +105,8 @@ Flags parse_flags(int argc, char** argv) {
       value = name.substr(name.find('=') + 1);
       name = name.substr(0, name.find('='));
     }
+    // Twice is refused, as ddp::cli refuses it: neither value is plainly the one meant.
+    if (!given.insert(name).second) throw std::invalid_argument(name + " is given more than once");
     auto next = [&]() -> std::string {
       if (has_value) return value;
       if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
@@ -148,6 +152,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--help" || name == "-h") f.help = flag();
     else throw std::invalid_argument("unknown flag " + name);
   }
+  ddp::check_loader_workers("--workers", f.workers);  // threads: a huge count fails late, unnamed
   if ((f.resume || f.checkpoint_every_steps > 0) && f.checkpoint_dir.empty()) {
     throw std::invalid_argument(std::string(f.resume ? "--resume" : "--checkpoint-every-steps") +
                                 " needs --checkpoint-dir");
@@ -309,6 +314,7 @@ int train(const Flags& flags, ddp::Runtime& runtime) {
     boundary.end_epoch();  // ddp: a stop signal in the epoch's last step stops before the next
     boundary.checkpointer().save_epoch(epoch, step);  // ddp: the epoch-end snapshot, collective
   }
+  boundary.end_run(flags.epochs);  // ddp: rank 0 says if nothing was left, or a signal came too late
 
   // ddp: the test set on every rank, each its shard (every image once over the ranks), through
   // the module in eval() under NoGradGuard (no dropout; an eval forward needs no wrapper, so no

@@ -2,6 +2,7 @@
 // flag: each is refused naming the flag and the value, before any data is read.
 #include <ddp/cli/flag_checks.h>
 #include <ddp/cli/training_flags.h>
+#include <ddp/train/data_source.h>
 
 #include <boost/program_options.hpp>
 #include <gtest/gtest.h>
@@ -225,6 +226,23 @@ TEST(ExampleFlags, GradientAsBucketViewReachesDDPOptions) {
   }
 }
 
+// Issue 60: --workers 100000 spent half a minute creating threads, then failed naming nothing.
+TEST(ExampleFlags, LoaderWorkersAreBounded) {
+  EXPECT_NO_THROW(ddp::check_loader_workers("--workers", 0));
+  EXPECT_NO_THROW(ddp::check_loader_workers("--workers", ddp::kMaxLoaderWorkers));
+  for (const int64_t workers : {ddp::kMaxLoaderWorkers + 1, int64_t{100000}, int64_t{-1}}) {
+    try {
+      ddp::check_loader_workers("--workers", workers);
+      ADD_FAILURE() << workers << " workers passed";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "--workers must be from 0 to 1024 worker threads (got " + std::to_string(workers) +
+                    "): the DataLoader starts them all with each pass, and a few per core keep a "
+                    "rank fed");
+    }
+  }
+}
+
 TEST(ExampleFlags, ProgramFlagHelpers) {
   EXPECT_THROW(require_finite("--gamma", nan, 0, true), std::invalid_argument);
   EXPECT_THROW(require_finite("--momentum", -0.1, 0, true), std::invalid_argument);
@@ -240,9 +258,16 @@ TEST(ExampleFlags, ProgramFlagHelpers) {
 
 }  // namespace
 
-TEST(ExampleFlags, TimeoutIsFinitePositiveAndBounded) {
+TEST(ExampleFlags, TimeoutIsWholePositiveAndBounded) {
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 5; }), "");
-  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0.5; }), "");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 1; }), "");
+  // Issue 60: 0.3 silently became 1 s (rounded up); the watchdogs count whole seconds.
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0.3; }),
+            "--timeout must be a whole number of seconds (got 0.3): the watchdogs count whole "
+            "seconds");
+  EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 2.5; }),
+            "--timeout must be a whole number of seconds (got 2.5): the watchdogs count whole "
+            "seconds");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = 0; }),
             "--timeout must be a finite number > 0 (got 0)");
   EXPECT_EQ(error_of([](TrainingFlags& f) { f.timeout = -3; }),

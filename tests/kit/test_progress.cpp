@@ -55,6 +55,33 @@ TEST(Progress, BarLineHoldsEveryFieldAndFitsTheWidth) {
   EXPECT_NE(ddp::format_progress_bar(1, 1, 10, 0, -1, 0, 100).find("loss -"), std::string::npos);
 }
 
+// The log line's counter: PyTorch's in a whole epoch (the samples before the batch, b of the
+// batches per epoch); after a resume with another batch size (issue 60: "[896/768 (78%)]") the
+// samples before the re-sharded rest, then the rest's batches, never past the epoch.
+TEST(Progress, CounterCountsTheEpochsSamplesAfterABatchSizeChange) {
+  const ddp::EpochPlan whole{1, 0, 469, 469, 64, 60000};
+  EXPECT_EQ(whole.samples_before(120, 2), 120 * 64 * 2);
+  EXPECT_DOUBLE_EQ(whole.percent_before(120), 100.0 * 120 / 469);
+  // 768 samples on 2 ranks: stopped after 12 batches of 16 (384 samples), resumed in batches of
+  // 32: the rest is 192 per rank, 6 batches, counted on from batch 12 (sampler offset 12, start
+  // 384).
+  const ddp::EpochPlan resumed{1, 12, 18, 18, 32, 768, 12, 384};
+  EXPECT_EQ(resumed.samples_before(12, 2), 384);
+  EXPECT_EQ(resumed.samples_before(14, 2), 512);
+  EXPECT_EQ(resumed.samples_before(17, 2), 704);
+  EXPECT_DOUBLE_EQ(resumed.percent_before(12), 50.0);
+  EXPECT_DOUBLE_EQ(resumed.percent_before(15), 75.0);
+  ddp::ProgressLine line;
+  line.epoch = 1;
+  line.seen = resumed.samples_before(14, 2);
+  line.dataset_size = resumed.dataset_size;
+  line.percent = resumed.percent_before(14);
+  line.loss = 0.5;
+  EXPECT_EQ(ddp::ReportFormat().log_line(line).rfind("Epoch 1 [512/768 (67%)] loss 0.500000", 0),
+            0u)
+      << ddp::ReportFormat().log_line(line);
+}
+
 ddp::EpochResult epoch_result(int64_t epoch, int64_t correct) {
   ddp::EpochResult r;
   r.epoch = epoch;

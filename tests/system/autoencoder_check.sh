@@ -17,13 +17,14 @@ set -euo pipefail
 mpiexec=$1 program=$2 compare=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
 # --log-interval 5 with --accumulate 2: step records fall on batches that step and that do not.
+# (Each run gives its --log-interval: the program refuses a flag given twice.)
 train=("$mpiexec" -np 2 "$program" --batch-size 32 --limit-train-batches 100 --accumulate 2
-       --log-interval 5 --warmup-steps 3 --lr 0.003 --clip-grad-norm 1 --amp bf16 --workers 2 --no-cuda --epochs 2)
+       --warmup-steps 3 --lr 0.003 --clip-grad-norm 1 --amp bf16 --workers 2 --no-cuda --epochs 2)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 expect() { grep -Eq -- "$2" "$1" || { cat "$1"; fail "no line of $1 matches: $2"; }; }
 
 echo "== 1. uninterrupted: 2 epochs"
-"${train[@]}" --metrics-file "$work/full.jsonl" --checkpoint-dir "$work/full" > "$work/full.log"
+"${train[@]}" --log-interval 5 --metrics-file "$work/full.jsonl" --checkpoint-dir "$work/full" > "$work/full.log"
 for f in model_with_epoch1.pt model_with_epoch2.pt snapshot_epoch1.pt snapshot_epoch2.pt; do
   test -f "$work/full/$f" || fail "no $work/full/$f"
 done
@@ -47,7 +48,7 @@ echo "== 2. stopped after epoch 1 (its snapshot and metrics), then --resume: the
 mkdir -p "$work/resumed"
 cp "$work/full/snapshot_epoch1.pt" "$work/resumed/"
 sed -n '1,/^{"epoch":1,/p' "$work/full.jsonl" > "$work/resumed.jsonl"  # up to epoch 1's line
-"${train[@]}" --metrics-file "$work/resumed.jsonl" --checkpoint-dir "$work/resumed" --resume \
+"${train[@]}" --log-interval 5 --metrics-file "$work/resumed.jsonl" --checkpoint-dir "$work/resumed" --resume \
   > "$work/resumed.log"
 expect "$work/resumed.log" "^Resumed from $work/resumed/snapshot_epoch1.pt: epoch 1 done, step 50$"
 python3 - "$work/full.jsonl" "$work/resumed.jsonl" <<'PY'
@@ -94,7 +95,7 @@ stop() {
   expect "$log" "^Stopped by SIG$signal \(rank $rank\) before batch [0-9]+ of epoch [12] \(step [0-9]+\): wrote $dir/snapshot_epoch[12]_batch[0-9]+.pt [0-9.]+ s after the signal"
   [ -n "$(ls "$dir"/snapshot_epoch*_batch*.pt 2> /dev/null)" ] || fail "$name: no snapshot inside an epoch"
   [ ! -f "$dir/model_with_epoch2.pt" ] || fail "$name: epoch 2 must not have ended"
-  "${train[@]}" --checkpoint-dir "$dir" --resume > "$work/$name-resumed.log"
+  "${train[@]}" --log-interval 5 --checkpoint-dir "$dir" --resume > "$work/$name-resumed.log"
   # An epoch here lasts about 0.35 s: a signal that mpirun forwards late may land at the step
   # boundary that starts epoch 2 (snapshot_epoch2_batch0.pt, "epoch 1 done, step 50"), which is
   # as correct a stop as one inside epoch 1.

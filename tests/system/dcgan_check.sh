@@ -12,7 +12,7 @@
 #   3. rank 1 raises SIGTERM after step 2 (--stop-at-step): the ranks agree at the next
 #      boundary and stop at the one after
 #      boundary, exit status 75 after a snapshot inside epoch 1; the same command with --resume
-#      ends bit-identical to 1;
+#      ends bit-identical to 1; once more, it has nothing left to train (status 0, said);
 #   4. a bad flag ends every rank with status 2 and a line naming it.
 set -euo pipefail
 mpiexec=$1 program=$2 work=$3
@@ -68,6 +68,9 @@ run 2 resumed --checkpoint-dir "$work/stopped_ckpt" --resume
 expect "$work/resumed.log" "^Resumed from $work/stopped_ckpt/snapshot_epoch1_batch3.pt: epoch 0 done, 3 batches of epoch 1, step 3$"
 same "$work/full/rank0.bin" "$work/resumed/rank0.bin"
 same "$work/full/rank1.bin" "$work/resumed/rank1.bin"
+# Issue 60: the same command once more has nothing left to train: status 0, said.
+run 2 again --checkpoint-dir "$work/stopped_ckpt" --resume
+expect "$work/again.log" "^Nothing left to train: $work/stopped_ckpt/snapshot_epoch2.pt is the end of epoch 2 \(step 12\), and this run ends at epoch 2: the run is complete; give more epochs to train on$"
 
 echo "== 4. a bad flag: status 2, one line naming it"
 status=0

@@ -13,7 +13,8 @@
 #   3. rank 1 raises SIGTERM after step 2 (--stop-at-step): the ranks agree at the next
 #      boundary and stop at the one after
 #      boundary, exit status 75 after a snapshot inside epoch 1; the same command with --resume
-#      ends bit-identical to 1;
+#      ends bit-identical to 1; once more, it has nothing left to train (status 0, said); a
+#      SIGTERM after the last step leaves the run complete (status 0, said);
 #   4. a bad flag ends every rank with status 2 and a line naming it.
 set -euo pipefail
 mpiexec=$1 program=$2 work=$3
@@ -68,6 +69,14 @@ same "$work/full/rank1.bin" "$work/resumed/rank1.bin"
 # epoch lines as the uninterrupted run.
 diff <(grep "^Epoch" "$work/full.log") <(grep "^Epoch" "$work/resumed.log") ||
   fail "the resumed run's epoch lines differ from the uninterrupted run's"
+# Issue 60: the same command once more has nothing left to train (status 0, said); a SIGTERM
+# after the run's last step leaves the run complete (status 0, said).
+run 2 again --checkpoint-dir "$work/stopped_ckpt" --resume
+expect "$work/again.log" "^Nothing left to train: $work/stopped_ckpt/snapshot_epoch2.pt is the end of epoch 2 \(step 12\), and this run ends at epoch 2: the run is complete; give more epochs to train on$"
+run 2 late --checkpoint-dir "$work/late_ckpt" --stop-at-step 12 --stop-rank 1
+expect "$work/late.log" "^SIGTERM \(rank 1\) came after the run's last step: the run is complete \(saved $work/late_ckpt/snapshot_epoch2.pt\); nothing is left to resume$"
+same "$work/full/rank0.bin" "$work/late/rank0.bin"
+grep "^Nothing left\|^SIGTERM" "$work/again.log" "$work/late.log"
 
 echo "== 4. a bad flag: status 2, one line naming it"
 status=0

@@ -46,7 +46,7 @@ echo "== 2. the same stop resumed with another hook, batch size and learning rat
 cost="the run goes on, but no longer on the trajectory the snapshot's run would have followed"
 run changed 0 "$ddp_mnist" "${flags[@]}" --comm-hook allreduce --batch-size 8 --lr 0.5 \
   --checkpoint-dir "$work/changed" --resume
-expect "$work/changed.log" "Warning: the per-rank batch size is 8, the snapshot's run had 16: every sample is still trained once, but $cost"
+expect "$work/changed.log" "Warning: the per-rank batch size is 8, the snapshot's run had 16: the epoch's sample order is kept, cut into other batches; $cost"
 expect "$work/changed.log" "Warning: the comm hook is allreduce, the snapshot's run had powersgd(matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=2, use_error_feedback=1, warm_start=1, orthogonalization_epsilon=0, random_seed=0): $cost"
 expect "$work/changed.log" "Warning: the optimizer is ddp::Adadelta (eps=1e-06, lr=0.5, rho=0.9, weight_decay=0), the snapshot's run had ddp::Adadelta (eps=1e-06, lr=1, rho=0.9, weight_decay=0): the snapshot's settings are restored with its state, so this run's are not used, except a learning rate that this run's schedule sets"
 [ -f "$work/changed/model_with_epoch1.pt" ] || fail "the changed run did not finish its epoch"

@@ -193,6 +193,10 @@ if(TARGET ddp_mnist)
   set_tests_properties(ddp_mnist_help_groups PROPERTIES ENVIRONMENT "${DDP_MPI_TEST_ENV}"
     PASS_REGULAR_EXPRESSION
     "Model and optimizer:.*--gamma.*Training:.*--epochs.*Data:.*--data-dir.*Distributed:.*--backend.*Checkpoints:.*--resume.*Progress and diagnostics:.*--progress")
+  # Issue 60: a fraction of a second was rounded up to a whole one, silently.
+  ddp_add_mpi_failure_test(ddp_mnist_fractional_timeout
+    "ddp_mnist: --timeout must be a whole number of seconds \\(got 0.3\\): the watchdogs count whole seconds \\(see --help\\)"
+    2 $<TARGET_FILE:ddp_mnist> --timeout 0.3 --dry-run)
   ddp_add_mpi_failure_test(ddp_mnist_bad_progress
     "ddp_mnist: --progress: progress mode 'fancy': expected auto, bar, log or none \\(see --help\\)"
     2 $<TARGET_FILE:ddp_mnist> --progress fancy --dry-run)
@@ -259,6 +263,14 @@ if(TARGET ddp_mnist)
     # resume with other settings names each one.
     ddp_add_resume_check(resume_exact_and_changed_settings_said system/resume_exact_check.sh 300)
   endif()
+  # Issue 60: the lines of a resume say only what is true (system/resume_lines_check.sh lists
+  # them), with real jobs at 1, 2 and 3 ranks.
+  add_test(NAME resume_lines_say_what_happens
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/system/resume_lines_check.sh ${MPIEXEC_EXECUTABLE}
+      $<TARGET_FILE:ddp_mnist> $<TARGET_FILE:ddp_mnist_signal_at_step>
+      ${DDP_TEST_TMP}/resume_lines)
+  set_tests_properties(resume_lines_say_what_happens PROPERTIES ENVIRONMENT "${DDP_MPI_TEST_ENV}"
+    TIMEOUT 300)
   # A rank stopped (SIGSTOP) or killed (SIGKILL, a rank and step from a printed seed) in the
   # middle of training ends the job within 30 s, naming it (tests/system/rank_faults_check.sh).
   foreach(fault stop:ddp_mnist_stopped_rank_ends_job_within_timeout

@@ -8,7 +8,9 @@
 /// r + 2N, ... of it. So after k batches of B on every rank, exactly the first N * k * B positions
 /// were trained, and an epoch interrupted at N ranks can continue at M: set_epoch(epoch, start),
 /// with start the positions trained so far, shares the rest (positions start.., padded or cut as
-/// a whole epoch is) among the M ranks, and every sample is trained once, padding aside. With
+/// a whole epoch is) among the M ranks. Every sample is then trained at least once over the two
+/// runs, and without drop_last at most once more: the padding repeats at most M - 1 positions, as
+/// a whole epoch's does (an epoch of 896 resumed after 768 on 3 ranks trains 129: 1 twice). With
 /// start 0 (the default) nothing differs from torch's sampler.
 
 #include <torch/data/samplers/base.h>

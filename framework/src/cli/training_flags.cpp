@@ -116,6 +116,12 @@ void check_training_flags(const TrainingFlags& f) {
       throw std::invalid_argument("--timeout must be at most 10000000 seconds (got " +
                                   short_text(*f.timeout) + ")");
     }
+    // The watchdogs count whole seconds (ProcessGroupOptions::timeout, as DDP_TIMEOUT_SECONDS):
+    // a fraction would be rounded to another limit than the one asked for.
+    if (*f.timeout != std::floor(*f.timeout)) {
+      throw std::invalid_argument("--timeout must be a whole number of seconds (got " +
+                                  short_text(*f.timeout) + "): the watchdogs count whole seconds");
+    }
   }
   if (f.checkpoint_every_steps > 0 && f.checkpoint_dir.empty()) {
     throw std::invalid_argument("--checkpoint-every-steps needs --checkpoint-dir to write to");
@@ -183,7 +189,7 @@ void add_training_flags(po::options_description& d, TrainingFlags& f,
     ("no-broadcast-buffers", po::bool_switch(&f.no_broadcast_buffers), "do not broadcast rank 0's buffers (BatchNorm statistics) before each forward")
     ("hierarchical", po::value(&f.hierarchical)->default_value("auto"), "CPU all-reduces through one leader per host (reduce on the host, all-reduce among the hosts, broadcast on the host): auto (with several hosts and several ranks on some host), on or off")
     ("timeout", po::value<double>()->value_name("SECONDS")->notifier([&f](double seconds) { f.timeout = seconds; }),
-     "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived, or a wait outside one (MPI start-up, building a communicator, loading data, ...), naming it (rounded up to whole seconds; default: DDP_TIMEOUT_SECONDS, else 600; MPI start-up without --timeout: DDP_STARTUP_TIMEOUT_SECONDS, else 600)");
+     "end the job when a collective (MPI or NCCL) is unfinished after this many seconds, naming it and the ranks that never arrived, or a wait outside one (MPI start-up, building a communicator, loading data, ...), naming it (whole seconds; default: DDP_TIMEOUT_SECONDS, else 600; MPI start-up without --timeout: DDP_STARTUP_TIMEOUT_SECONDS, else 600)");
   po::options_description checkpoints("Checkpoints");
   checkpoints.add_options()
     ("save-model", po::bool_switch(&f.save_model), ("save the trained model to " + defaults.model_file).c_str())
@@ -216,8 +222,9 @@ void use_deterministic_kernels() {
 
 namespace {
 
-// --timeout in whole seconds, rounded up; 0 without it. The one reading of the value, for the
-// collectives (ProcessGroupOptions) and start-up (RuntimeOptions) alike.
+// --timeout in seconds (whole once check_training_flags passed; rounded up, never to 0, where
+// a caller skipped the check); 0 without it. The one reading of the value, for the collectives
+// (ProcessGroupOptions) and start-up (RuntimeOptions) alike.
 std::chrono::seconds timeout_seconds(const TrainingFlags& flags) {
   if (!flags.timeout) return std::chrono::seconds(0);
   return std::chrono::seconds(static_cast<int64_t>(std::ceil(*flags.timeout)));

@@ -62,6 +62,17 @@ std::string describe_optimizer(const torch::optim::Optimizer& optimizer) {
   return text;
 }
 
+// Whether two runs' settings entry `name` reduce the gradients alike. "none" is one rank without
+// a Reducer, where nothing is reduced; the default allreduce is the same arithmetic there (a sum
+// over one rank, divided by one), so between the two only the world size differs, which resume()
+// names. A stateful or compressing hook against "none" is a change: its arithmetic and its state
+// are not used at one rank.
+bool same_setting(const std::string& name, const std::string& now, const std::string& saved) {
+  if (now == saved) return true;
+  if (name != "comm hook") return false;
+  return (now == "none" && saved == "allreduce") || (now == "allreduce" && saved == "none");
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(ProcessGroup& group, torch::nn::Module& model,
@@ -148,8 +159,8 @@ void Checkpointer::say_changed_settings(const TrainingProgress& saved, bool sche
   if (saved.world_size == group_.size() && saved.batch_size > 0 && options_.batch_size > 0 &&
       saved.batch_size != options_.batch_size) {
     std::printf(
-        "Warning: the per-rank batch size is %lld, the snapshot's run had %lld: every "
-        "sample is still trained once, but %s\n",
+        "Warning: the per-rank batch size is %lld, the snapshot's run had %lld: the epoch's "
+        "sample order is kept, cut into other batches; %s\n",
         static_cast<long long>(options_.batch_size), static_cast<long long>(saved.batch_size),
         cost);
   }
@@ -158,7 +169,7 @@ void Checkpointer::say_changed_settings(const TrainingProgress& saved, bool sche
     const auto& [name, value] = now[i];
     const auto found = std::find_if(saved.settings.begin(), saved.settings.end(),
                                     [&](const auto& entry) { return entry.first == name; });
-    if (found == saved.settings.end() || found->second == value) continue;
+    if (found == saved.settings.end() || same_setting(name, value, found->second)) continue;
     // settings() lists the optimizers' first. Their options come back with their state
     // (Optimizer::load, as PyTorch's load_state_dict): this run's values are not used, but for a
     // rate that this run's schedule sets (read_parts, LRSchedule::load).
@@ -315,6 +326,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
   timed(false, [&] { save_snapshot(path, group_.cpu(), parts_, progress, rank_state, extras_); });
   if (group_.is_main()) remove_older_step_snapshots(path);
   last_step_ = at.step;
+  last_written_ = path;
   return path;
 }
 
@@ -332,6 +344,7 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   const std::string path = snapshot_path(o.dir, epoch);
   timed(true, [&] { save_snapshot(path, group_.cpu(), parts_, progress, {}, extras_); });
   last_step_ = step;
+  last_written_ = path;
   if (!group_.is_main()) return;
   remove_older_step_snapshots(path);
   if (o.keep > 0 && epoch > o.keep) {

@@ -5,6 +5,14 @@
 
 namespace ddp {
 
+void check_loader_workers(const std::string& name, int64_t workers) {
+  if (workers >= 0 && workers <= kMaxLoaderWorkers) return;
+  throw std::invalid_argument(name + " must be from 0 to " + std::to_string(kMaxLoaderWorkers) +
+                              " worker threads (got " + std::to_string(workers) +
+                              "): the DataLoader starts them all with each pass, and a few per "
+                              "core keep a rank fed");
+}
+
 BatchRangeSampler::BatchRangeSampler(const DistributedSampler& sampler, int64_t batch_size,
                                      int64_t first, int64_t end)
     : indices_(sampler) {

@@ -133,11 +133,9 @@ void Reporter::batch_done(int64_t b, const torch::Tensor& loss, int64_t samples,
     if (mode_ == ProgressMode::Log) {
       ProgressLine line;
       line.epoch = plan_.epoch;
-      line.seen = b * plan_.batch_size * group_.size();
+      line.seen = plan_.samples_before(b, group_.size());
       line.dataset_size = plan_.dataset_size;
-      line.percent = plan_.batches_per_epoch > 0 ? 100.0 * static_cast<double>(b) /
-                                                       static_cast<double>(plan_.batches_per_epoch)
-                                                 : 0.0;
+      line.percent = plan_.percent_before(b);
       line.loss = shown_loss_;
       line.eta_seconds = eta_seconds(seconds_since(started_), b + 1 - plan_.first_batch,
                                      plan_.batches - plan_.first_batch);

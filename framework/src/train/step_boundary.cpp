@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -86,7 +87,30 @@ EpochStart StepBoundary::start_epoch(int64_t epoch, DistributedSampler& sampler,
   sampler.set_epoch(epoch, samples);
   epoch_.first_batch = epoch_.sampler_offset = batch;
   epoch_.sampler_start = samples;
+  say_uneven_rest(epoch, sampler);
   return epoch_;
+}
+
+void StepBoundary::say_uneven_rest(int64_t epoch, const DistributedSampler& sampler) const {
+  const int64_t rest = sampler.dataset_size() - sampler.start();
+  const int64_t shared = sampler.total_size();
+  if (shared == rest || !group_.is_main()) return;
+  // The sampler shares the rest as it shares a whole epoch, index for index PyTorch's
+  // DistributedSampler: padded to a multiple of the ranks by repeating its first samples, or
+  // cut with drop_last.
+  const std::string what =
+      shared > rest ? std::to_string(shared - rest) +
+                          " position(s) repeat samples of the rest, as DistributedSampler pads"
+                    : std::to_string(rest - shared) +
+                          " sample(s) of the rest are left out, as DistributedSampler with "
+                          "drop_last cuts";
+  std::printf(
+      "The rest of epoch %lld, %lld samples from position %lld of its order, is shared over %d "
+      "ranks as %lld each: %s an epoch that does not divide among the ranks (as PyTorch's)\n",
+      static_cast<long long>(epoch), static_cast<long long>(rest),
+      static_cast<long long>(sampler.start()), group_.size(),
+      static_cast<long long>(sampler.num_samples()), what.c_str());
+  std::fflush(stdout);
 }
 
 StepBoundary::~StepBoundary() {
@@ -165,6 +189,36 @@ void StepBoundary::end_epoch(int64_t nonfinite_loss_step) {
   // epoch's last steps stops the ranks before the next epoch's first batch, with a snapshot there
   // (not before this epoch's own snapshot, which the loop writes next).
   sent_ = torch::Tensor();
+}
+
+void StepBoundary::end_run(int64_t last_epoch) {
+  if (in_flight_) std::exchange(in_flight_, nullptr)->wait();
+  const std::string& written = checkpointer_.last_written();
+  if (group_.is_main() && resume_.resumed() && resume_.position.epoch > last_epoch) {
+    std::printf(
+        "Nothing left to train: %s is the end of epoch %lld (step %lld), and this run ends at "
+        "epoch %lld: the run is complete; give more epochs to train on\n",
+        resume_.path.c_str(), static_cast<long long>(resume_.epochs_done()),
+        static_cast<long long>(resume_.position.step), static_cast<long long>(last_epoch));
+    std::fflush(stdout);
+  }
+  if (stop_.every() == 0 || stop_.stopping()) return;
+  const std::array<double, StopAgreement::kValues> mine = stop_.values();
+  torch::Tensor agreed =
+      torch::tensor(std::vector<double>(mine.begin(), mine.end()), torch::kDouble);
+  group_.cpu().all_reduce(agreed, ReduceOp::Max);
+  const double* v = agreed.data_ptr<double>();
+  if (v[0] <= 0 || !group_.is_main()) return;
+  const std::string saved = !written.empty()    ? "saved " + written
+                            : resume_.resumed() ? "saved " + resume_.path
+                            : checkpointer_.options().dir.empty()
+                                ? "nothing saved: no checkpoint directory"
+                                : "nothing saved";
+  std::printf(
+      "%s (rank %d) came after the run's last step: the run is complete (%s); nothing is left "
+      "to resume\n",
+      stop_signal_name(static_cast<int>(v[0])), static_cast<int>(v[1]), saved.c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace ddp

@@ -209,6 +209,7 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
   }
   reporter_.start_run(start);
   std::vector<EpochResult> results;
+  int64_t last_epoch = epochs;  // a dry run's is its first
   for (int64_t epoch = start.position.epoch; epoch <= epochs; ++epoch) {
     EpochResult r = train_epoch(epoch);
     if (stopped_by()) break;
@@ -239,9 +240,13 @@ std::vector<EpochResult> Trainer::fit(int64_t epochs, torch::optim::LRScheduler*
     // saved.
     boundary_.checkpointer().save_epoch(epoch, global_step_);
     write_metrics_after_save(reporter_, r, options_.checkpoint.dir, epoch);
-    if (options_.dry_run) break;
+    if (options_.dry_run) {
+      last_epoch = epoch;
+      break;
+    }
   }
   reporter_.end_run(results, boundary_.checkpointer().cost(), seconds_since(started));
+  if (!stopped_by()) boundary_.end_run(last_epoch);
   return results;
 }
 
@@ -284,7 +289,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   source_->start(sampler_, options_.batch_size, epoch_.sampler_batch(first),
                  epoch_.sampler_batch(batches), group_.device());
   reporter_.start_epoch(EpochPlan{epoch, first, batches, batches_per_epoch(), options_.batch_size,
-                                  task_.train_size()});
+                                  task_.train_size(), epoch_.sampler_offset, epoch_.sampler_start});
   const auto& trained_samples = testing::hooks().trained_samples;
   const std::vector<int64_t> order = trained_samples ? sampler_.indices() : std::vector<int64_t>();
   for (int64_t b = first; b < batches; ++b) {

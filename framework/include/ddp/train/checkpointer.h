@@ -147,6 +147,8 @@ class Checkpointer {
   bool time_due() const;
   /// The snapshots written so far, as this rank timed them.
   const SnapshotCost& cost() const { return cost_; }
+  /// The snapshot this run wrote last (save_step or save_epoch); "" before any or without a dir.
+  const std::string& last_written() const { return last_written_; }
 
   /// Collective: the snapshot inside epoch at.epoch after at.batch batches (without a directory,
   /// nothing). Removes older snapshots inside an epoch. Returns the path ("" without a directory).
@@ -173,6 +175,7 @@ class Checkpointer {
   int64_t last_step_ = 0;        ///< the step of the newest snapshot written or resumed from
   double last_time_ = 0;         ///< now() when it ended (or at construction, resume())
   SnapshotCost cost_;
+  std::string last_written_;
   std::shared_ptr<detail::DirectoryLock> lock_;  ///< rank 0 with a dir, where flock works
   /// Rank 0 with a dir: how far the run got, for a resume after a crash (reached_position.h).
   std::shared_ptr<detail::ReachedRecord> reached_;

@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -136,6 +137,17 @@ class BatchRangeSampler final : public torch::data::samplers::Sampler<std::vecto
   size_t batch_size_, begin_, end_;  ///< the range in samples
 };
 
+/// The most worker threads one rank's DataLoader may start. LibTorch starts them all with each
+/// pass, before its first batch, and a few per core already keep a rank fed; tens of thousands
+/// take half a minute to create and then fail ("Resource temporarily unavailable",
+/// std::bad_alloc) naming nothing.
+constexpr int64_t kMaxLoaderWorkers = 1024;
+
+/// Throws std::invalid_argument "<name> must be from 0 to 1024 worker threads (got N): ..." unless
+/// 0 <= workers <= kMaxLoaderWorkers; `name` says what gave the count (a program's "--workers").
+/// A fixed bound, not the machine's: every rank parses the same flags and refuses alike.
+void check_loader_workers(const std::string& name, int64_t workers);
+
 /// LibTorch's DataLoader as a DataSource: at each start(), a loader over a copy of `dataset` (a
 /// torch::data dataset whose batch type is the task's, e.g. dataset.map(Stack<>())) reading a
 /// BatchRangeSampler, with `workers` threads (0: on the training thread). The loader and its
@@ -146,9 +158,13 @@ template <typename Dataset>
 class DataLoaderSource final : public DataSource<typename Dataset::BatchType> {
  public:
   using Batch = typename Dataset::BatchType;  ///< the dataset's batch type: the task's
-  /// Keeps `dataset`, copied into each pass's loader; `workers`: threads (0: none).
+  /// Keeps `dataset`, copied into each pass's loader; `workers`: threads (0: none; more than
+  /// kMaxLoaderWorkers: std::invalid_argument, check_loader_workers).
   DataLoaderSource(Dataset dataset, size_t workers)
-      : dataset_(std::move(dataset)), workers_(workers) {}
+      : dataset_(std::move(dataset)), workers_(workers) {
+    check_loader_workers("DataLoaderSource's workers",
+                         static_cast<int64_t>(std::min<size_t>(workers, kMaxLoaderWorkers + 1)));
+  }
 
   void start(const DistributedSampler& sampler, int64_t batch_size, int64_t first, int64_t end,
              torch::Device /*device*/) override {

@@ -9,7 +9,8 @@
 ///   ddp::Reporter reporter(group, options);
 ///   reporter.start_run(start);                                 // the metrics file
 ///   for (epoch ...) {
-///     reporter.start_epoch({epoch, first, batches, batches_per_epoch, batch_size, train_size});
+///     reporter.start_epoch({epoch, first, batches, batches_per_epoch, batch_size, train_size,
+///                           start.sampler_offset, start.sampler_start});  // EpochStart
 ///     for (b ...) { ...; reporter.batch_done(b, loss, samples); }
 ///     reporter.end_epoch();
 ///     reporter.epoch_done(result);                             // EpochMeter::reduce, + evaluation
@@ -131,7 +132,9 @@ struct StepScalars {
   std::optional<PhaseTimes> phases;
 };
 
-/// An epoch as the progress display counts it.
+/// An epoch as the progress display counts it. In an epoch re-sharded at resume (another world
+/// size or batch size: EpochStart), batch b is the sampler's batch b - sampler_offset of the rest
+/// that starts at position sampler_start of the epoch's order; elsewhere both are 0.
 struct EpochPlan {
   int64_t epoch = 1;              ///< 1-based
   int64_t first_batch = 0;        ///< > 0 in a resumed epoch
@@ -139,6 +142,28 @@ struct EpochPlan {
   int64_t batches_per_epoch = 0;  ///< of this rank's whole shard: the percentage's denominator
   int64_t batch_size = 0;         ///< samples per batch and rank
   int64_t dataset_size = 0;       ///< samples in the training set
+  int64_t sampler_offset = 0;     ///< EpochStart::sampler_offset
+  int64_t sampler_start = 0;      ///< EpochStart::sampler_start
+
+  /// Samples of the epoch before batch `b`, over `ranks` ranks: those before the rest, then the
+  /// rest's batches before b (ProgressLine::seen).
+  int64_t samples_before(int64_t b, int ranks) const {
+    return sampler_start + (b - sampler_offset) * batch_size * ranks;
+  }
+  /// The epoch's share before batch `b`, in percent (ProgressLine::percent): b of
+  /// batches_per_epoch, PyTorch's `100. * batch_idx / len(train_loader)`; in a re-sharded epoch
+  /// the samples before the rest, then the rest's share of its batches.
+  double percent_before(int64_t b) const {
+    const int64_t rest_batches = batches_per_epoch - sampler_offset;
+    if (rest_batches <= 0) return 0.0;
+    const double rest_done =
+        static_cast<double>(b - sampler_offset) / static_cast<double>(rest_batches);
+    if (sampler_start == 0) return 100.0 * rest_done;
+    if (dataset_size <= 0) return 0.0;
+    const double before = static_cast<double>(sampler_start);
+    const double size = static_cast<double>(dataset_size);
+    return 100.0 * (before + rest_done * (size - before)) / size;
+  }
 };
 
 /// The reporter of the file's text.

@@ -20,6 +20,7 @@
 ///     boundary.end_epoch();
 ///     boundary.checkpointer().save_epoch(epoch, step);
 ///   }
+///   boundary.end_run(epochs);  // rank 0 says when there was nothing to train, or a late signal
 ///
 /// The agreement: one all-reduce per stop check carries this rank's stop signal
 /// (stop_agreement.h), its first step whose loss was not finite, and whether its snapshot timer is
@@ -35,8 +36,10 @@
 /// Re-sharding: at the same world size and per-rank batch size each rank continues its own shard
 /// at the snapshot's batch, with its RankState. Otherwise the rest of the epoch's sample order
 /// (from the snapshot's samples done) is re-sharded over this run's ranks (DistributedSampler::
-/// set_epoch's start): every sample of the epoch is still trained once, batches are counted on
-/// from the snapshot's, and at another world size no rank's state is restored (it is per rank).
+/// set_epoch's start): every sample of the epoch is still trained, once but for the padding of a
+/// rest that does not divide among the ranks (at most ranks - 1 positions repeat samples, as in
+/// any epoch; rank 0 says how many), batches are counted on from the snapshot's, and at another
+/// world size no rank's state is restored (it is per rank).
 ///
 /// Invariants: every rank makes the same calls in the same order (they are collective); an epoch's
 /// start_epoch() comes before its at_step() calls.
@@ -128,6 +131,17 @@ class StepBoundary {
   /// stop check (with a check every step: before the next epoch's first batch).
   void end_epoch(int64_t nonfinite_loss_step = -1);
 
+  /// Collective, after the loop's last epoch (`last_epoch`, the run's: --epochs) and its snapshot,
+  /// in a run that was not stopped. Rank 0 says what would otherwise end with status 0 unsaid:
+  ///  - resumed at or past the end: "Nothing left to train: <snapshot> is the end of epoch 2
+  ///    (step 24), and this run ends at epoch 2: the run is complete; give more epochs to train
+  ///    on";
+  ///  - a stop signal after the last step boundary (in the last step, the evaluation, the
+  ///    snapshot), where no boundary is left to stop at: "SIGTERM (rank 1) came after the run's
+  ///    last step: the run is complete (saved <snapshot>); nothing is left to resume".
+  /// Agrees on the signal in one all-reduce (none when stop checks are off, or the ranks stopped).
+  void end_run(int64_t last_epoch);
+
   ///@{
   /// The newest boundary (with the samples done) and the snapshot written there ("" when none).
   const TrainingPosition& position() const { return position_; }
@@ -148,6 +162,8 @@ class StepBoundary {
   bool read(const torch::Tensor& agreed);
   /// Throws TrainingDiverged when the agreed values name a rank whose loss was not finite.
   void refuse_nonfinite(const torch::Tensor& agreed) const;
+  /// Rank 0: the line of a re-sharded rest that does not divide among the ranks (its padding).
+  void say_uneven_rest(int64_t epoch, const DistributedSampler& sampler) const;
 
   ProcessGroup& group_;
   StopAgreement stop_;

@@ -13,8 +13,9 @@
 /// Contract (the Trainer relies on it; a task that breaks it trains wrongly, or hangs the job):
 /// - Every rank's task has the same train_size(), test_size() and metric names, and the batches
 ///   are a function of the indices alone (plus, in prepare(), of the generator it is handed): the
-///   Trainer decides which indices each rank reads, so that every sample is seen once per epoch
-///   over all ranks and a resumed run is bit-identical to an uninterrupted one. train_source(),
+///   Trainer decides which indices each rank reads, so that every sample is seen in each epoch
+///   over all ranks (once, but for the padding of a data set that does not divide among the
+///   ranks: DistributedSampler's) and a resumed run is bit-identical to an uninterrupted one. train_source(),
 ///   when overridden, yields the batches train_batch() would for the same indices.
 /// - train_batch() may be called one step ahead of the batch's use (while the previous step's
 ///   backward runs), and a DataLoader's workers make batches further ahead; anything random

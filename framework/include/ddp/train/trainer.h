@@ -139,7 +139,8 @@ class Trainer {
   Evaluation evaluate();
   /// Epochs 1..epochs (or from the resumed snapshot's position): train, evaluate (when the task
   /// has a test set), report, scheduler->step() if given, then the epoch-end snapshot. Ends with
-  /// the summary table and what the snapshots cost. Returns the epochs it ran to the end. Throws
+  /// the summary table and what the snapshots cost, then StepBoundary::end_run's lines (nothing
+  /// left to train, a signal after the last step). Returns the epochs it ran to the end. Throws
   /// TrainingDiverged on every rank when training diverged (TrainerOptions::on_nonfinite),
   /// GlobalBatchNotDivisible (TrainerOptions::keep_global_batch). A resumed epoch may be
   /// re-sharded: step_boundary.h.
