@@ -140,6 +140,10 @@ class DistributedDataParallel {
 
   /// The module it wraps.
   torch::nn::Module& module() const { return *module_; }
+  /// Every wrapper alive in this process, oldest first: each is listed from the end of its
+  /// construction to its destruction, so that what saves a module finds the wrappers of it and
+  /// their comm hook state (snapshot.h). Thread-safe; a pointer is valid while its wrapper lives.
+  static std::vector<DistributedDataParallel*> live_wrappers();
   /// As given, with the backend resolved (Mpi or Nccl, never Auto).
   const DDPOptions& options() const { return options_; }
 
@@ -274,16 +278,23 @@ class DistributedDataParallel {
   /// "custom"); "none" with one rank and no Reducer, where nothing is reduced.
   std::string comm_hook_description() const;
 
+  /// Whether the comm hook keeps state between steps (CommHook::state(): PowerSGD's), which a
+  /// run resumes exactly only from a snapshot that holds it; false with one rank and no Reducer,
+  /// where the hook never runs.
+  bool comm_hook_has_state() const;
+
   /// What the next steps depend on: the comm hook's state (CommHookState: PowerSGD's error
   /// feedback and matrices) and the rebuilt bucket order (a hook's state is per bucket). This
-  /// rank's: the hook's state differs between ranks. Snapshots save every rank's (snapshot.h), so
-  /// a resumed run continues exactly.
+  /// rank's: the hook's state differs between ranks. A snapshot of the wrapped module (or of a
+  /// module that holds it) saves every rank's (snapshot.h), found from the module: a wrapper is
+  /// known from its construction to its destruction, so a resumed run continues exactly.
   void save_state(torch::serialize::OutputArchive& archive) const;
-  /// Restores what save_state() wrote, before the first training backward (std::logic_error
-  /// after it). Collective (every rank checks the bucket layout). The hook's state is restored
-  /// only into a hook of the same description, and only when `same_rank` (the archive is this
-  /// rank's own: a resume on as many ranks); the bucket order always. Returns what was not
-  /// restored and why, one line each ("" when everything was), for the caller to say.
+  /// Restores what save_state() wrote, before the first training backward (after it only where
+  /// the buckets are in the saved order already, as after training on from that snapshot;
+  /// std::logic_error otherwise). Collective (every rank checks the bucket layout). The hook's
+  /// state is restored only into a hook of the same description, and only when `same_rank` (the
+  /// archive is this rank's own: a resume on as many ranks); the bucket order always. Returns
+  /// what was not restored and why, one line each ("" when everything was), for the caller to say.
   std::string load_state(torch::serialize::InputArchive& archive, bool same_rank = true);
 
  private:

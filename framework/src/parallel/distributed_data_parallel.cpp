@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -98,6 +99,17 @@ Backend choose_backend(ProcessGroup& group, const torch::nn::Module& module, Bac
   return backend;
 }
 
+// The live wrappers (live_wrappers()), oldest first; owns nothing. Never destroyed: a wrapper
+// with static storage is destroyed at exit, after a static list would be.
+struct LiveWrappers {
+  std::mutex mutex;
+  std::vector<DistributedDataParallel*> wrappers;
+};
+LiveWrappers& live_wrapper_list() {
+  static LiveWrappers* list = new LiveWrappers;
+  return *list;
+}
+
 void broadcast_from(Communicator& comm, const torch::Tensor& t, int root) {
   if (t.is_contiguous()) {
     comm.broadcast(t, root);
@@ -182,19 +194,34 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
   }
   broadcast_model(0);
   // One rank: its gradients are the average, unless asked to run the bucket path anyway.
-  if (world_size_ == 1 && !options_.reducer_at_one_rank) return;
-
-  std::vector<torch::Tensor> params;
-  std::vector<std::string> names;
-  for (const auto& p : module_->named_parameters()) {
-    names.push_back(p.key());
-    params.push_back(p.value());
+  if (world_size_ > 1 || options_.reducer_at_one_rank) {
+    std::vector<torch::Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& p : module_->named_parameters()) {
+      names.push_back(p.key());
+      params.push_back(p.value());
+    }
+    reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params),
+                                         std::move(names), options_);
   }
-  reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params), std::move(names),
-                                       options_);
+  // Last: a snapshot of the module finds this wrapper (live_wrappers()) once it is whole.
+  LiveWrappers& live = live_wrapper_list();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.wrappers.push_back(this);
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::~DistributedDataParallel() {
+  LiveWrappers& live = live_wrapper_list();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.wrappers.erase(std::remove(live.wrappers.begin(), live.wrappers.end(), this),
+                      live.wrappers.end());
+}
+
+std::vector<DistributedDataParallel*> DistributedDataParallel::live_wrappers() {
+  LiveWrappers& live = live_wrapper_list();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  return live.wrappers;
+}
 
 void DistributedDataParallel::set_sync_enabled(bool enabled) {
   if (reducer_) reducer_->set_sync_enabled(enabled);
@@ -248,6 +275,10 @@ torch::optim::Optimizer* DistributedDataParallel::backward_steps_optimizer() con
 
 std::string DistributedDataParallel::comm_hook_description() const {
   return reducer_ ? reducer_->comm_hook().description() : "none";
+}
+
+bool DistributedDataParallel::comm_hook_has_state() const {
+  return reducer_ && reducer_->comm_hook().state() != nullptr;
 }
 
 void DistributedDataParallel::save_state(torch::serialize::OutputArchive& archive) const {

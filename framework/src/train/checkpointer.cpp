@@ -6,6 +6,7 @@
 
 #include "train/directory_lock.h"
 #include "train/reached_position.h"
+#include "train/snapshot_state.h"
 #include "util/clock.h"
 
 #include <c10/util/Type.h>
@@ -128,14 +129,14 @@ Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, Checkpointe
 Checkpointer::Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
                            torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                            TrainingExtras extras)
-    : Checkpointer(group, model.module(), optimizer, std::move(options), [&] {
-        extras.ddp = &model;
-        return extras;
-      }()) {}
+    : Checkpointer(group, model.module(), optimizer, std::move(options), extras) {}
 
 Settings Checkpointer::settings() const {
   Settings all = optimizer_settings_;
-  if (extras_.ddp) all.emplace_back("comm hook", extras_.ddp->comm_hook_description());
+  for (const detail::SavedWrapper& wrapper : detail::wrappers_of(parts_, "Checkpointer")) {
+    all.emplace_back(wrapper.key.empty() ? "comm hook" : "comm hook of " + wrapper.key,
+                     wrapper.ddp->comm_hook_description());
+  }
   all.insert(all.end(), options_.settings.begin(), options_.settings.end());
   return all;
 }
@@ -192,6 +193,9 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
   ResumePoint start;
   start.seed = o.seed;
   last_time_ = now();  // the timer counts from the start of training
+  // Local, alike on every rank: a hook whose state no snapshot could hold fails now, not at the
+  // first save.
+  detail::wrappers_of(parts_, "Checkpointer");
   if (o.resume.empty()) return start;
   Communicator& comm = group_.cpu();
   const bool latest = o.resume == "latest";

@@ -117,18 +117,20 @@ class Checkpointer {
   /// std::invalid_argument naming a part whose name is not valid (check_snapshot_parts).
   Checkpointer(ProcessGroup& group, SnapshotParts parts, CheckpointerOptions options,
                TrainingExtras extras = {});
-  /// The same for the module `model` wraps, with the wrapper's own state too (its comm hook's
-  /// state and bucket order: TrainingExtras::ddp). Pass the wrapper when training with it.
+  /// The same for the module `model` wraps. Either way the snapshots hold the wrappers' state
+  /// too (their comm hooks' state and bucket order), found from the modules (snapshot.h).
   Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
                torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                TrainingExtras extras = {});
 
   /// Collective. Loads the snapshot `resume` names (replaying `scheduler`, a per-epoch LibTorch
   /// scheduler, whose rates the run keeps: snapshot.h) and says where to continue; a fresh start
-  /// when `resume` is empty, or "latest" finds none. Rank 0 says what it resumed from, and warns,
-  /// one line each, when the seed, the world size (see snapshot.h) or a setting (Settings, the
-  /// per-rank batch size) differs from the snapshot's run; the run goes on. Throws
-  /// std::runtime_error naming the file when it cannot be read or does not fit the run
+  /// when `resume` is empty, or "latest" finds none. A fresh start too refuses, before any
+  /// training, a wrapper whose comm hook state the snapshots could not hold (snapshot.h: register
+  /// the hooks before resume() for this check to see them; saving checks again). Rank 0 says what
+  /// it resumed from, and warns, one line each, when the seed, the world size (see snapshot.h) or a
+  /// setting (Settings, the per-rank batch size) differs from the snapshot's run; the run goes on.
+  /// Throws std::runtime_error naming the file when it cannot be read or does not fit the run
   /// (snapshot.h).
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
