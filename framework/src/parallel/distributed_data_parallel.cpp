@@ -3,6 +3,7 @@
 #include "comm/agreement.h"
 #include "parallel/reducer.h"
 #include "parallel/resolve_backend.h"
+#include "parallel/unused_parameters.h"
 #include "util/tensor_description.h"
 
 #include <c10/core/GradMode.h>
@@ -184,6 +185,21 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
   WatchedPhase phase("the DistributedDataParallel constructor");
   control_comm_ = group.new_cpu_communicator("DistributedDataParallel's control communicator");
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
+  // Local, alike on every rank (the same model code): before training, not after a run whose
+  // saved weights were never trained.
+  const std::vector<std::string> reassigned = detail::reassigned_members(*module_);
+  if (!reassigned.empty()) {
+    throw std::invalid_argument(
+        "DistributedDataParallel: " + reassigned.front() +
+        " is not the registered parameter of that name: the member was reassigned after "
+        "register_parameter registered it (as `lm_head->weight = wte->weight` does), so forward "
+        "computes with another tensor than the one the optimizer steps, the ranks average and a "
+        "snapshot saves, which would never train. Tie weights by computing with the one "
+        "registered tensor, e.g. torch::nn::functional::linear(x, wte->weight) for the head "
+        "(docs/porting.md, \"Tied weights\")" +
+        (reassigned.size() > 1 ? " (also: " + std::to_string(reassigned.size() - 1) + " more)"
+                               : std::string()));
+  }
   verify_same_structure(*control_comm_, *module_);
   options_.backend = choose_backend(group, *module_, options_.backend);
   if (options_.backend == Backend::Nccl) {
@@ -203,6 +219,16 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     }
     reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params),
                                          std::move(names), options_);
+  } else if (!options_.find_unused_parameters) {
+    // What more ranks' Reducer would refuse is refused here too, after the first backward.
+    std::vector<torch::Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& p : module_->named_parameters()) {
+      names.push_back(p.key());
+      params.push_back(p.value());
+    }
+    first_backward_check_ =
+        std::make_unique<detail::FirstBackwardCheck>(std::move(params), std::move(names));
   }
   // Last: a snapshot of the module finds this wrapper (live_wrappers()) once it is whole.
   LiveWrappers& live = live_wrapper_list();
@@ -225,10 +251,12 @@ std::vector<DistributedDataParallel*> DistributedDataParallel::live_wrappers() {
 
 void DistributedDataParallel::set_sync_enabled(bool enabled) {
   if (reducer_) reducer_->set_sync_enabled(enabled);
+  if (first_backward_check_) first_backward_check_->set_sync_enabled(enabled);
 }
 
 bool DistributedDataParallel::sync_enabled() const {
-  return reducer_ ? reducer_->sync_enabled() : true;
+  if (reducer_) return reducer_->sync_enabled();
+  return first_backward_check_ ? first_backward_check_->sync_enabled() : true;
 }
 
 double DistributedDataParallel::sync_seconds() const {
@@ -351,15 +379,20 @@ void DistributedDataParallel::before_forward() {
         "> if it has one forward() method, or call the "
         "module yourself after model.prepare_forward()");
   }
-  if (reducer_) reducer_->reattach_hooks();
+  reattach_hooks();
   // Evaluation (no grad) stays local: ranks may evaluate different numbers of batches.
   if (!c10::GradMode::is_enabled()) return;
   if (join_) count_training(true);
   broadcast_buffers();
 }
 
-void DistributedDataParallel::prepare_forward() {
+void DistributedDataParallel::reattach_hooks() {
   if (reducer_) reducer_->reattach_hooks();
+  if (first_backward_check_) first_backward_check_->reattach_hooks();
+}
+
+void DistributedDataParallel::prepare_forward() {
+  reattach_hooks();
   if (join_) count_training(true);
   broadcast_buffers();
 }
