@@ -325,7 +325,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
 void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   const CheckpointerOptions& o = options_;
   if (o.dir.empty()) return;
-  const std::vector<std::string> weights = weights_paths(epoch);
+  const std::vector<std::string> weights = weights_paths("with_epoch", epoch);
   refuse_nonfinite(weights[0], epoch, step);  // so nothing is rotated out either
   create_directory();
   for (size_t i = 0; i < weights.size() && group_.is_main(); ++i) {
@@ -341,8 +341,21 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   if (o.keep > 0 && epoch > o.keep) {
     // Only after the new files are complete; removing what is absent is fine.
     std::remove(snapshot_path(o.dir, epoch - o.keep).c_str());
-    for (const std::string& old : weights_paths(epoch - o.keep)) std::remove(old.c_str());
+    for (const std::string& old : weights_paths("with_epoch", epoch - o.keep))
+      std::remove(old.c_str());
   }
+}
+
+std::string Checkpointer::save_unfinished_epoch(const TrainingPosition& at,
+                                                const RankState& rank_state) {
+  if (options_.dir.empty()) return "";
+  const std::vector<std::string> weights = weights_paths("at_step", at.step);
+  refuse_nonfinite(weights[0], at.epoch, at.step);
+  create_directory();
+  for (size_t i = 0; i < weights.size() && group_.is_main(); ++i) {
+    save_module(*parts_.modules[i].second, weights[i]);
+  }
+  return save_step(at, rank_state);
 }
 
 bool Checkpointer::time_due() const {
@@ -364,11 +377,11 @@ void Checkpointer::timed(bool epoch_end, const std::function<void()>& save) {
   last_time_ = now();  // after the write: a slow write does not make the next one due at once
 }
 
-std::vector<std::string> Checkpointer::weights_paths(int64_t epoch) const {
+std::vector<std::string> Checkpointer::weights_paths(const char* what, int64_t n) const {
   std::vector<std::string> paths;
   for (const auto& named : parts_.modules) {
-    paths.push_back(options_.dir + "/" + (named.first.empty() ? "model" : named.first) +
-                    "_with_epoch" + std::to_string(epoch) + ".pt");
+    paths.push_back(options_.dir + "/" + (named.first.empty() ? "model" : named.first) + "_" +
+                    what + std::to_string(n) + ".pt");
   }
   return paths;
 }

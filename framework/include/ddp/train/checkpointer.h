@@ -3,7 +3,9 @@
 /// Snapshots of a training run (snapshot.h: what they hold, the file format) and resuming from
 /// them, for any loop: at every epoch end (snapshot_epoch<N>.pt, and the weights as
 /// model_with_epoch<N>.pt), inside an epoch every N steps or S seconds and at a stop
-/// (snapshot_epoch<E>_batch<B>.pt). A StepBoundary owns it and calls it at every step boundary:
+/// (snapshot_epoch<E>_batch<B>.pt), and at the end of a run that stops inside an epoch (a step
+/// budget: save_unfinished_epoch, the weights as model_at_step<S>.pt). A StepBoundary owns it and
+/// calls it at every step boundary:
 ///
 ///   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, *net, optimizer, options, {&lr}));
 ///   ... boundary.resume(), boundary.start_epoch(), boundary.at_step() ...
@@ -156,8 +158,17 @@ class Checkpointer {
 
   /// Collective: at the end of `epoch` after `step` optimizer steps, model_with_epoch<epoch>.pt
   /// (rank 0) and snapshot_epoch<epoch>.pt; then removes the snapshots inside epochs before it
-  /// and the files of the epoch `keep` epochs back. Nothing without a directory.
+  /// and the files of the epoch `keep` epochs back. Nothing without a directory. Only for an
+  /// epoch trained to its end: the snapshot records it as finished, so a resume starts the next.
   void save_epoch(int64_t epoch, int64_t step);
+
+  /// Collective: the end of a run that stops inside an epoch (a budget of optimizer steps), at
+  /// `at` (StepBoundary::position() after at_step at the boundary where the budget is spent):
+  /// the weights as model_at_step<at.step>.pt (rank 0; `<name>_at_step<S>.pt` per named module,
+  /// not rotated) and the snapshot inside the epoch that save_step writes, from which a resume
+  /// trains the epoch's rest. Returns the snapshot's path ("" without a directory). save_epoch
+  /// instead would name an epoch never finished and make a resume skip its rest.
+  std::string save_unfinished_epoch(const TrainingPosition& at, const RankState& rank_state);
 
   /// As constructed, but for set_batch_size's change.
   const CheckpointerOptions& options() const { return options_; }
@@ -191,8 +202,9 @@ class Checkpointer {
   /// Times `save` (a collective save) into cost_ and restarts the timer.
   void timed(bool epoch_end, const std::function<void()>& save);
   void create_directory() const;
-  /// The weights files of the end of `epoch`, one per module.
-  std::vector<std::string> weights_paths(int64_t epoch) const;
+  /// The weights files "<module>_<what><n>.pt", one per module: "with_epoch" at the end of
+  /// epoch n, "at_step" after step n inside an epoch.
+  std::vector<std::string> weights_paths(const char* what, int64_t n) const;
   /// Throws TrainingDiverged naming `path` and the tensor when a parameter or buffer is not finite.
   void refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const;
   void remove_older_step_snapshots(const std::string& newest) const;
