@@ -1,10 +1,12 @@
 // The training kit's parts as a hand-written loop uses them, at 1, 2 and 4 ranks (issue 24):
 // the stop agreement stops every rank before the same step and names the signal and the rank;
 // the Checkpointer writes, rotates, removes and resumes snapshots (a loop resumed inside an epoch
-// continues bit-identical) and names its options in errors; the Reporter's metrics file keeps a
+// continues bit-identical; one that ends inside an epoch names its weights by the step) and
+// names its options in errors; the Reporter's metrics file keeps a
 // resumed run's earlier epochs and its log lines show the loss averaged over the ranks; the
 // EpochMeter reduces over ranks and refuses another task's sums; BatchRangeSampler gives
 // LibTorch's DataLoader (with worker threads) exactly the range of a DistributedSampler's epoch.
+#include <ddp/checkpoint_file.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/train/checkpointer.h>
 #include <ddp/train/data_source.h>
@@ -260,6 +262,56 @@ TEST(Checkpointer, EpochEndsRotateAndSupersedeTheSnapshotsInsideAnEpoch) {
   EXPECT_EQ(none.at_boundary(true, {1, 1, 1}, [] { return ddp::RankState{}; }), "");
   none.save_epoch(1, 1);
   EXPECT_FALSE(none.resume().resumed());
+}
+
+// A loop with a budget of optimizer steps, spent inside epoch 1 (issue 60): its files are named
+// by the step, not by an epoch it never finished, and a resume trains the epoch's rest.
+TEST(Checkpointer, ARunThatEndsInsideAnEpochNamesItsWeightsByTheStep) {
+  const std::string dir = shared_dir("checkpointer_budget");
+  ddp::CheckpointerOptions options;
+  options.dir = dir;
+  torch::manual_seed(1);
+  auto net_ptr = std::make_shared<Net>();
+  ddp::DistributedDataParallel wrapped(pg(), net_ptr);
+  torch::optim::SGD optimizer(net_ptr->parameters(), torch::optim::SGDOptions(0.1));
+  at::Generator noise = at::make_generator<at::CPUGeneratorImpl>(100 + rt().rank());
+  const int64_t budget = 5, batch = 2;  // 64 samples: at least 8 batches an epoch on each rank
+  ddp::DistributedSampler sampler(64, rt().world_size(), rt().rank(), true, 3);
+  std::string written;
+  {
+    ddp::StepBoundary boundary(pg(), ddp::Checkpointer(pg(), *net_ptr, optimizer, options));
+    int64_t step = boundary.resume().position.step;
+    for (int64_t epoch = 1; epoch <= 2 && written.empty(); ++epoch) {
+      const ddp::EpochStart start = boundary.start_epoch(epoch, sampler, batch);
+      for (int64_t b = start.first_batch; b < start.batches(sampler, batch); ++b) {
+        ASSERT_FALSE(boundary.at_step(b, step, {}));
+        if (step == budget) {  // spent: save where the run stands, then end
+          written = boundary.checkpointer().save_unfinished_epoch(boundary.position(), {});
+          break;
+        }
+        train_steps(*net_ptr, optimizer, noise, 1);
+        ++step;
+      }
+      if (!written.empty()) break;
+      boundary.end_epoch();
+      boundary.checkpointer().save_epoch(epoch, step);
+    }
+  }
+  EXPECT_EQ(written, ddp::snapshot_path(dir, 1, budget));
+  if (rt().is_main()) {
+    EXPECT_EQ(ddp::list_snapshots(dir), std::vector<std::string>{written});
+    EXPECT_FALSE(std::filesystem::exists(dir + "/model_with_epoch1.pt"));
+    Net saved;
+    ddp::load_module(saved, dir + "/model_at_step5.pt");
+    EXPECT_TRUE(torch::equal(flat(saved), flat(*net_ptr)));
+  }
+  ddp::CheckpointerOptions resume = options;
+  resume.resume = "latest";
+  ddp::Checkpointer resumed(pg(), *net_ptr, optimizer, resume);
+  const ddp::TrainingPosition at = resumed.resume().position;
+  EXPECT_EQ(at.epoch, 1);
+  EXPECT_EQ(at.batch, budget);
+  EXPECT_EQ(at.step, budget);
 }
 
 TEST(Checkpointer, OptionsOutOfRangeAndUnwritableDirectoriesNameTheField) {

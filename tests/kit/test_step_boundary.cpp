@@ -3,7 +3,7 @@
 // own noise from a generator of its own (kept in the snapshots as RankState) and averaging the
 // gradients over the ranks. Stopped by a signal on one rank inside the second epoch and resumed
 // by fresh models, it ends bit-identical to the uninterrupted run; the two-model snapshot is
-// refused by a one-model run, naming the difference.
+// refused by a one-model run, naming the difference. A loop's first epoch is the sampler's 1.
 #include <ddp/distributed_sampler.h>
 #include <ddp/train/checkpointer.h>
 #include <ddp/train/step_boundary.h>
@@ -217,6 +217,24 @@ TEST(StepBoundary, PartNamesAreChecked) {
       "Checkpointer: the module name \"\" must be made of letters, digits and '_' (\"\" only for "
       "one model with one optimizer)");
   EXPECT_EQ(message({{}, {{"g", &sgd}}}), "Checkpointer: no module");
+}
+
+// Epochs count from 1: a loop's first epoch is the sampler's set_epoch(1), the order a PyTorch
+// loop `for epoch in range(n): sampler.set_epoch(epoch)` draws second (docs/porting.md says so).
+TEST(StepBoundary, TheFirstEpochIsTheSamplersEpoch1) {
+  torch::nn::Linear net(2, 2);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  ddp::StepBoundary boundary(pg(), ddp::Checkpointer(pg(), *net, sgd, {}));
+  const ddp::ResumePoint& resumed = boundary.resume();
+  ASSERT_EQ(resumed.position.epoch, 1);
+  ddp::DistributedSampler sampler(kSamples, rt().world_size(), rt().rank(), true, 5);
+  boundary.start_epoch(resumed.position.epoch, sampler, kBatch);
+  EXPECT_EQ(sampler.epoch(), 1);
+  ddp::DistributedSampler pytorch_first(kSamples, rt().world_size(), rt().rank(), true, 5);
+  pytorch_first.set_epoch(0);
+  EXPECT_NE(sampler.indices(), pytorch_first.indices());
+  pytorch_first.set_epoch(1);
+  EXPECT_EQ(sampler.indices(), pytorch_first.indices());
 }
 
 }  // namespace test_step_boundary

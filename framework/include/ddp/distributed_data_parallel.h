@@ -13,11 +13,17 @@
 /// the parameters) but skips forward()'s pre-forward work: BatchNorm statistics drift apart and
 /// hooks replaced by torch::load stay detached, which replica_check.h detects.
 ///
-/// Construction (collective): verifies that every rank has the same parameters and buffers (the
-/// first mismatch is reported on every rank), picks the backend (DDPOptions::backend, the same on
-/// every rank), broadcasts parameters and buffers from rank 0, and, with more than one rank (or
-/// DDPOptions::reducer_at_one_rank), sets up the Reducer that all-reduces gradients in buckets
-/// while backward runs.
+/// Construction (collective): refuses a LibTorch layer whose member weight or bias is not its
+/// registered parameter (reassigned: `lm_head->weight = wte->weight`, which ties the member forward
+/// uses, not the parameter that trains and is saved), verifies that every rank has the same
+/// parameters and buffers (the first mismatch is reported on every rank), picks the backend
+/// (DDPOptions::backend, the same on every rank), broadcasts parameters and buffers from rank 0,
+/// and, with more than one rank (or DDPOptions::reducer_at_one_rank), sets up the Reducer that
+/// all-reduces gradients in buckets while backward runs.
+///
+/// A parameter that requires grad and gets no gradient is an error naming it (and its likely
+/// cause, a member reassigned after it was registered), unless DDPOptions::find_unused_parameters:
+/// after every synchronised backward with a Reducer, after the first one at one rank without.
 ///
 /// Invariant: every rank runs the same number of synchronised backward passes; no_sync() must be
 /// used identically on every rank.
@@ -49,6 +55,9 @@ namespace ddp {
 
 class Reducer;   ///< parallel/reducer.h (internal)
 class Timeline;  ///< timeline.h
+namespace detail {
+class FirstBackwardCheck;  ///< parallel/unused_parameters.h (internal)
+}  // namespace detail
 
 /// Who all-reduces the gradients and broadcasts parameters and buffers. Auto: NCCL when the
 /// parameters are on this rank's GPU and the build has the NCCL communicator, MPI otherwise.
@@ -65,7 +74,8 @@ struct DDPOptions {
   /// bucket of its own.
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;  ///< small, so communication starts early in backward
-  /// false: a parameter without a gradient on some rank is an error naming it and the rank.
+  /// false: a parameter without a gradient on some rank is an error naming it and the rank
+  /// (at one rank without a Reducer, in the first synchronised backward only).
   /// true: such gradients count as zero on that rank (every step pays a check either way).
   bool find_unused_parameters = false;
   Backend backend = Backend::Auto;  ///< who all-reduces
@@ -140,6 +150,10 @@ class DistributedDataParallel {
 
   /// The module it wraps.
   torch::nn::Module& module() const { return *module_; }
+  /// Every wrapper alive in this process, oldest first: each is listed from the end of its
+  /// construction to its destruction, so that what saves a module finds the wrappers of it and
+  /// their comm hook state (snapshot.h). Thread-safe; a pointer is valid while its wrapper lives.
+  static std::vector<DistributedDataParallel*> live_wrappers();
   /// As given, with the backend resolved (Mpi or Nccl, never Auto).
   const DDPOptions& options() const { return options_; }
 
@@ -274,16 +288,23 @@ class DistributedDataParallel {
   /// "custom"); "none" with one rank and no Reducer, where nothing is reduced.
   std::string comm_hook_description() const;
 
+  /// Whether the comm hook keeps state between steps (CommHook::state(): PowerSGD's), which a
+  /// run resumes exactly only from a snapshot that holds it; false with one rank and no Reducer,
+  /// where the hook never runs.
+  bool comm_hook_has_state() const;
+
   /// What the next steps depend on: the comm hook's state (CommHookState: PowerSGD's error
   /// feedback and matrices) and the rebuilt bucket order (a hook's state is per bucket). This
-  /// rank's: the hook's state differs between ranks. Snapshots save every rank's (snapshot.h), so
-  /// a resumed run continues exactly.
+  /// rank's: the hook's state differs between ranks. A snapshot of the wrapped module (or of a
+  /// module that holds it) saves every rank's (snapshot.h), found from the module: a wrapper is
+  /// known from its construction to its destruction, so a resumed run continues exactly.
   void save_state(torch::serialize::OutputArchive& archive) const;
-  /// Restores what save_state() wrote, before the first training backward (std::logic_error
-  /// after it). Collective (every rank checks the bucket layout). The hook's state is restored
-  /// only into a hook of the same description, and only when `same_rank` (the archive is this
-  /// rank's own: a resume on as many ranks); the bucket order always. Returns what was not
-  /// restored and why, one line each ("" when everything was), for the caller to say.
+  /// Restores what save_state() wrote, before the first training backward (after it only where
+  /// the buckets are in the saved order already, as after training on from that snapshot;
+  /// std::logic_error otherwise). Collective (every rank checks the bucket layout). The hook's
+  /// state is restored only into a hook of the same description, and only when `same_rank` (the
+  /// archive is this rank's own: a resume on as many ranks); the bucket order always. Returns
+  /// what was not restored and why, one line each ("" when everything was), for the caller to say.
   std::string load_state(torch::serialize::InputArchive& archive, bool same_rank = true);
 
  private:
@@ -292,6 +313,8 @@ class DistributedDataParallel {
   /// forward()'s pre-forward work (see there); throws when there is no forward to run.
   void before_forward();
   void broadcast_buffers();
+  /// Re-attaches the gradient hooks of parameters whose grad accumulator autograd replaced.
+  void reattach_hooks();
   /// Every parameter and buffer from rank `root` (construction: 0; a Join's end: the last trainer).
   void broadcast_model(int root);
   /// Under a Join: all-reduces who trains this step (`training`: this rank does); sets
@@ -314,6 +337,9 @@ class DistributedDataParallel {
   Communicator* comm_ = nullptr;
   std::unique_ptr<Communicator> owned_comm_;
   std::unique_ptr<Reducer> reducer_;  ///< destroyed first: it uses the communicators
+  /// Without a Reducer (one rank), unless find_unused_parameters: the first backward's check that
+  /// every parameter got a gradient, as the Reducer checks every backward's.
+  std::unique_ptr<detail::FirstBackwardCheck> first_backward_check_;
   Join* join_ = nullptr;              ///< the attached Join guard, if any
   int buffer_root_ = 0;   ///< whose buffers broadcast_buffers() sends: rank 0 unless under a Join
   int last_trainer_ = 0;  ///< under a Join: the highest rank that trained in the latest step

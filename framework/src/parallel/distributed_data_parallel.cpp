@@ -3,6 +3,7 @@
 #include "comm/agreement.h"
 #include "parallel/reducer.h"
 #include "parallel/resolve_backend.h"
+#include "parallel/unused_parameters.h"
 #include "util/tensor_description.h"
 
 #include <c10/core/GradMode.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -98,6 +100,17 @@ Backend choose_backend(ProcessGroup& group, const torch::nn::Module& module, Bac
   return backend;
 }
 
+// The live wrappers (live_wrappers()), oldest first; owns nothing. Never destroyed: a wrapper
+// with static storage is destroyed at exit, after a static list would be.
+struct LiveWrappers {
+  std::mutex mutex;
+  std::vector<DistributedDataParallel*> wrappers;
+};
+LiveWrappers& live_wrapper_list() {
+  static LiveWrappers* list = new LiveWrappers;
+  return *list;
+}
+
 void broadcast_from(Communicator& comm, const torch::Tensor& t, int root) {
   if (t.is_contiguous()) {
     comm.broadcast(t, root);
@@ -172,6 +185,21 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
   WatchedPhase phase("the DistributedDataParallel constructor");
   control_comm_ = group.new_cpu_communicator("DistributedDataParallel's control communicator");
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
+  // Local, alike on every rank (the same model code): before training, not after a run whose
+  // saved weights were never trained.
+  const std::vector<std::string> reassigned = detail::reassigned_members(*module_);
+  if (!reassigned.empty()) {
+    throw std::invalid_argument(
+        "DistributedDataParallel: " + reassigned.front() +
+        " is not the registered parameter of that name: the member was reassigned after "
+        "register_parameter registered it (as `lm_head->weight = wte->weight` does), so forward "
+        "computes with another tensor than the one the optimizer steps, the ranks average and a "
+        "snapshot saves, which would never train. Tie weights by computing with the one "
+        "registered tensor, e.g. torch::nn::functional::linear(x, wte->weight) for the head "
+        "(docs/porting.md, \"Tied weights\")" +
+        (reassigned.size() > 1 ? " (also: " + std::to_string(reassigned.size() - 1) + " more)"
+                               : std::string()));
+  }
   verify_same_structure(*control_comm_, *module_);
   options_.backend = choose_backend(group, *module_, options_.backend);
   if (options_.backend == Backend::Nccl) {
@@ -182,26 +210,53 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
   }
   broadcast_model(0);
   // One rank: its gradients are the average, unless asked to run the bucket path anyway.
-  if (world_size_ == 1 && !options_.reducer_at_one_rank) return;
-
-  std::vector<torch::Tensor> params;
-  std::vector<std::string> names;
-  for (const auto& p : module_->named_parameters()) {
-    names.push_back(p.key());
-    params.push_back(p.value());
+  if (world_size_ > 1 || options_.reducer_at_one_rank) {
+    std::vector<torch::Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& p : module_->named_parameters()) {
+      names.push_back(p.key());
+      params.push_back(p.value());
+    }
+    reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params),
+                                         std::move(names), options_);
+  } else if (!options_.find_unused_parameters) {
+    // What more ranks' Reducer would refuse is refused here too, after the first backward.
+    std::vector<torch::Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& p : module_->named_parameters()) {
+      names.push_back(p.key());
+      params.push_back(p.value());
+    }
+    first_backward_check_ =
+        std::make_unique<detail::FirstBackwardCheck>(std::move(params), std::move(names));
   }
-  reducer_ = std::make_unique<Reducer>(*comm_, *control_comm_, std::move(params), std::move(names),
-                                       options_);
+  // Last: a snapshot of the module finds this wrapper (live_wrappers()) once it is whole.
+  LiveWrappers& live = live_wrapper_list();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.wrappers.push_back(this);
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::~DistributedDataParallel() {
+  LiveWrappers& live = live_wrapper_list();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.wrappers.erase(std::remove(live.wrappers.begin(), live.wrappers.end(), this),
+                      live.wrappers.end());
+}
+
+std::vector<DistributedDataParallel*> DistributedDataParallel::live_wrappers() {
+  LiveWrappers& live = live_wrapper_list();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  return live.wrappers;
+}
 
 void DistributedDataParallel::set_sync_enabled(bool enabled) {
   if (reducer_) reducer_->set_sync_enabled(enabled);
+  if (first_backward_check_) first_backward_check_->set_sync_enabled(enabled);
 }
 
 bool DistributedDataParallel::sync_enabled() const {
-  return reducer_ ? reducer_->sync_enabled() : true;
+  if (reducer_) return reducer_->sync_enabled();
+  return first_backward_check_ ? first_backward_check_->sync_enabled() : true;
 }
 
 double DistributedDataParallel::sync_seconds() const {
@@ -248,6 +303,10 @@ torch::optim::Optimizer* DistributedDataParallel::backward_steps_optimizer() con
 
 std::string DistributedDataParallel::comm_hook_description() const {
   return reducer_ ? reducer_->comm_hook().description() : "none";
+}
+
+bool DistributedDataParallel::comm_hook_has_state() const {
+  return reducer_ && reducer_->comm_hook().state() != nullptr;
 }
 
 void DistributedDataParallel::save_state(torch::serialize::OutputArchive& archive) const {
@@ -320,15 +379,20 @@ void DistributedDataParallel::before_forward() {
         "> if it has one forward() method, or call the "
         "module yourself after model.prepare_forward()");
   }
-  if (reducer_) reducer_->reattach_hooks();
+  reattach_hooks();
   // Evaluation (no grad) stays local: ranks may evaluate different numbers of batches.
   if (!c10::GradMode::is_enabled()) return;
   if (join_) count_training(true);
   broadcast_buffers();
 }
 
-void DistributedDataParallel::prepare_forward() {
+void DistributedDataParallel::reattach_hooks() {
   if (reducer_) reducer_->reattach_hooks();
+  if (first_backward_check_) first_backward_check_->reattach_hooks();
+}
+
+void DistributedDataParallel::prepare_forward() {
+  reattach_hooks();
   if (join_) count_training(true);
   broadcast_buffers();
 }

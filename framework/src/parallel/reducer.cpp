@@ -4,6 +4,7 @@
 #include <ddp/timeline.h>
 
 #include "parallel/bucketing.h"
+#include "parallel/unused_parameters.h"
 #include "util/clock.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -161,6 +162,9 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::restore_order(const std::vector<size_t>& order) {
+  // Bucketed so already: a wrapper that trained on since the snapshot (the same on every rank,
+  // whose orders are rank 0's).
+  if (!rebuild_pending_ && order == rebuilt_order_) return;
   if (synced_once_) {
     throw std::logic_error(
         "DistributedDataParallel::load_state: after the first synchronised "
@@ -381,6 +385,7 @@ void Reducer::finish_backward(bool shadow) {
   if (options_.find_unused_parameters) return;
   std::ostringstream missing;
   int count = 0;
+  bool unused_everywhere = false;
   auto by_rank = used_by.accessor<uint8_t, 2>();
   for (int64_t i = 0; i < n; ++i) {
     std::string ranks;
@@ -388,16 +393,13 @@ void Reducer::finish_backward(bool shadow) {
       if (!by_rank[r][i]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
     }
     if (ranks.empty()) continue;
+    unused_everywhere = unused_everywhere || !anywhere[i];
     if (count++ < 10)
       missing << (count > 1 ? ", " : "") << "'" << names_[i] << "' (rank " << ranks << ")";
   }
   if (count > 0) {
-    throw std::runtime_error(
-        "DistributedDataParallel: " + std::to_string(count) +
-        " parameter(s) got no gradient in this backward pass: " + missing.str() +
-        (count > 10 ? ", ..." : "") +
-        ". Make every parameter that requires grad contribute to the loss on every rank, or "
-        "set DDPOptions::find_unused_parameters to count them as zero");
+    throw std::runtime_error(detail::unused_parameters_error(
+        count, missing.str() + (count > 10 ? ", ..." : ""), unused_everywhere));
   }
 }
 

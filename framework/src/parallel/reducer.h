@@ -95,8 +95,9 @@ class Reducer {
   // a resumed run must bucket alike, since a hook's state (PowerSGD's) is per bucket.
   const std::vector<size_t>& rebuilt_order() const { return rebuilt_order_; }
   // Regroups the buckets in `order` (a rebuilt_order()) as step 5 would; step 5 then does not
-  // run. Collective; std::logic_error after the first synchronised backward;
-  // std::invalid_argument when `order` does not list exactly the bucketed parameters.
+  // run. Collective; nothing when the buckets are in `order` already (rebuilt_order()); else
+  // std::logic_error after the first synchronised backward, and std::invalid_argument when
+  // `order` does not list exactly the bucketed parameters.
   void restore_order(const std::vector<size_t>& order);
 
   // Re-registers the hook of every parameter whose grad accumulator autograd has replaced

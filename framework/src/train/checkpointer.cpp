@@ -6,6 +6,7 @@
 
 #include "train/directory_lock.h"
 #include "train/reached_position.h"
+#include "train/snapshot_state.h"
 #include "util/clock.h"
 
 #include <c10/util/Type.h>
@@ -139,14 +140,14 @@ Checkpointer::Checkpointer(ProcessGroup& group, SnapshotParts parts, Checkpointe
 Checkpointer::Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
                            torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                            TrainingExtras extras)
-    : Checkpointer(group, model.module(), optimizer, std::move(options), [&] {
-        extras.ddp = &model;
-        return extras;
-      }()) {}
+    : Checkpointer(group, model.module(), optimizer, std::move(options), extras) {}
 
 Settings Checkpointer::settings() const {
   Settings all = optimizer_settings_;
-  if (extras_.ddp) all.emplace_back("comm hook", extras_.ddp->comm_hook_description());
+  for (const detail::SavedWrapper& wrapper : detail::wrappers_of(parts_, "Checkpointer")) {
+    all.emplace_back(wrapper.key.empty() ? "comm hook" : "comm hook of " + wrapper.key,
+                     wrapper.ddp->comm_hook_description());
+  }
   all.insert(all.end(), options_.settings.begin(), options_.settings.end());
   return all;
 }
@@ -203,6 +204,9 @@ ResumePoint Checkpointer::resume(torch::optim::LRScheduler* scheduler) {
   ResumePoint start;
   start.seed = o.seed;
   last_time_ = now();  // the timer counts from the start of training
+  // Local, alike on every rank: a hook whose state no snapshot could hold fails now, not at the
+  // first save.
+  detail::wrappers_of(parts_, "Checkpointer");
   if (o.resume.empty()) return start;
   Communicator& comm = group_.cpu();
   const bool latest = o.resume == "latest";
@@ -333,7 +337,7 @@ std::string Checkpointer::save_step(const TrainingPosition& at, const RankState&
 void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   const CheckpointerOptions& o = options_;
   if (o.dir.empty()) return;
-  const std::vector<std::string> weights = weights_paths(epoch);
+  const std::vector<std::string> weights = weights_paths("with_epoch", epoch);
   refuse_nonfinite(weights[0], epoch, step);  // so nothing is rotated out either
   create_directory();
   for (size_t i = 0; i < weights.size() && group_.is_main(); ++i) {
@@ -350,8 +354,21 @@ void Checkpointer::save_epoch(int64_t epoch, int64_t step) {
   if (o.keep > 0 && epoch > o.keep) {
     // Only after the new files are complete; removing what is absent is fine.
     std::remove(snapshot_path(o.dir, epoch - o.keep).c_str());
-    for (const std::string& old : weights_paths(epoch - o.keep)) std::remove(old.c_str());
+    for (const std::string& old : weights_paths("with_epoch", epoch - o.keep))
+      std::remove(old.c_str());
   }
+}
+
+std::string Checkpointer::save_unfinished_epoch(const TrainingPosition& at,
+                                                const RankState& rank_state) {
+  if (options_.dir.empty()) return "";
+  const std::vector<std::string> weights = weights_paths("at_step", at.step);
+  refuse_nonfinite(weights[0], at.epoch, at.step);
+  create_directory();
+  for (size_t i = 0; i < weights.size() && group_.is_main(); ++i) {
+    save_module(*parts_.modules[i].second, weights[i]);
+  }
+  return save_step(at, rank_state);
 }
 
 bool Checkpointer::time_due() const {
@@ -373,11 +390,11 @@ void Checkpointer::timed(bool epoch_end, const std::function<void()>& save) {
   last_time_ = now();  // after the write: a slow write does not make the next one due at once
 }
 
-std::vector<std::string> Checkpointer::weights_paths(int64_t epoch) const {
+std::vector<std::string> Checkpointer::weights_paths(const char* what, int64_t n) const {
   std::vector<std::string> paths;
   for (const auto& named : parts_.modules) {
-    paths.push_back(options_.dir + "/" + (named.first.empty() ? "model" : named.first) +
-                    "_with_epoch" + std::to_string(epoch) + ".pt");
+    paths.push_back(options_.dir + "/" + (named.first.empty() ? "model" : named.first) + "_" +
+                    what + std::to_string(n) + ".pt");
   }
   return paths;
 }

@@ -32,8 +32,8 @@ namespace ddp {
 using detail::decode_settings;
 using detail::encode_settings;
 using detail::gather_ddp_states;
-using detail::GatheredStates;
-using detail::restore_ddp_state;
+using detail::KeyedStates;
+using detail::SavedWrapper;
 using detail::well_formed;
 
 namespace {
@@ -211,8 +211,10 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
       rank_state.values.defined()
           ? comm.all_gather(rank_state.values.to(torch::kDouble).contiguous())
           : torch::Tensor();
-  const GatheredStates ddp_states =
-      extras.ddp ? gather_ddp_states(comm, *extras.ddp) : GatheredStates{};
+  // Every wrapper of the saved modules, found from them (each rank has the same ones).
+  KeyedStates ddp_states;
+  for (const SavedWrapper& wrapper : detail::wrappers_of(parts, "save_snapshot"))
+    ddp_states.emplace_back(wrapper.key, gather_ddp_states(comm, *wrapper.ddp));
   // On every rank: an optimizer whose state is sharded (ZeroRedundancyOptimizer) gathers it to
   // rank 0 in save(), collectively. The archive holds references, not copies, until written.
   torch::serialize::OutputArchive optimizer_archive;
@@ -249,12 +251,7 @@ void detail::save_snapshot_with(const std::string& path, Communicator& comm,
     extras.grad_scaler->save(scaler_archive);
     archive.write("grad_scaler", scaler_archive);
   }
-  if (extras.ddp) {
-    torch::serialize::OutputArchive ddp_archive;
-    ddp_archive.write("bytes", ddp_states.bytes);
-    ddp_archive.write("lengths", ddp_states.lengths);
-    archive.write("ddp_states", ddp_archive);
-  }
+  if (!ddp_states.empty()) detail::write_wrapper_states(archive, ddp_states);
   archive.write("settings", c10::IValue(encode_settings(progress.settings)));
 
   std::ostringstream payload_stream;
@@ -308,6 +305,8 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
                                             RankState* rank_state, const TrainingExtras& extras,
                                             SavedCudaGenerator& cuda) {
   cuda = SavedCudaGenerator{};
+  // Before any collective: every rank refuses alike a wrapper whose state the file cannot hold.
+  const std::vector<SavedWrapper> wrappers = detail::wrappers_of(parts, "load_snapshot");
   const std::string bytes = broadcast_file(path, comm);
   auto fail = [&](const std::string& why) -> std::runtime_error {
     return std::runtime_error(path + ": " + why);
@@ -320,10 +319,10 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
   check_snapshot_payload(header, payload, size, path);
 
   torch::serialize::InputArchive archive, model_archive, optimizer_archive, schedule_archive,
-      scaler_archive, ddp_archive;
-  bool has_schedule = false, has_scaler = false, has_ddp = false, has_settings = false;
+      scaler_archive;
+  bool has_schedule = false, has_scaler = false, has_settings = false;
   c10::IValue description, optimizer_type, settings;
-  GatheredStates ddp_states;
+  KeyedStates ddp_states;
   torch::Tensor progress_values, generators, rank_generators, rank_values, cuda_generators;
   try {
     archive.load_from(payload, size);
@@ -338,14 +337,12 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
     has_schedule = archive.try_read("lr_schedule", schedule_archive);
     has_scaler = archive.try_read("grad_scaler", scaler_archive);
     cuda.in_file = archive.try_read("cuda_generator_states", cuda_generators);
-    has_ddp = archive.try_read("ddp_states", ddp_archive);
-    if (has_ddp) {
-      ddp_archive.read("bytes", ddp_states.bytes);
-      ddp_archive.read("lengths", ddp_states.lengths);
-    }
+    ddp_states = detail::read_wrapper_states(archive);
     has_settings = archive.try_read("settings", settings);
   } catch (const c10::Error& e) {
     throw fail(std::string("unreadable snapshot: ") + e.what_without_backtrace());
+  } catch (const std::runtime_error& e) {
+    throw fail(std::string("unreadable snapshot: ") + e.what());
   }
   // Values of the right type and shape before they are used: an archive with a valid checksum
   // may still come from elsewhere.
@@ -415,9 +412,12 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
                std::to_string(generators.size(0)) + " rows for the " + std::to_string(comm.size()) +
                " ranks that wrote it");
   }
-  if (has_ddp && !well_formed(ddp_states, progress.world_size)) {
-    throw fail("unreadable snapshot: ddp_states is not uint8 rows, one for each of the " +
-               std::to_string(progress.world_size) + " ranks that wrote it");
+  for (const auto& [key, states] : ddp_states) {
+    if (!well_formed(states, progress.world_size)) {
+      throw fail("unreadable snapshot: the ddp_states of " + detail::wrapper_name(key) +
+                 " are not uint8 rows, one for each of the " + std::to_string(progress.world_size) +
+                 " ranks that wrote it");
+    }
   }
   if (cuda.in_file &&
       (cuda_generators.dim() != 2 || cuda_generators.scalar_type() != torch::kByte ||
@@ -431,12 +431,10 @@ TrainingProgress detail::load_snapshot_with(const std::string& path, Communicato
     // After the optimizer: the schedule sets the rates of its position over the loaded ones.
     if (extras.lr_schedule) extras.lr_schedule->load(schedule_archive);
     if (extras.grad_scaler) extras.grad_scaler->load(scaler_archive);
-    if (extras.ddp && has_ddp) {
-      const std::string not_restored =
-          restore_ddp_state(*extras.ddp, ddp_states, progress.world_size, comm.rank(), comm.size());
-      if (!not_restored.empty() && comm.rank() == 0) {
-        std::fprintf(stderr, "Warning: %s: %s\n", path.c_str(), not_restored.c_str());
-      }
+    const std::vector<std::string> not_restored = detail::restore_wrappers(
+        wrappers, ddp_states, progress.world_size, comm.rank(), comm.size());
+    for (const std::string& line : not_restored) {
+      if (comm.rank() == 0) std::fprintf(stderr, "Warning: %s: %s\n", path.c_str(), line.c_str());
     }
   } catch (const c10::Error& e) {
     throw fail(std::string("cannot restore the training state: ") + e.what_without_backtrace());

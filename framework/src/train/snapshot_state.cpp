@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <typeinfo>
+#include <unordered_set>
 #include <vector>
 
 namespace ddp::detail {
@@ -127,6 +128,68 @@ void read_parts(torch::serialize::InputArchive& modules, torch::serialize::Input
   }
 }
 
+std::string wrapper_name(const std::string& key) {
+  return key.empty() ? "the model's wrapper" : key + "'s wrapper";
+}
+
+namespace {
+
+// "a NetImpl (6 parameters, the first 'fc1.weight')": the wrapped module, as a message names it.
+std::string describe_wrapped(const torch::nn::Module& module) {
+  const auto params = module.named_parameters();
+  std::string text = "a " + module.name() + " (" + std::to_string(params.size()) + " parameters";
+  if (!params.is_empty()) text += ", the first '" + params.begin()->key() + "'";
+  return text + ")";
+}
+
+}  // namespace
+
+std::vector<SavedWrapper> wrappers_of(const SnapshotParts& parts, const std::string& who) {
+  const std::vector<DistributedDataParallel*> live = DistributedDataParallel::live_wrappers();
+  std::vector<SavedWrapper> found;
+  std::unordered_set<const DistributedDataParallel*> held;
+  std::unordered_set<const c10::TensorImpl*> saved_params;
+  for (const auto& [name, module] : parts.modules) {
+    for (const auto& p : module->parameters()) saved_params.insert(p.unsafeGetTensorImpl());
+    // The part itself, then what is inside it (named_modules() with include_self needs a part
+    // held by a shared_ptr; a part may be any module).
+    std::vector<std::pair<std::string, const torch::nn::Module*>> modules{{name, module}};
+    for (const auto& inside : module->named_modules("", /*include_self=*/false))
+      modules.emplace_back((name.empty() ? "" : name + ".") + inside.key(), inside.value().get());
+    for (const auto& [key, inside] : modules) {
+      int wrappers = 0;
+      for (DistributedDataParallel* ddp : live) {
+        if (&ddp->module() != inside || !held.insert(ddp).second) continue;
+        if (++wrappers > 1) {
+          throw std::runtime_error(who + ": two DistributedDataParallel wrappers wrap " +
+                                   (key.empty() ? "the model" : key) + ", " +
+                                   describe_wrapped(ddp->module()) +
+                                   ": a snapshot could not tell their states apart; keep one "
+                                   "wrapper per module");
+        }
+        found.push_back({key, ddp});
+      }
+    }
+  }
+  for (const DistributedDataParallel* ddp : live) {
+    if (held.count(ddp) || !ddp->comm_hook_has_state()) continue;
+    bool holds_saved = false;
+    for (const auto& p : ddp->module().parameters())
+      holds_saved = holds_saved || saved_params.count(p.unsafeGetTensorImpl()) > 0;
+    throw std::runtime_error(
+        who + ": a DistributedDataParallel wraps " + describe_wrapped(ddp->module()) +
+        (holds_saved ? ", which holds modules of this snapshot and more,"
+                     : ", which this snapshot does not hold,") +
+        " and its comm hook " + ddp->comm_hook_description() +
+        " keeps state between steps: a resume would restart that state, silently. " +
+        (holds_saved ? "Give the Checkpointer the wrapped module (DistributedDataParallel::"
+                       "module()) or the wrapper"
+                     : "Save that module too (one Checkpointer of SnapshotParts for every "
+                       "model, named), or register a stateless hook on its wrapper"));
+  }
+  return found;
+}
+
 GatheredStates gather_ddp_states(Communicator& comm, const DistributedDataParallel& ddp) {
   torch::serialize::OutputArchive archive;
   ddp.save_state(archive);
@@ -152,6 +215,86 @@ bool well_formed(const GatheredStates& states, int ranks) {
          bytes.dim() == 2 && bytes.size(0) == ranks && lengths.scalar_type() == torch::kLong &&
          lengths.dim() == 1 && lengths.numel() == ranks && lengths.min().item<int64_t>() >= 0 &&
          lengths.max().item<int64_t>() <= bytes.size(1);
+}
+
+std::string saved_stateful_hook(const GatheredStates& states) {
+  const torch::Tensor bytes = states.bytes[0].contiguous();
+  torch::serialize::InputArchive archive, hook;
+  archive.load_from(static_cast<const char*>(bytes.data_ptr()),
+                    static_cast<size_t>(states.lengths[0].item<int64_t>()));
+  c10::IValue description;
+  if (!archive.try_read("comm_hook", description) || !description.isString() ||
+      !archive.try_read("comm_hook_state", hook)) {
+    return "";
+  }
+  return description.toStringRef();
+}
+
+void write_wrapper_states(torch::serialize::OutputArchive& archive, const KeyedStates& states) {
+  std::string keys;
+  for (size_t i = 0; i < states.size(); ++i) {
+    keys += states[i].first + "\n";
+    torch::serialize::OutputArchive rows;
+    rows.write("bytes", states[i].second.bytes);
+    rows.write("lengths", states[i].second.lengths);
+    archive.write(i == 0 ? "ddp_states" : "ddp_states_" + std::to_string(i), rows);
+  }
+  archive.write("ddp_wrappers", c10::IValue(keys));
+}
+
+KeyedStates read_wrapper_states(torch::serialize::InputArchive& archive) {
+  std::vector<std::string> keys;
+  c10::IValue listed;
+  torch::serialize::InputArchive first;
+  if (archive.try_read("ddp_wrappers", listed)) {
+    if (!listed.isString()) throw std::runtime_error("ddp_wrappers is not a string");
+    std::istringstream lines(listed.toStringRef());
+    for (std::string line; std::getline(lines, line);) keys.push_back(line);
+  } else if (archive.try_read("ddp_states", first)) {
+    keys.push_back("");  // an older file: the one model's wrapper
+  }
+  KeyedStates states;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    torch::serialize::InputArchive rows;
+    archive.read(i == 0 ? "ddp_states" : "ddp_states_" + std::to_string(i), rows);
+    GatheredStates gathered;
+    rows.read("bytes", gathered.bytes);
+    rows.read("lengths", gathered.lengths);
+    states.emplace_back(keys[i], std::move(gathered));
+  }
+  return states;
+}
+
+std::vector<std::string> restore_wrappers(const std::vector<SavedWrapper>& live,
+                                          const KeyedStates& saved, int saved_ranks, int rank,
+                                          int ranks) {
+  std::vector<std::string> not_restored;
+  for (const SavedWrapper& wrapper : live) {
+    const auto found = std::find_if(saved.begin(), saved.end(),
+                                    [&](const auto& entry) { return entry.first == wrapper.key; });
+    if (found != saved.end()) {
+      const std::string why =
+          restore_ddp_state(*wrapper.ddp, found->second, saved_ranks, rank, ranks);
+      if (!why.empty()) not_restored.push_back(wrapper_name(wrapper.key) + ": " + why);
+    } else if (wrapper.ddp->comm_hook_has_state()) {
+      not_restored.push_back(wrapper_name(wrapper.key) + ": the comm hook " +
+                             wrapper.ddp->comm_hook_description() +
+                             " starts with a fresh state: the snapshot holds no state of this "
+                             "wrapper (written by an older ddp, or by a run without it)");
+    }
+  }
+  for (const auto& [key, states] : saved) {
+    const bool taken =
+        std::any_of(live.begin(), live.end(), [&](const SavedWrapper& w) { return w.key == key; });
+    const std::string hook = taken ? "" : saved_stateful_hook(states);
+    if (!hook.empty()) {
+      not_restored.push_back(wrapper_name(key) +
+                             ": the snapshot holds the state of its comm hook " + hook +
+                             ", but this run has no wrapper of " +
+                             (key.empty() ? "the model" : key) + ": not restored");
+    }
+  }
+  return not_restored;
 }
 
 std::string restore_ddp_state(DistributedDataParallel& ddp, const GatheredStates& saved,

@@ -143,11 +143,10 @@ Trainer::Trainer(ProcessGroup& group, torch::nn::Module& model, TrainingTask& ta
       scaler_(options_.amp == AmpMode::Fp16
                   ? std::optional<GradScaler>(std::in_place, &group.cpu(), options_.grad_scaler)
                   : std::nullopt),
-      boundary_(
-          group,
-          Checkpointer(group, model, optimizer, options_.checkpoint,
-                       TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr, ddp}),
-          options_.stop_check_every),
+      boundary_(group,
+                Checkpointer(group, model, optimizer, options_.checkpoint,
+                             TrainingExtras{options_.lr_schedule, scaler_ ? &*scaler_ : nullptr}),
+                options_.stop_check_every),
       reporter_(group, options_.report),
       source_(task.train_source_any()),
       sampler_(std::max<int64_t>(task.train_size(), 0), group.size(), group.rank(),

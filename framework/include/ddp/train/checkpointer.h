@@ -3,7 +3,9 @@
 /// Snapshots of a training run (snapshot.h: what they hold, the file format) and resuming from
 /// them, for any loop: at every epoch end (snapshot_epoch<N>.pt, and the weights as
 /// model_with_epoch<N>.pt), inside an epoch every N steps or S seconds and at a stop
-/// (snapshot_epoch<E>_batch<B>.pt). A StepBoundary owns it and calls it at every step boundary:
+/// (snapshot_epoch<E>_batch<B>.pt), and at the end of a run that stops inside an epoch (a step
+/// budget: save_unfinished_epoch, the weights as model_at_step<S>.pt). A StepBoundary owns it and
+/// calls it at every step boundary:
 ///
 ///   ddp::StepBoundary boundary(group, ddp::Checkpointer(group, *net, optimizer, options, {&lr}));
 ///   ... boundary.resume(), boundary.start_epoch(), boundary.at_step() ...
@@ -117,18 +119,20 @@ class Checkpointer {
   /// std::invalid_argument naming a part whose name is not valid (check_snapshot_parts).
   Checkpointer(ProcessGroup& group, SnapshotParts parts, CheckpointerOptions options,
                TrainingExtras extras = {});
-  /// The same for the module `model` wraps, with the wrapper's own state too (its comm hook's
-  /// state and bucket order: TrainingExtras::ddp). Pass the wrapper when training with it.
+  /// The same for the module `model` wraps. Either way the snapshots hold the wrappers' state
+  /// too (their comm hooks' state and bucket order), found from the modules (snapshot.h).
   Checkpointer(ProcessGroup& group, DistributedDataParallel& model,
                torch::optim::Optimizer& optimizer, CheckpointerOptions options,
                TrainingExtras extras = {});
 
   /// Collective. Loads the snapshot `resume` names (replaying `scheduler`, a per-epoch LibTorch
   /// scheduler, whose rates the run keeps: snapshot.h) and says where to continue; a fresh start
-  /// when `resume` is empty, or "latest" finds none. Rank 0 says what it resumed from, and warns,
-  /// one line each, when the seed, the world size (see snapshot.h) or a setting (Settings, the
-  /// per-rank batch size) differs from the snapshot's run; the run goes on. Throws
-  /// std::runtime_error naming the file when it cannot be read or does not fit the run
+  /// when `resume` is empty, or "latest" finds none. A fresh start too refuses, before any
+  /// training, a wrapper whose comm hook state the snapshots could not hold (snapshot.h: register
+  /// the hooks before resume() for this check to see them; saving checks again). Rank 0 says what
+  /// it resumed from, and warns, one line each, when the seed, the world size (see snapshot.h) or a
+  /// setting (Settings, the per-rank batch size) differs from the snapshot's run; the run goes on.
+  /// Throws std::runtime_error naming the file when it cannot be read or does not fit the run
   /// (snapshot.h).
   ResumePoint resume(torch::optim::LRScheduler* scheduler = nullptr);
 
@@ -156,8 +160,17 @@ class Checkpointer {
 
   /// Collective: at the end of `epoch` after `step` optimizer steps, model_with_epoch<epoch>.pt
   /// (rank 0) and snapshot_epoch<epoch>.pt; then removes the snapshots inside epochs before it
-  /// and the files of the epoch `keep` epochs back. Nothing without a directory.
+  /// and the files of the epoch `keep` epochs back. Nothing without a directory. Only for an
+  /// epoch trained to its end: the snapshot records it as finished, so a resume starts the next.
   void save_epoch(int64_t epoch, int64_t step);
+
+  /// Collective: the end of a run that stops inside an epoch (a budget of optimizer steps), at
+  /// `at` (StepBoundary::position() after at_step at the boundary where the budget is spent):
+  /// the weights as model_at_step<at.step>.pt (rank 0; `<name>_at_step<S>.pt` per named module,
+  /// not rotated) and the snapshot inside the epoch that save_step writes, from which a resume
+  /// trains the epoch's rest. Returns the snapshot's path ("" without a directory). save_epoch
+  /// instead would name an epoch never finished and make a resume skip its rest.
+  std::string save_unfinished_epoch(const TrainingPosition& at, const RankState& rank_state);
 
   /// As constructed, but for set_batch_size's change.
   const CheckpointerOptions& options() const { return options_; }
@@ -192,8 +205,9 @@ class Checkpointer {
   /// Times `save` (a collective save) into cost_ and restarts the timer.
   void timed(bool epoch_end, const std::function<void()>& save);
   void create_directory() const;
-  /// The weights files of the end of `epoch`, one per module.
-  std::vector<std::string> weights_paths(int64_t epoch) const;
+  /// The weights files "<module>_<what><n>.pt", one per module: "with_epoch" at the end of
+  /// epoch n, "at_step" after step n inside an epoch.
+  std::vector<std::string> weights_paths(const char* what, int64_t n) const;
   /// Throws TrainingDiverged naming `path` and the tensor when a parameter or buffer is not finite.
   void refuse_nonfinite(const std::string& path, int64_t epoch, int64_t step) const;
   void remove_older_step_snapshots(const std::string& newest) const;

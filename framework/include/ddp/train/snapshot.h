@@ -15,7 +15,16 @@
 /// not name, the rates are the snapshot's). The sampler's order is a function of (seed, epoch,
 /// rank). TrainingExtras' LRSchedule and GradScaler are entries of their own: loading refuses a
 /// file that lacks one the run has, or has one the run lacks, naming it, rather than silently
-/// restart or drop it. The wrapper's state and the Settings are optional on load.
+/// restart or drop it. The Settings are optional on load.
+///
+/// The DistributedDataParallel wrappers of the modules (of a module, or of a module inside one,
+/// found from the module: the wrapper need not be given) are saved too: every rank's comm hook
+/// state and bucket order (DistributedDataParallel::save_state), one entry per wrapper. Saving and
+/// loading refuse, naming the wrapped module and its hook, a wrapper whose comm hook keeps state
+/// (PowerSGD) but wraps a module the snapshot does not hold: a model left out of SnapshotParts,
+/// or one that holds a saved module and more. A wrapper's state is optional on load: one that the
+/// file lacks (an older file), or that cannot be restored (another hook, another world size), is
+/// named in a warning from rank 0, and a stateful hook then starts afresh.
 ///
 /// A device change on resume is allowed (the model and optimizer state do not depend on it): CPU
 /// ranks ignore saved CUDA generator states, CUDA ranks resumed without them keep their own; rank 0
@@ -44,8 +53,6 @@
 #include <vector>
 
 namespace ddp {
-
-class DistributedDataParallel;  ///< distributed_data_parallel.h
 
 /// What shaped a run's trajectory besides the model and the position, as (name, value) pairs: the
 /// optimizer, the comm hook, the caller's own. Compared at resume (Checkpointer::resume).
@@ -83,13 +90,11 @@ struct RankState {
   torch::Tensor values;     ///< float64 [K], the caller's numbers, or undefined for none
 };
 
-/// Training state beyond the model and the optimizer; null: the run has none.
+/// Training state beyond the model and the optimizer; null: the run has none. The
+/// DistributedDataParallel wrappers are not listed: a snapshot finds them from its modules.
 struct TrainingExtras {
   LRSchedule* lr_schedule = nullptr;  ///< a per-step schedule: its position
   GradScaler* grad_scaler = nullptr;  ///< the fp16 loss scaler: its scale and growth count
-  /// The wrapper: every rank's comm hook state and bucket order (DistributedDataParallel::
-  /// save_state). Without it a stateful hook restarts from scratch on resume.
-  DistributedDataParallel* ddp = nullptr;
 };
 
 /// The modules and optimizers a snapshot holds, each under its name: a name is letters, digits
