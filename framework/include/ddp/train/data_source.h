@@ -138,9 +138,9 @@ class BatchRangeSampler final : public torch::data::samplers::Sampler<std::vecto
 };
 
 /// The most worker threads one rank's DataLoader may start. LibTorch starts them all with each
-/// pass, before its first batch, and a few per core already keep a rank fed; tens of thousands
-/// take half a minute to create and then fail ("Resource temporarily unavailable",
-/// std::bad_alloc) naming nothing.
+/// pass, before its first batch, and a few per core already keep a rank fed; with tens of
+/// thousands the pass spends long creating threads and then fails ("Resource temporarily
+/// unavailable", std::bad_alloc) naming nothing.
 constexpr int64_t kMaxLoaderWorkers = 1024;
 
 /// Throws std::invalid_argument "<name> must be from 0 to 1024 worker threads (got N): ..." unless
