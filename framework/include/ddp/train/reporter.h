@@ -151,8 +151,8 @@ struct EpochPlan {
     return sampler_start + (b - sampler_offset) * batch_size * ranks;
   }
   /// The epoch's share before batch `b`, in percent (ProgressLine::percent): b of
-  /// batches_per_epoch, PyTorch's `100. * batch_idx / len(train_loader)`; in a re-sharded epoch
-  /// the samples before the rest, then the rest's share of its batches.
+  /// batches_per_epoch, as PyTorch's examples print it (batch_idx over len(train_loader)); in a
+  /// re-sharded epoch the samples before the rest, then the rest's share of its batches.
   double percent_before(int64_t b) const {
     const int64_t rest_batches = batches_per_epoch - sampler_offset;
     if (rest_batches <= 0) return 0.0;
